@@ -1,0 +1,3 @@
+from ibtool.cli import main
+
+raise SystemExit(main())

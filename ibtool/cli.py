@@ -1,0 +1,187 @@
+"""Argument parsing, global options, plugin loading and exit codes: the only place that exits."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Iterable, Sequence
+from typing import TextIO
+
+from ibtool import __version__, render
+from ibtool.commands import CommandRegistry, Invocation
+from ibtool.errors import ExitCode, IbtoolError, UsageError
+
+PROG = "ibtool"
+
+
+class _Warnings:
+    """Diagnostics on stderr, each distinct message once."""
+
+    def __init__(self, err: TextIO) -> None:
+        self.err = err
+        self.seen: set[str] = set()
+
+    def __call__(self, message: str) -> None:
+        if message not in self.seen:
+            self.seen.add(message)
+            self.err.write(f"{PROG}: warning: {message}\n")
+
+
+def split_plugin_blocks(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Take `-p no:NAME` / `-pno:NAME` out of argv; a bare -p stays (it means --pretty)."""
+    rest, blocked = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest.extend(argv[i:])
+            break
+        if arg == "-p" and i + 1 < len(argv) and argv[i + 1].startswith("no:"):
+            blocked.append(argv[i + 1][3:])
+            i += 2
+            continue
+        if arg.startswith("-pno:"):
+            blocked.append(arg[5:])
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, blocked
+
+
+def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    d = {"default": argparse.SUPPRESS} if suppress else {}
+    g = parser.add_argument_group("global options")
+    g.add_argument("-j", "--json", action="store_true", help="JSON output", **d)
+    g.add_argument("-p", "--pretty", action="store_true", help="indented JSON (implies -j)", **d)
+    g.add_argument("-d", "--details", action="store_true", help="more fields (verbs, decodes)", **d)
+    g.add_argument(
+        "--root",
+        metavar="DIR",
+        help="read DIR/sys/class/infiniband instead of /",
+        **({"default": argparse.SUPPRESS} if suppress else {"default": "/"}),
+    )
+    g.add_argument("--debug", action="store_true", help="show tracebacks of errors", **d)
+
+
+def build_parser(registry: CommandRegistry) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="RDMA management and diagnostics: ibtool OBJECT [show] [DEV[/PORT]] ...",
+        epilog="-p no:NAME blocks plugin NAME. See ibtool(8) for exit codes.",
+    )
+    parser.add_argument("-V", "--version", action="version", version=f"{PROG} {__version__}")
+    _global_options(parser, suppress=False)
+    sub = parser.add_subparsers(dest="command", metavar="OBJECT")
+    for command in sorted(registry.commands.values(), key=lambda c: c.name):
+        p = sub.add_parser(
+            command.name, aliases=list(command.aliases), help=command.help, description=command.help
+        )
+        _global_options(p, suppress=True)
+        if command.configure:
+            command.configure(p)
+        p.set_defaults(_command=command)
+    return parser
+
+
+def _register_commands(plugins, registry: CommandRegistry, warn) -> None:
+    # Called plugin by plugin so that one broken registration costs only that plugin.
+    for impl in reversed(plugins.pm.hook.ibtool_register_commands.get_hookimpls()):
+        registry.current_plugin = impl.plugin_name
+        try:
+            impl.function(cli=registry)
+        except Exception as e:
+            warn(f"plugin {impl.plugin_name} failed to register commands: {type(e).__name__}: {e}")
+    registry.current_plugin = None
+
+
+def _plugins_command(registry: CommandRegistry, plugins) -> None:
+    fields = [
+        render.Field("name", lambda i: i.name, label=""),
+        render.Field("version", lambda i: i.version),
+        render.Field("distribution", lambda i: i.distribution, label="from"),
+        render.Field("essential", lambda i: i.essential or None, text=lambda v: "yes"),
+        render.Field("hooks", lambda i: list(i.hooks), text=",".join),
+    ]
+
+    def run(inv: Invocation) -> None:
+        infos = plugins.describe()
+        if inv.json:
+            inv.emit_json([render.record_json(i, fields, True) for i in infos])
+        else:
+            for i in infos:
+                inv.print(render.record_line(i, fields, True))
+
+    registry.current_plugin = "core"
+    registry.add("plugins", run, help="list loaded plugins, their versions and hooks")
+    registry.current_plugin = None
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    plugins: Iterable[object] = (),
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    warn = _Warnings(err)
+    debug = "--debug" in argv
+    try:
+        argv, blocked = split_plugin_blocks(argv)
+        from ibtool.plugins import build_plugins
+
+        loaded = build_plugins(blocked=blocked, extra=plugins, warn=warn)
+        registry = CommandRegistry()
+        _register_commands(loaded, registry, warn)
+        _plugins_command(registry, loaded)
+        parser = build_parser(registry)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # argparse: --help, --version, or a usage error (already printed)
+            return int(e.code or 0)
+        command = getattr(args, "_command", None)
+        if command is None:
+            parser.print_help(err)
+            return ExitCode.USAGE
+        inv = Invocation(
+            args=args,
+            json=args.json or args.pretty,
+            pretty=args.pretty,
+            details=args.details,
+            root=args.root,
+            out=out,
+            warn=warn,
+            plugins=loaded,
+        )
+        if inv.root != "/" and not os.path.isdir(inv.root):
+            raise UsageError(f"--root {inv.root}: not a directory")
+        code = command.run(inv)
+        out.flush()
+        return ExitCode.OK if code is None else int(code)
+    except IbtoolError as e:
+        if debug:
+            traceback.print_exc(file=err)
+        hint = f" (hint: {e.hint})" if e.hint else ""
+        err.write(f"{PROG}: error: {e.message}{hint}\n")
+        return e.exit_code
+    except KeyboardInterrupt:
+        err.write(f"{PROG}: interrupted\n")
+        return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        # `ibtool gids | head`: the reader left; say nothing more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return ExitCode.OK
+    except Exception as e:
+        if debug:
+            traceback.print_exc(file=err)
+        else:
+            err.write(
+                f"{PROG}: internal error: {type(e).__name__}: {e} "
+                "(run with --debug for the traceback)\n"
+            )
+        return ExitCode.INTERNAL

@@ -1,0 +1,179 @@
+"""Frozen records and kernel enums shared by every source, plugin and face.
+
+Enum values are the kernel's (uapi / sysfs "N: text" numbers); `label` is what users read.
+A field that could not be read is None; the reason went to the warnings, not into the record.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class _Labelled(enum.IntEnum):
+    @property
+    def label(self) -> str:
+        return self._labels().get(self.value, self.name)
+
+    @classmethod
+    def _labels(cls) -> dict[int, str]:
+        return {}
+
+    @classmethod
+    def parse(cls, value: int):
+        """The member for a kernel number, or None for a number this enum does not know."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
+
+
+class PortState(_Labelled):
+    NOP = 0
+    DOWN = 1
+    INIT = 2
+    ARMED = 3
+    ACTIVE = 4
+    ACTIVE_DEFER = 5
+
+
+class PhysState(_Labelled):
+    # Names as iproute2's `rdma link` prints them, except 4: iproute2 calls it ARMED, but
+    # the IBTA name (and sysfs's "PortConfigurationTraining") is link training.
+    NOP = 0
+    SLEEP = 1
+    POLLING = 2
+    DISABLED = 3
+    PORT_CONFIGURATION_TRAINING = 4
+    LINK_UP = 5
+    LINK_ERROR_RECOVER = 6
+    PHY_TEST = 7
+    OPA_OFFLINE = 9
+    OPA_TEST = 11
+
+
+class LinkLayer(_Labelled):
+    # libibverbs numbering (IBV_LINK_LAYER_*); sysfs prints the label.
+    UNSPECIFIED = 0
+    INFINIBAND = 1
+    ETHERNET = 2
+
+    @classmethod
+    def _labels(cls):
+        return {0: "Unknown", 1: "InfiniBand", 2: "Ethernet"}
+
+
+class NodeType(_Labelled):
+    CA = 1
+    SWITCH = 2
+    ROUTER = 3
+    RNIC = 4
+    USNIC = 5
+    USNIC_UDP = 6
+    UNSPECIFIED = 7
+
+    @property
+    def key(self) -> str:
+        return self.name.lower()
+
+
+class GidType(_Labelled):
+    # libibverbs' ibv_gid_type numbering (GIDEntry.gid_type): IB is its own type, not "v1".
+    IB = 0
+    ROCE_V1 = 1
+    ROCE_V2 = 2
+
+    @classmethod
+    def _labels(cls):
+        return {0: "IB", 1: "RoCE v1", 2: "RoCE v2"}
+
+
+class Protocol(str, enum.Enum):
+    # The kernel's RDMA_NLDEV_ATTR_DEV_PROTOCOL strings.
+    IB = "ib"
+    ROCE = "roce"
+    IWARP = "iw"
+    OPA = "opa"
+    USNIC = "usnic"
+
+    @property
+    def label(self) -> str:
+        return {
+            "ib": "InfiniBand",
+            "roce": "RoCE",
+            "iw": "iWARP",
+            "opa": "Omni-Path",
+            "usnic": "usNIC",
+        }[self.value]
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A port's rate as the kernel prints it, and as numbers."""
+
+    text: str
+    gbps: float
+    lanes: int | None
+    speed: str | None  # SDR, DDR, QDR, FDR10, FDR, EDR, HDR, NDR, XDR
+
+    @property
+    def width(self) -> str | None:
+        return f"{self.lanes}X" if self.lanes else None
+
+
+@dataclass(frozen=True)
+class Port:
+    device: str
+    port: int
+    state: PortState | None = None
+    physical_state: PhysState | None = None
+    link_layer: LinkLayer | None = None
+    rate: Rate | None = None
+    lid: int | None = None
+    sm_lid: int | None = None
+    lmc: int | None = None
+    sm_sl: int | None = None
+    cap_mask: int | None = None
+    netdev: str | None = None
+    gid_tbl_len: int | None = None
+    # From verbs only (ibv_query_port); None unless details were asked for.
+    active_mtu: int | None = None
+    max_mtu: int | None = None
+
+    @property
+    def lid_range(self) -> tuple[int, int] | None:
+        """The LIDs this port answers to: LID .. LID + 2^LMC - 1 (InfiniBand only)."""
+        if self.lid is None or self.lmc is None or self.lid == 0:
+            return None
+        return (self.lid, self.lid + (1 << self.lmc) - 1)
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    node_type: NodeType | None = None
+    protocol: Protocol | None = None
+    fw_ver: str | None = None
+    node_guid: str | None = None
+    sys_image_guid: str | None = None
+    node_desc: str | None = None
+    hca_type: str | None = None
+    board_id: str | None = None
+    hw_rev: str | None = None
+    driver: str | None = None
+    parent: str | None = None  # rxe/siw: the netdev it was created on
+    port_count: int = 0
+    netdevs: tuple[str, ...] = ()
+    ports: tuple[Port, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class Gid:
+    device: str
+    port: int
+    index: int
+    gid: str  # 8 groups of 4 hex digits, as sysfs prints it
+    type: GidType | None
+    netdev: str | None
+    vlan: int | None = None
+    ip: str | None = None  # the IPv4 or IPv6 address the GID encodes (RoCE)

@@ -1,0 +1,1 @@
+"""First-party ibtool plugins, installed as the package `ibtool_plugins`: one module per concern."""

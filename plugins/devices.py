@@ -1,0 +1,59 @@
+"""`ibtool dev`: one line per RDMA device, from sysfs; -d adds capabilities through verbs."""
+
+from __future__ import annotations
+
+from ibtool import hookimpl, render
+from ibtool.commands import Invocation, add_selector, selector
+from ibtool.model import Device, Protocol
+
+FIELDS = [
+    render.Field("ifname", lambda d: d.name, label="", text=lambda v: f"{v}:"),
+    render.Field("node_type", lambda d: d.node_type.key if d.node_type else None, always=True),
+    render.Field(
+        "protocol",
+        lambda d: d.protocol.value if d.protocol else None,
+        text=lambda v: Protocol(v).label,
+        always=True,
+    ),
+    render.Field("fw", lambda d: d.fw_ver),
+    render.Field("node_guid", lambda d: d.node_guid, always=True),
+    render.Field("sys_image_guid", lambda d: d.sys_image_guid),
+    render.Field("hca_type", lambda d: d.hca_type),
+    render.Field("board_id", lambda d: d.board_id),
+    render.Field("ports", lambda d: d.port_count),
+    render.Field("netdevs", lambda d: list(d.netdevs), label="netdev", text=",".join),
+    render.Field("node_desc", lambda d: d.node_desc, details=True, text=repr),
+    render.Field("hw_rev", lambda d: d.hw_rev, details=True),
+    render.Field("driver", lambda d: d.driver, details=True),
+    render.Field("parent", lambda d: d.parent, details=True),
+]
+
+
+def _caps_lines(caps: dict) -> list[str]:
+    flags = caps.get("device_cap_flags") or []
+    scalars = " ".join(f"{k} {v}" for k, v in caps.items() if k != "device_cap_flags")
+    return [f"    {scalars}", f"    caps {','.join(flags) or 'none'}"]
+
+
+def run(inv: Invocation) -> None:
+    devices: list[Device] = inv.host.devices(selector(inv.args))
+    caps = {d.name: inv.host.device_caps(d.name) for d in devices} if inv.details else {}
+    if inv.json:
+        rows = []
+        for d in devices:
+            row = render.record_json(d, FIELDS, inv.details)
+            if inv.details:
+                row["caps"] = caps.get(d.name)
+            rows.append(row)
+        inv.emit_json(rows)
+        return
+    for d in devices:
+        inv.print(render.record_line(d, FIELDS, inv.details))
+        if caps.get(d.name):
+            for line in _caps_lines(caps[d.name]):
+                inv.print(line)
+
+
+@hookimpl
+def ibtool_register_commands(cli):
+    cli.add("dev", run, help="show RDMA devices", configure=add_selector, aliases=("device",))
