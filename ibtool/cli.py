@@ -65,8 +65,20 @@ def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
     g.add_argument("--debug", action="store_true", help="show tracebacks of errors", **d)
 
 
-def build_parser(registry: CommandRegistry) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _parser_class(out: TextIO, err: TextIO) -> type[argparse.ArgumentParser]:
+    class Parser(argparse.ArgumentParser):
+        # argparse writes to sys.stdout/sys.stderr itself; route it to main()'s streams.
+        def _print_message(self, message, file=None):
+            if message:
+                (err if file is sys.stderr else out).write(message)
+
+    return Parser
+
+
+def build_parser(
+    registry: CommandRegistry, out: TextIO | None = None, err: TextIO | None = None
+) -> argparse.ArgumentParser:
+    parser = _parser_class(out or sys.stdout, err or sys.stderr)(
         prog=PROG,
         description="RDMA management and diagnostics: ibtool OBJECT [show] [DEV[/PORT]] ...",
         epilog="-p no:NAME blocks plugin NAME. See ibtool(8) for exit codes.",
@@ -130,6 +142,10 @@ def main(
     err = stderr or sys.stderr
     warn = _Warnings(err)
     debug = "--debug" in argv
+    leading = argv[: next((i for i, a in enumerate(argv) if a[:1] != "-"), len(argv))]
+    if "-V" in leading or "--version" in leading:
+        out.write(f"{PROG} {__version__}\n")  # before plugin loading: the fast path
+        return ExitCode.OK
     try:
         argv, blocked = split_plugin_blocks(argv)
         from ibtool.plugins import build_plugins
@@ -138,14 +154,14 @@ def main(
         registry = CommandRegistry()
         _register_commands(loaded, registry, warn)
         _plugins_command(registry, loaded)
-        parser = build_parser(registry)
+        parser = build_parser(registry, out, err)
         try:
             args = parser.parse_args(argv)
         except SystemExit as e:  # argparse: --help, --version, or a usage error (already printed)
             return int(e.code or 0)
         command = getattr(args, "_command", None)
         if command is None:
-            parser.print_help(err)
+            err.write(parser.format_help())
             return ExitCode.USAGE
         inv = Invocation(
             args=args,
