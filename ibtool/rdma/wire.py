@@ -1,0 +1,166 @@
+"""The out-of-band exchange of `ibtool ping`: what each side must know to connect an RC QP.
+
+A message is an 8-byte header (magic, version, type, payload length) and a fixed-layout
+payload, all big-endian. Every field is validated before use; reads are bounded in size and
+time, so a peer that sends garbage, stalls or disconnects costs one log line, nothing more.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import socket
+import struct
+import time
+from dataclasses import dataclass
+
+from ibtool.errors import DataError
+
+MAGIC = b"IBTP"
+VERSION = 1
+HEADER = struct.Struct("!4sBBH")
+MAX_PAYLOAD = 1024
+_ENDPOINT = struct.Struct("!IIHB16sQIIB")  # qpn psn lid mtu gid addr rkey size mode
+MAX_BUFFER = 1 << 30  # no ping needs more than 1 GiB registered
+
+
+class MessageType(enum.IntEnum):
+    ENDPOINT = 1  # my QP and buffer: connect to me
+    READY = 2  # my QP is in RTS: start
+    ERROR = 3  # a reason in UTF-8, then the peer closes
+
+
+class Mode(enum.IntEnum):
+    SEND = 1
+    WRITE_IMM = 2
+
+
+class ProtocolError(DataError):
+    """The peer broke the protocol: the connection is dropped."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    qpn: int
+    psn: int
+    lid: int
+    mtu: int  # ibv_mtu enum 1..5
+    gid: bytes  # 16 raw bytes; all zero on InfiniBand without GRH
+    addr: int
+    rkey: int
+    size: int
+    mode: Mode
+
+    @property
+    def gid_text(self) -> str:
+        return str(ipaddress.IPv6Address(self.gid))
+
+    def validate(self) -> Endpoint:
+        if not 2 <= self.qpn < 1 << 24:
+            raise ProtocolError(f"QPN {self.qpn} out of range (2..2^24-1)")
+        if not 0 <= self.psn < 1 << 24:
+            raise ProtocolError(f"PSN {self.psn} out of range (0..2^24-1)")
+        if not 0 <= self.lid < 0xC000:
+            raise ProtocolError(f"LID {self.lid:#x} is not a unicast LID")
+        if not 1 <= self.mtu <= 5:
+            raise ProtocolError(f"MTU code {self.mtu} not in 1..5 (256..4096 bytes)")
+        if len(self.gid) != 16:
+            raise ProtocolError(f"GID of {len(self.gid)} bytes, want 16")
+        if self.lid == 0 and self.gid == bytes(16):
+            raise ProtocolError("neither a LID nor a GID: the peer cannot be addressed")
+        if not 1 <= self.size <= MAX_BUFFER:
+            raise ProtocolError(f"buffer size {self.size} not in 1..{MAX_BUFFER}")
+        if self.addr + self.size > 1 << 64:
+            raise ProtocolError("buffer wraps around the address space")
+        if not isinstance(self.mode, Mode):
+            raise ProtocolError(f"unknown mode {self.mode}")
+        return self
+
+
+def encode(mtype: MessageType, payload: bytes = b"") -> bytes:
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError("payload too large")
+    return HEADER.pack(MAGIC, VERSION, mtype, len(payload)) + payload
+
+
+def encode_endpoint(ep: Endpoint) -> bytes:
+    ep.validate()
+    return encode(
+        MessageType.ENDPOINT,
+        _ENDPOINT.pack(ep.qpn, ep.psn, ep.lid, ep.mtu, ep.gid, ep.addr, ep.rkey, ep.size, ep.mode),
+    )
+
+
+def encode_error(reason: str) -> bytes:
+    return encode(MessageType.ERROR, reason.encode("utf-8")[:MAX_PAYLOAD])
+
+
+def decode_header(header: bytes) -> tuple[MessageType, int]:
+    magic, version, mtype, length = HEADER.unpack(header)
+    if magic != MAGIC:
+        raise ProtocolError(f"not an ibtool ping peer (magic {magic!r})")
+    if version != VERSION:
+        raise ProtocolError(f"protocol version {version}, this ibtool speaks {VERSION}")
+    try:
+        kind = MessageType(mtype)
+    except ValueError:
+        raise ProtocolError(f"unknown message type {mtype}") from None
+    if length > MAX_PAYLOAD:
+        raise ProtocolError(f"payload of {length} bytes exceeds {MAX_PAYLOAD}")
+    return kind, length
+
+
+def decode_payload(kind: MessageType, payload: bytes):
+    if kind == MessageType.ENDPOINT:
+        if len(payload) != _ENDPOINT.size:
+            raise ProtocolError(f"endpoint of {len(payload)} bytes, want {_ENDPOINT.size}")
+        qpn, psn, lid, mtu, gid, addr, rkey, size, mode = _ENDPOINT.unpack(payload)
+        try:
+            mode = Mode(mode)
+        except ValueError:
+            raise ProtocolError(f"unknown mode {mode}") from None
+        return Endpoint(qpn, psn, lid, mtu, gid, addr, rkey, size, mode).validate()
+    if kind == MessageType.READY:
+        if payload:
+            raise ProtocolError("READY carries no payload")
+        return None
+    return payload.decode("utf-8", errors="replace")  # ERROR
+
+
+def decode(data: bytes):
+    """One whole message -> (type, value); for tests and fuzzing."""
+    if len(data) < HEADER.size:
+        raise ProtocolError(f"message of {len(data)} bytes is shorter than its header")
+    kind, length = decode_header(data[: HEADER.size])
+    if len(data) != HEADER.size + length:
+        raise ProtocolError(f"length field says {length}, got {len(data) - HEADER.size}")
+    return kind, decode_payload(kind, data[HEADER.size :])
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ProtocolError("peer too slow: handshake timed out")
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(n - len(buf))
+        except TimeoutError:
+            raise ProtocolError("peer too slow: handshake timed out") from None
+        if not chunk:
+            raise ProtocolError("peer closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def receive(sock: socket.socket, timeout: float, expect: MessageType | None = None):
+    """Read one message within `timeout` seconds; an ERROR from the peer raises."""
+    deadline = time.monotonic() + timeout
+    kind, length = decode_header(_recv_exact(sock, HEADER.size, deadline))
+    value = decode_payload(kind, _recv_exact(sock, length, deadline))
+    if kind == MessageType.ERROR:
+        raise ProtocolError(f"peer says: {value}")
+    if expect is not None and kind != expect:
+        raise ProtocolError(f"expected {expect.name}, got {kind.name}")
+    return value
