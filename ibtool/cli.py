@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Iterable, Sequence
 from typing import TextIO
@@ -130,6 +132,17 @@ def _plugins_command(registry: CommandRegistry, plugins) -> None:
     registry.current_plugin = None
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _unwind_on_sigterm():
+    """SIGTERM unwinds like Ctrl-C, so every QP, CQ, MR and PD is destroyed on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -175,7 +188,12 @@ def main(
         )
         if inv.root != "/" and not os.path.isdir(inv.root):
             raise UsageError(f"--root {inv.root}: not a directory")
-        code = command.run(inv)
+        previous = _unwind_on_sigterm()
+        try:
+            code = command.run(inv)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         out.flush()
         return ExitCode.OK if code is None else int(code)
     except IbtoolError as e:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ibtool.errors import IbtoolError, NotFoundError, UsageError
-from ibtool.model import Device, Gid, Port
+from ibtool.model import Device, Gid, LinkLayer, Port
 from ibtool.sources.sysfs import SysfsSource
 
 
@@ -70,6 +70,17 @@ class Host:
                 link_layer = self.sysfs.link_layer(name, p)
                 gids.extend(self.sysfs.gids(name, p, link_layer))
         return gids
+
+    def roce_gid_index(self, device: str, port: int) -> int | None:
+        """The GID index the data path uses on a RoCE port (the `gids --best` rule), or None
+        for an InfiniBand port, which is addressed by LID."""
+        from ibtool.gidrule import best_gid
+
+        p = self.sysfs.port(device, port)
+        if p.link_layer != LinkLayer.ETHERNET:
+            return None
+        gids = list(self.sysfs.gids(device, port, p.link_layer))
+        return best_gid(gids, {(device, port): p}, self.sysfs.vlans(), p.netdev or "").index
 
     # -- verbs (details only) ----------------------------------------------------------------
 

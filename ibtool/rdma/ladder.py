@@ -1,0 +1,202 @@
+"""The verbs resource ladder: context, PD, CQ, MR, QP, then RESET -> INIT -> RTR -> RTS.
+
+Every object goes onto one ExitStack the moment it exists, so `close()` (or leaving the
+`with` block by any path: exception, timeout, Ctrl-C, SIGTERM turned into an exception)
+destroys them in reverse order: QPs and AHs before MRs and CQs, those before the PD and
+the context. pyverbs' defaults that bite are set explicitly here (see the reference, 5.5):
+QPInitAttr defaults to UD, GlobalRoute.hop_limit to 1, QPAttr leaves access flags, rd_atomic,
+timeout and retry counts at 0 although to_rtr/to_rts put them in the modify mask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from dataclasses import dataclass
+
+from ibtool.errors import IbtoolError, PermissionDeniedError, UnsupportedError
+from ibtool.model import LinkLayer
+from ibtool.sources.verbs import PYVERBS_HINT
+
+GRH_SIZE = 40  # UD receives carry the GRH (or, for RoCE v2 over IPv4, the IP header) first
+DEFAULT_QKEY = 0x11111111  # bit 31 clear: not a controlled Q_Key
+ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_ATOMIC = 1, 2, 4, 8
+ACCESS_ALL_REMOTE = (
+    ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC
+)
+
+
+def pyverbs():
+    """The pyverbs modules, or an UnsupportedError saying how to get them."""
+    try:
+        import pyverbs.enums as enums
+        from pyverbs import addr, cq, device, mr, pd, qp, wr
+        from pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError
+    except ImportError as e:
+        raise UnsupportedError(f"pyverbs is not available ({e})", PYVERBS_HINT) from None
+    return _PV(addr, cq, device, mr, pd, qp, wr, enums, PyverbsError, PyverbsRDMAError)
+
+
+@dataclass(frozen=True)
+class _PV:
+    addr: object
+    cq: object
+    device: object
+    mr: object
+    pd: object
+    qp: object
+    wr: object
+    e: object
+    Error: type
+    RDMAError: type
+
+
+@dataclass(frozen=True)
+class Peer:
+    """What the other side of an RC connection told us (or what we are, for loopback)."""
+
+    qpn: int
+    psn: int
+    lid: int
+    gid: bytes
+    mtu: int  # ibv_mtu code
+
+
+def new_psn() -> int:
+    return random.getrandbits(24)
+
+
+def gid_text(raw: bytes) -> str:
+    h = raw.hex()
+    return ":".join(h[i : i + 4] for i in range(0, 32, 4))
+
+
+class Ladder(contextlib.AbstractContextManager):
+    def __init__(self, device: str, port: int = 1, gid_index: int | None = None):
+        self.pv = pyverbs()
+        self.device, self.port = device, port
+        self._stack = contextlib.ExitStack()
+        try:
+            self.ctx = self._own(
+                self._verbs(lambda: self.pv.device.Context(name=device), f"open {device}")
+            )
+            self.dev_attr = self.ctx.query_device()
+            self.port_attr = self._verbs(
+                lambda: self.ctx.query_port(port), f"query {device}/{port}"
+            )
+            self.link_layer = LinkLayer.parse(self.port_attr.link_layer)
+            self.gid_index = gid_index
+            self.gid = bytes(16)
+            if self.needs_grh:
+                if gid_index is None:
+                    raise IbtoolError(f"{device}/{port}: no GID index given for a RoCE port")
+                g = self.ctx.query_gid(port, gid_index)
+                self.gid = bytes.fromhex(str(g.gid).replace(":", ""))
+            self.pd = self._own(self.pv.pd.PD(self.ctx))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def needs_grh(self) -> bool:
+        return self.link_layer == LinkLayer.ETHERNET or bool(self.port_attr.flags & 1)
+
+    def _verbs(self, fn, what: str):
+        try:
+            return fn()
+        except self.pv.Error as e:
+            code = getattr(e, "error_code", 0)
+            if code in (1, 13):  # EPERM, EACCES
+                raise PermissionDeniedError(
+                    f"{what}: {e}", "check the permissions of /dev/infiniband/uverbs*"
+                ) from None
+            raise IbtoolError(f"{what}: {e}") from None
+
+    def _own(self, obj):
+        self._stack.callback(obj.close)
+        return obj
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # -- objects -------------------------------------------------------------------------
+
+    def cq(self, depth: int):
+        return self._own(self._verbs(lambda: self.pv.cq.CQ(self.ctx, depth), "create CQ"))
+
+    def mr(self, size: int, access: int):
+        return self._own(
+            self._verbs(lambda: self.pv.mr.MR(self.pd, size, access), f"register a {size}-byte MR")
+        )
+
+    def qp(self, cq, qp_type: str, send_wr: int, recv_wr: int, max_inline: int = 0):
+        e = self.pv.e
+        cap = self.pv.qp.QPCap(
+            max_send_wr=send_wr,
+            max_recv_wr=recv_wr,
+            max_send_sge=1,
+            max_recv_sge=1,
+            max_inline_data=max_inline,
+        )
+        kind = {"rc": e.IBV_QPT_RC, "ud": e.IBV_QPT_UD}[qp_type]
+        init = self.pv.qp.QPInitAttr(qp_type=kind, scq=cq, rcq=cq, cap=cap, sq_sig_all=1)
+        return self._own(
+            self._verbs(lambda: self.pv.qp.QP(self.pd, init), f"create {qp_type.upper()} QP")
+        )
+
+    def ah(self, peer: Peer, sl: int = 0):
+        return self._own(
+            self._verbs(
+                lambda: self.pv.addr.AH(self.pd, attr=self.ah_attr(peer, sl)),
+                "create address handle",
+            )
+        )
+
+    def ah_attr(self, peer: Peer, sl: int = 0):
+        a = self.pv.addr
+        if self.needs_grh:
+            gr = a.GlobalRoute(dgid=a.GID(gid_text(peer.gid)), sgid_index=self.gid_index)
+            gr.hop_limit = 64  # pyverbs' default of 1 dies at the first router
+            return a.AHAttr(gr=gr, is_global=1, port_num=self.port, sl=sl)
+        return a.AHAttr(dlid=peer.lid, is_global=0, port_num=self.port, sl=sl)
+
+    def local(self, qp, psn: int) -> Peer:
+        return Peer(qp.qp_num, psn, self.port_attr.lid, self.gid, self.port_attr.active_mtu)
+
+    # -- state transitions ---------------------------------------------------------------
+
+    def connect_rc(self, qp, local_psn: int, peer: Peer, access: int, rd_atomic: int = 1) -> None:
+        e = self.pv.e
+        attr = self.pv.qp.QPAttr(
+            qp_state=e.IBV_QPS_INIT, cur_qp_state=e.IBV_QPS_RESET, port_num=self.port
+        )
+        attr.pkey_index = 0
+        attr.qp_access_flags = access
+        self._verbs(lambda: qp.to_init(attr), "QP RESET->INIT")
+        attr.path_mtu = min(self.port_attr.active_mtu, peer.mtu)
+        attr.dest_qp_num = peer.qpn
+        attr.rq_psn = peer.psn
+        attr.max_dest_rd_atomic = rd_atomic
+        attr.min_rnr_timer = 12  # 0.64 ms
+        attr.ah_attr = self.ah_attr(peer)
+        self._verbs(lambda: qp.to_rtr(attr), "QP INIT->RTR")
+        attr.timeout = 14  # 4.096 us * 2^14 = 67 ms per try
+        attr.retry_cnt = 7
+        attr.rnr_retry = 7  # retry forever while the peer has no receive posted
+        attr.sq_psn = local_psn
+        attr.max_rd_atomic = rd_atomic
+        self._verbs(lambda: qp.to_rts(attr), "QP RTR->RTS")
+
+    def ready_ud(self, qp, psn: int, qkey: int = DEFAULT_QKEY) -> None:
+        e = self.pv.e
+        attr = self.pv.qp.QPAttr(
+            qp_state=e.IBV_QPS_INIT, cur_qp_state=e.IBV_QPS_RESET, port_num=self.port
+        )
+        attr.pkey_index = 0
+        attr.qkey = qkey
+        attr.sq_psn = psn
+        self._verbs(lambda: qp.to_rts(attr), "UD QP RESET->RTS")

@@ -1,0 +1,321 @@
+"""Loopback self-test: two RC QPs (and two UD QPs) on one port, every operation verified.
+
+Each operation runs `iters` times one at a time (latency: post to last completion), checking
+the data every time; SEND, WRITE and READ then run pipelined `depth` deep for bandwidth.
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+import statistics
+import struct
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ibtool.errors import IbtoolError
+from ibtool.rdma.completions import CompletionError, CompletionTimeout, poll
+from ibtool.rdma.ladder import ACCESS_ALL_REMOTE, GRH_SIZE, Ladder, new_psn
+
+OPS = ("send", "write", "write_imm", "read", "fetch_add", "cmp_swap", "ud_send")
+BANDWIDTH_OPS = ("send", "write", "read")
+ATOMIC_OPS = ("fetch_add", "cmp_swap")
+IBV_WC_RECV, IBV_WC_RECV_RDMA_WITH_IMM, IBV_WC_WITH_IMM = 128, 129, 2
+ATOMIC_SLOT = 8
+
+
+class Status(str, enum.Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    TIMEOUT = "TIMEOUT"
+    UNSUPPORTED = "UNSUPPORTED"
+
+
+@dataclass
+class OpResult:
+    op: str
+    status: Status
+    size: int
+    iters: int = 0
+    latencies_us: list[float] = field(default_factory=list, repr=False)
+    bandwidth_mbps: float | None = None  # MB/s (10^6 bytes), pipelined
+    error: str | None = None
+
+    def percentile(self, p: float) -> float | None:
+        if not self.latencies_us:
+            return None
+        ordered = sorted(self.latencies_us)
+        return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+    @property
+    def summary(self) -> dict:
+        lat = self.latencies_us
+        return {
+            "min": min(lat) if lat else None,
+            "p50": self.percentile(50),
+            "p99": self.percentile(99),
+            "max": max(lat) if lat else None,
+            "mean": statistics.fmean(lat) if lat else None,
+        }
+
+
+def pattern(seed: int, size: int) -> bytes:
+    """A payload that differs per iteration, so stale data cannot pass verification."""
+    block = bytes((seed * 31 + i * 7 + 1) & 0xFF for i in range(256))
+    return (block * (size // 256 + 1))[:size]
+
+
+class Mismatch(IbtoolError):
+    pass
+
+
+class Loopback:
+    """The QPs and buffers of one self-test; a context manager that owns them all."""
+
+    def __init__(self, device: str, port: int, gid_index: int | None, size: int, depth: int):
+        self.size, self.depth = size, depth
+        self.ladder = Ladder(device, port, gid_index)
+        try:
+            self._build()
+        except BaseException:
+            self.ladder.close()
+            raise
+
+    def _build(self) -> None:
+        lad, size = self.ladder, self.size
+        self.wr = lad.pv.wr
+        self.e = lad.pv.e
+        # The atomic target sits after `depth` payload slots, 8-byte aligned as atomics need.
+        self.slot = (size + 7) // 8 * 8 * self.depth
+        span = self.slot + ATOMIC_SLOT
+        self.cq_a, self.cq_b = lad.cq(self.depth * 2 + 4), lad.cq(self.depth * 2 + 4)
+        self.mr_a, self.mr_b = lad.mr(span, ACCESS_ALL_REMOTE), lad.mr(span, ACCESS_ALL_REMOTE)
+        rd_atomic = max(1, min(16, lad.dev_attr.max_qp_rd_atom, lad.dev_attr.max_qp_init_rd_atom))
+        self.qp_a = lad.qp(self.cq_a, "rc", self.depth + 1, self.depth + 1)
+        self.qp_b = lad.qp(self.cq_b, "rc", self.depth + 1, self.depth + 1)
+        psn_a, psn_b = new_psn(), new_psn()
+        lad.connect_rc(self.qp_a, psn_a, lad.local(self.qp_b, psn_b), ACCESS_ALL_REMOTE, rd_atomic)
+        lad.connect_rc(self.qp_b, psn_b, lad.local(self.qp_a, psn_a), ACCESS_ALL_REMOTE, rd_atomic)
+        self.atomics = lad.dev_attr.atomic_caps != 0
+        self._ud = None
+
+    def close(self) -> None:
+        self.ladder.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # -- building blocks -----------------------------------------------------------------
+
+    def _sge(self, mr, offset: int, length: int):
+        return self.wr.SGE(mr.buf + offset, length, mr.lkey)
+
+    def _send_wr(self, opcode: int, mr, offset: int, length: int, wr_id: int = 0, imm: int = 0):
+        return self.wr.SendWR(
+            wr_id=wr_id, opcode=opcode, num_sge=1, imm_data=imm, sg=[self._sge(mr, offset, length)]
+        )
+
+    def _recv(self, qp, mr, offset: int, length: int, wr_id: int = 0) -> None:
+        qp.post_recv(self.wr.RecvWR(wr_id=wr_id, num_sge=1, sg=[self._sge(mr, offset, length)]))
+
+    def _verify(self, mr, offset: int, expected: bytes, what: str) -> None:
+        got = mr.read(len(expected), offset)
+        if got != expected:
+            first = next(i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b)
+            raise Mismatch(f"{what}: data differs from byte {first} of {len(expected)}")
+
+    # -- the operations, one iteration each ----------------------------------------------
+
+    def send(self, i: int, deadline: float) -> None:
+        data = pattern(i, self.size)
+        self.mr_b.write(bytes(self.size), self.size, 0)
+        self._recv(self.qp_b, self.mr_b, 0, self.size)
+        self.mr_a.write(data, self.size, 0)
+        self.qp_a.post_send(self._send_wr(self.e.IBV_WR_SEND, self.mr_a, 0, self.size))
+        poll(self.cq_a, 1, deadline, "SEND")
+        (wc,) = poll(self.cq_b, 1, deadline, "RECV")
+        if wc.opcode != IBV_WC_RECV or wc.byte_len != self.size:
+            raise Mismatch(f"RECV completion opcode {wc.opcode} byte_len {wc.byte_len}")
+        self._verify(self.mr_b, 0, data, "SEND/RECV")
+
+    def write(self, i: int, deadline: float) -> None:
+        data = pattern(i, self.size)
+        self.mr_a.write(data, self.size, 0)
+        wr = self._send_wr(self.e.IBV_WR_RDMA_WRITE, self.mr_a, 0, self.size)
+        wr.set_wr_rdma(self.mr_b.rkey, self.mr_b.buf)
+        self.qp_a.post_send(wr)
+        poll(self.cq_a, 1, deadline, "RDMA WRITE")
+        self._verify(self.mr_b, 0, data, "RDMA WRITE")
+
+    def write_imm(self, i: int, deadline: float) -> None:
+        data, imm = pattern(i, self.size), (0xC0DE0000 + i) & 0xFFFFFFFF
+        self._recv(self.qp_b, self.mr_b, self.size, 0)  # consumed by the immediate
+        self.mr_a.write(data, self.size, 0)
+        # imm_data is __be32 and pyverbs passes it through: convert ourselves.
+        wr = self._send_wr(
+            self.e.IBV_WR_RDMA_WRITE_WITH_IMM, self.mr_a, 0, self.size, imm=socket.htonl(imm)
+        )
+        wr.set_wr_rdma(self.mr_b.rkey, self.mr_b.buf)
+        self.qp_a.post_send(wr)
+        poll(self.cq_a, 1, deadline, "RDMA WRITE WITH IMM")
+        (wc,) = poll(self.cq_b, 1, deadline, "RECV of WRITE WITH IMM")
+        if wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM or not wc.wc_flags & IBV_WC_WITH_IMM:
+            raise Mismatch(
+                f"receiver completion opcode {wc.opcode} flags {wc.wc_flags:#x}, "
+                f"want RECV_RDMA_WITH_IMM with IBV_WC_WITH_IMM"
+            )
+        if socket.ntohl(wc.imm_data) != imm:
+            raise Mismatch(f"immediate {socket.ntohl(wc.imm_data):#010x}, sent {imm:#010x}")
+        self._verify(self.mr_b, 0, data, "RDMA WRITE WITH IMM")
+
+    def read(self, i: int, deadline: float) -> None:
+        data = pattern(i, self.size)
+        self.mr_b.write(data, self.size, 0)
+        self.mr_a.write(bytes(self.size), self.size, 0)
+        wr = self._send_wr(self.e.IBV_WR_RDMA_READ, self.mr_a, 0, self.size)
+        wr.set_wr_rdma(self.mr_b.rkey, self.mr_b.buf)
+        self.qp_a.post_send(wr)
+        poll(self.cq_a, 1, deadline, "RDMA READ")
+        self._verify(self.mr_a, 0, data, "RDMA READ")
+
+    def _atomic(self, opcode: int, compare_add: int, swap: int, deadline: float, what: str):
+        slot = self.slot
+        wr = self._send_wr(opcode, self.mr_a, slot, ATOMIC_SLOT)
+        wr.set_wr_atomic(self.mr_b.rkey, self.mr_b.buf + slot, compare_add, swap)
+        self.qp_a.post_send(wr)
+        poll(self.cq_a, 1, deadline, what)
+        return slot
+
+    def fetch_add(self, i: int, deadline: float) -> None:
+        # Byte-replicated operands: the result does not depend on how the HCA orders bytes.
+        start, add = (i % 100 + 1) * 0x0101010101010101, 0x0101010101010101
+        slot = self.slot
+        self.mr_b.write(struct.pack("<Q", start), ATOMIC_SLOT, slot)
+        self._atomic(self.e.IBV_WR_ATOMIC_FETCH_AND_ADD, add, 0, deadline, "FETCH_AND_ADD")
+        self._verify(self.mr_a, slot, struct.pack("<Q", start), "FETCH_AND_ADD original value")
+        self._verify(self.mr_b, slot, struct.pack("<Q", start + add), "FETCH_AND_ADD result")
+
+    def cmp_swap(self, i: int, deadline: float) -> None:
+        old, new = (i % 100 + 1) * 0x0101010101010101, 0x7F7F7F7F7F7F7F7F
+        slot = self.slot
+        for compare, expect in ((old + 1, old), (old, new)):  # a miss, then a hit
+            self.mr_b.write(struct.pack("<Q", old), ATOMIC_SLOT, slot)
+            self._atomic(
+                self.e.IBV_WR_ATOMIC_CMP_AND_SWP, compare, new, deadline, "COMPARE_AND_SWAP"
+            )
+            self._verify(self.mr_a, slot, struct.pack("<Q", old), "COMPARE_AND_SWAP original")
+            self._verify(
+                self.mr_b,
+                slot,
+                struct.pack("<Q", expect),
+                "COMPARE_AND_SWAP " + ("swap" if expect == new else "no-swap on mismatch"),
+            )
+
+    def ud_send(self, i: int, deadline: float) -> None:
+        lad = self.ladder
+        mtu_bytes = 128 << lad.port_attr.active_mtu
+        if self._ud is None:
+            cq_s, cq_r = lad.cq(4), lad.cq(4)
+            qp_s, qp_r = lad.qp(cq_s, "ud", 2, 2), lad.qp(cq_r, "ud", 2, 2)
+            lad.ready_ud(qp_s, new_psn())
+            lad.ready_ud(qp_r, new_psn())
+            ah = lad.ah(lad.local(qp_r, 0))
+            mr = lad.mr(GRH_SIZE + mtu_bytes * 2, 1)
+            self._ud = (cq_s, cq_r, qp_s, qp_r, ah, mr)
+        cq_s, cq_r, qp_s, qp_r, ah, mr = self._ud
+        size = min(self.size, mtu_bytes)  # a UD message fits in one MTU
+        data = pattern(i, size)
+        recv_at = mtu_bytes
+        self._recv(qp_r, mr, recv_at, GRH_SIZE + size)
+        mr.write(data, size, 0)
+        wr = self._send_wr(self.e.IBV_WR_SEND, mr, 0, size)
+        wr.set_wr_ud(ah, qp_r.qp_num, 0x11111111)
+        qp_s.post_send(wr)
+        poll(cq_s, 1, deadline, "UD SEND")
+        (wc,) = poll(cq_r, 1, deadline, "UD RECV")
+        if wc.byte_len != GRH_SIZE + size:
+            raise Mismatch(f"UD receive of {wc.byte_len} bytes, want {GRH_SIZE + size}")
+        self._verify(mr, recv_at + GRH_SIZE, data, "UD SEND/RECV")
+
+    def _drain(self, cq, what: str) -> int:
+        n, wcs = cq.poll(num_entries=self.depth)
+        for wc in wcs:
+            if wc.status != 0:
+                raise CompletionError(wc, what)
+        return n
+
+    # -- pipelined bandwidth -------------------------------------------------------------
+
+    def bandwidth(self, op: str, iters: int, deadline: float) -> float:
+        """MB/s with up to `depth` operations in flight."""
+        e, size = self.e, self.size
+        opcode = {"send": e.IBV_WR_SEND, "write": e.IBV_WR_RDMA_WRITE, "read": e.IBV_WR_RDMA_READ}[
+            op
+        ]
+        local, remote = self.mr_a, self.mr_b
+        posted = done = received = 0
+        start = time.perf_counter()
+        while done < iters or (op == "send" and received < iters):
+            while posted < iters and posted - done < self.depth:
+                slot = (posted % self.depth) * size
+                if op == "send":
+                    self._recv(self.qp_b, self.mr_b, slot, size)
+                wr = self._send_wr(opcode, local, slot, size, wr_id=posted)
+                if op != "send":
+                    wr.set_wr_rdma(remote.rkey, remote.buf + slot)
+                self.qp_a.post_send(wr)
+                posted += 1
+            sent = self._drain(self.cq_a, f"{op} bandwidth")
+            # The receiver's CQ is drained as we go: it must not overflow either.
+            got = self._drain(self.cq_b, "RECV (bandwidth)") if op == "send" else 0
+            done, received = done + sent, received + got
+            if not (sent or got) and time.monotonic() > deadline:
+                raise CompletionTimeout(f"{op} bandwidth: {done} of {iters} completed")
+        elapsed = time.perf_counter() - start
+        return size * iters / elapsed / 1e6
+
+
+def run_op(lb: Loopback, op: str, iters: int, timeout: float, bandwidth_iters: int = 0) -> OpResult:
+    result = OpResult(op, Status.PASS, lb.size)
+    if op in ATOMIC_OPS and not lb.atomics:
+        result.status, result.error = Status.UNSUPPORTED, "device reports atomic_caps NONE"
+        return result
+    step: Callable[[int, float], None] = getattr(lb, op)
+    try:
+        step(iters, time.monotonic() + timeout)  # warm-up: first-touch faults, ARP, caches
+        for i in range(iters):
+            deadline = time.monotonic() + timeout
+            t0 = time.perf_counter()
+            step(i, deadline)
+            result.latencies_us.append((time.perf_counter() - t0) * 1e6)
+            result.iters += 1
+        if bandwidth_iters and op in BANDWIDTH_OPS:
+            result.bandwidth_mbps = lb.bandwidth(
+                op, bandwidth_iters, time.monotonic() + timeout * 4
+            )
+    except CompletionTimeout as e:
+        result.status, result.error = Status.TIMEOUT, e.message
+    except (CompletionError, Mismatch) as e:
+        result.status, result.error = Status.FAIL, e.message
+    except IbtoolError as e:
+        result.status, result.error = Status.FAIL, e.message
+    return result
+
+
+def run(
+    device: str,
+    port: int,
+    gid_index: int | None,
+    ops: Iterable[str],
+    size: int,
+    iters: int,
+    timeout: float,
+    depth: int = 16,
+) -> list[OpResult]:
+    with Loopback(device, port, gid_index, size, depth) as lb:
+        return [run_op(lb, op, iters, timeout, bandwidth_iters=max(iters, depth * 8)) for op in ops]
