@@ -60,9 +60,13 @@ class OpResult:
         }
 
 
+_BASE = bytes((i * 7 + 1) & 0xFF for i in range(256)) * 2
+
+
 def pattern(seed: int, size: int) -> bytes:
-    """A payload that differs per iteration, so stale data cannot pass verification."""
-    block = bytes((seed * 31 + i * 7 + 1) & 0xFF for i in range(256))
+    """A payload that differs from the previous iteration's, so stale data cannot pass."""
+    start = (seed * 31) % 256
+    block = _BASE[start : start + 256]
     return (block * (size // 256 + 1))[:size]
 
 

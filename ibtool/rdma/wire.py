@@ -39,6 +39,14 @@ class ProtocolError(DataError):
     """The peer broke the protocol: the connection is dropped."""
 
 
+class PeerClosed(ProtocolError):
+    """The peer closed the connection."""
+
+
+class PeerError(ProtocolError):
+    """The peer reported an error (an ERROR message): the session may be retried."""
+
+
 @dataclass(frozen=True)
 class Endpoint:
     qpn: int
@@ -149,7 +157,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
         except TimeoutError:
             raise ProtocolError("peer too slow: handshake timed out") from None
         if not chunk:
-            raise ProtocolError("peer closed the connection")
+            raise PeerClosed("peer closed the connection")
         buf += chunk
     return bytes(buf)
 
@@ -160,7 +168,7 @@ def receive(sock: socket.socket, timeout: float, expect: MessageType | None = No
     kind, length = decode_header(_recv_exact(sock, HEADER.size, deadline))
     value = decode_payload(kind, _recv_exact(sock, length, deadline))
     if kind == MessageType.ERROR:
-        raise ProtocolError(f"peer says: {value}")
+        raise PeerError(f"peer says: {value}")
     if expect is not None and kind != expect:
         raise ProtocolError(f"expected {expect.name}, got {kind.name}")
     return value

@@ -1,0 +1,183 @@
+"""`ibtool ping HOST` / `ibtool ping --server`: RC ping-pong over RDMA, reported like ping(8)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ibtool import hookimpl
+from ibtool.commands import Invocation
+from ibtool.errors import CommandFailed, UsageError
+from ibtool.host import parse_selector
+from ibtool.model import PortState
+
+
+def configure(parser) -> None:
+    parser.add_argument("host", nargs="?", help="the host running `ibtool ping --server`")
+    parser.add_argument("--server", action="store_true", help="answer pings")
+    parser.add_argument(
+        "--bind", default="", metavar="ADDR", help="server: the address to listen on (default: all)"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        metavar="N",
+        help="TCP port of the out-of-band exchange (default 18520)",
+    )
+    parser.add_argument(
+        "--dev", metavar="DEV[/PORT]", help="RDMA device and port (default: the first ACTIVE port)"
+    )
+    parser.add_argument("--gid-index", type=int, help="GID index (default: the --best rule)")
+    parser.add_argument(
+        "--mode",
+        choices=("send", "write-imm"),
+        default="send",
+        help="SEND/RECV (default) or RDMA WRITE WITH IMMEDIATE",
+    )
+    parser.add_argument("-c", "--count", type=int, help="stop after N pings")
+    parser.add_argument(
+        "-i",
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between pings; 0: the next as soon as the reply is in",
+    )
+    parser.add_argument("-s", "--size", type=int, default=64, help="payload bytes (default 64)")
+    parser.add_argument("-w", "--deadline", type=float, help="stop after this many seconds")
+    parser.add_argument(
+        "-W",
+        "--timeout",
+        type=float,
+        default=2.0,
+        help="seconds to wait for each reply (default 2)",
+    )
+    # For tests and scripted runs: serve this many clients, then exit.
+    parser.add_argument("--max-clients", type=int, help=argparse.SUPPRESS)
+
+
+def _pick_port(inv: Invocation) -> tuple[str, int]:
+    if inv.args.dev:
+        name, port = parse_selector(inv.args.dev)
+        inv.host.select(inv.args.dev)
+        return name, port or inv.host.sysfs.port_numbers(name)[0]
+    ports = inv.host.ports()
+    active = [p for p in ports if p.state == PortState.ACTIVE]
+    if not active:
+        have = ", ".join(f"{p.device}/{p.port} {p.state.name if p.state else '?'}" for p in ports)
+        raise CommandFailed("no ACTIVE RDMA port", f"ports here: {have}")
+    return active[0].device, active[0].port
+
+
+def run(inv: Invocation) -> int:
+    from ibtool.rdma import ping, wire  # pyverbs is imported only here
+
+    args = inv.args
+    if not 1 <= args.size <= ping.MAX_PING_SIZE:
+        raise UsageError(f"-s {args.size}: size must be 1..{ping.MAX_PING_SIZE}")
+    if args.interval < 0 or (args.count is not None and args.count < 1):
+        raise UsageError("-i must be >= 0 and -c >= 1")
+    device, port = _pick_port(inv)
+    gid_index = args.gid_index
+    if gid_index is None:
+        gid_index = inv.host.roce_gid_index(device, port)
+    tcp_port = args.port or ping.DEFAULT_PORT
+    if args.server:
+        if args.host:
+            raise UsageError("--server takes no HOST", "use --bind ADDR to choose an address")
+        log = _server_log(inv)
+        try:
+            ping.serve(device, port, gid_index, args.bind, tcp_port, log, args.max_clients)
+        except KeyboardInterrupt:
+            log("server stopped")
+        return 0
+    if not args.host:
+        raise UsageError("ping needs a HOST, or --server")
+    return _client(inv, ping, wire, device, port, gid_index, tcp_port)
+
+
+def _server_log(inv: Invocation):
+    def log(line: str) -> None:
+        if inv.json:
+            inv.emit_json({"event": line})
+        else:
+            inv.print(line)
+        inv.out.flush()
+
+    return log
+
+
+def _client(inv, ping, wire, device, port, gid_index, tcp_port) -> int:
+    from ibtool.rdma.ladder import Ladder
+
+    args = inv.args
+    mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
+    stats, rtts, replies = ping.PingStats(), [], []
+    with Ladder(device, port, gid_index) as ladder:
+        client = ping.Client(ladder, args.host, tcp_port, args.size, mode, args.timeout)
+        try:
+            where = f"{device}/{port}" + (f" gid {gid_index}" if gid_index is not None else "")
+            if not inv.json:
+                inv.print(f"PING {args.host} over {where}: {args.size} bytes, mode {args.mode}")
+
+            def on_reply(r):
+                replies.append({"seq": r.seq, "rtt_us": round(r.rtt_us, 1)})
+                if not inv.json:
+                    inv.print(
+                        f"{args.size} bytes from {args.host}: seq={r.seq} rtt={r.rtt_us:.1f} us"
+                    )
+                    inv.out.flush()
+
+            def on_loss(seq, reason):
+                replies.append({"seq": seq, "error": reason})
+                print(f"ibtool: seq={seq} lost: {reason}", file=sys.stderr)
+
+            interrupted = False
+            try:
+                ping.run_client(
+                    client, args.count, args.interval, args.deadline, on_reply, on_loss, stats, rtts
+                )
+            except KeyboardInterrupt:
+                interrupted = True  # Ctrl-C: the summary still comes
+        finally:
+            client.close()
+    _summary(inv, args.host, stats, stats.summary(rtts), replies)
+    if interrupted and stats.sent == 0:
+        return 130
+    incomplete = args.count is not None and stats.received < args.count and not interrupted
+    return 1 if stats.received == 0 or incomplete else 0
+
+
+def _summary(inv, host, stats, rtt, replies) -> None:
+    loss = 100.0 * (stats.sent - stats.received) / stats.sent if stats.sent else 0.0
+    if inv.json:
+        inv.emit_json(
+            {
+                "host": host,
+                "sent": stats.sent,
+                "received": stats.received,
+                "loss_pct": round(loss, 1),
+                "time_ms": round(stats.elapsed * 1000),
+                "rtt_us": {k: (round(v, 1) if v is not None else None) for k, v in rtt.items()},
+                "replies": replies,
+            }
+        )
+        return
+    inv.print(f"--- {host} ibtool ping statistics ---")
+    inv.print(
+        f"{stats.sent} sent, {stats.received} received, {loss:.0f}% loss, "
+        f"time {stats.elapsed * 1000:.0f} ms"
+    )
+    if rtt["min"] is not None:
+        inv.print(
+            "rtt min/avg/median/max/mdev = "
+            + "/".join(f"{rtt[k]:.1f}" for k in ("min", "avg", "median", "max", "mdev"))
+            + " us"
+        )
+
+
+@hookimpl
+def ibtool_register_commands(cli):
+    cli.add(
+        "ping", run, configure=configure, help="RC ping-pong over RDMA with another host or process"
+    )
