@@ -1,0 +1,46 @@
+# The two set-up commands the README documents: `make demo` and `make test`.
+# Both install what they need on a fresh Debian 12 machine (as root).
+
+PYTHON := /usr/bin/python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+TESTBED := tests/testbed/testbed
+
+.PHONY: demo test unit integration deps venv capture bench lint
+
+demo: venv
+	@if [ -n "$$(ls /sys/class/infiniband 2>/dev/null)" ]; then \
+		bash tests/testbed/demo.sh; \
+	else \
+		echo "no RDMA device on this host: running the overview in the SoftRoCE testbed VM" >&2; \
+		$(TESTBED) demo; \
+	fi
+
+test: unit integration
+
+unit: venv
+	$(VENV)/bin/python -m pytest -m 'not integration' tests
+
+integration: venv
+	$(TESTBED) suite
+
+deps:
+	$(TESTBED) deps
+
+venv: $(STAMP)
+
+# pyverbs comes from Debian's python3-pyverbs for /usr/bin/python3: the venv must see it.
+$(STAMP): pyproject.toml | deps
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+capture: venv
+	$(TESTBED) capture
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: venv
+	$(VENV)/bin/python bench/bench_sysfs.py
