@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ibtool.errors import IbtoolError, NotFoundError, UsageError
-from ibtool.model import Device, Gid, LinkLayer, Port
+from ibtool.model import Device, Gid, LinkLayer, NodeType, Port
 from ibtool.sources.sysfs import SysfsSource
 
 
@@ -66,9 +66,10 @@ class Host:
         gids = []
         for name, port in self.select(selector):
             numbers = [port] if port is not None else self.sysfs.port_numbers(name)
+            iwarp = self.sysfs.node_type(name) == NodeType.RNIC
             for p in numbers:
                 link_layer = self.sysfs.link_layer(name, p)
-                gids.extend(self.sysfs.gids(name, p, link_layer))
+                gids.extend(self.sysfs.gids(name, p, link_layer, iwarp=iwarp))
         return gids
 
     def roce_gid_index(self, device: str, port: int) -> int | None:

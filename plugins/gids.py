@@ -13,9 +13,7 @@ FIELDS = [
     render.Field("port", lambda g: g.port, header="PORT"),
     render.Field("index", lambda g: g.index, header="INDEX"),
     render.Field("gid", lambda g: g.gid, header="GID"),
-    render.Field(
-        "type", lambda g: g.type.label if g.type is not None else None, header="TYPE", always=True
-    ),
+    render.Field("type", lambda g: g.type.label if g.type is not None else None, header="TYPE"),
     render.Field("netdev", lambda g: g.netdev, header="NETDEV"),
     render.Field("vlan", lambda g: g.vlan, header="VLAN"),
     render.Field("ip", lambda g: g.ip, header="IP"),

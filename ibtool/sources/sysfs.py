@@ -67,6 +67,17 @@ def gid_ip(gid: str) -> str | None:
     return str(ipaddress.IPv6Address(bytes.fromhex(gid.replace(":", ""))))
 
 
+def _read_attr(path: str) -> str:
+    # A sysfs attribute is at most one page: one read() on a raw fd, about three times
+    # cheaper than a buffered text file (it matters for 10^4 GID files on SR-IOV hosts).
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, 8192)
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace").rstrip("\n")
+
+
 class SysfsSource:
     def __init__(self, root: str = "/", warn: Warn | None = None):
         self.root = root
@@ -85,8 +96,7 @@ class SysfsSource:
         Absent files are silent unless `required`: many attributes exist only on some drivers.
         """
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                return f.read().rstrip("\n")
+            return _read_attr(path)
         except FileNotFoundError:
             if required:
                 self.warn(f"{self._rel(path)}: missing")
@@ -98,8 +108,7 @@ class SysfsSource:
     def read_quiet(path: str) -> str | None:
         """For files the kernel makes fail on purpose (gid_attrs of empty or IB slots: EINVAL)."""
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                return f.read().rstrip("\n")
+            return _read_attr(path)
         except OSError:
             return None
 
@@ -251,7 +260,14 @@ class SysfsSource:
 
     # -- GIDs --------------------------------------------------------------------------------
 
-    def gids(self, device: str, port: int, link_layer: LinkLayer | None) -> Iterator[Gid]:
+    def node_type(self, device: str) -> NodeType | None:
+        value = self.parsed(os.path.join(self.class_dir, device, "node_type"), parse_enum_line)
+        return NodeType.parse(value) if value is not None else None
+
+    def gids(
+        self, device: str, port: int, link_layer: LinkLayer | None, *, iwarp: bool = False
+    ) -> Iterator[Gid]:
+        """Valid GIDs of a port. iWARP GIDs are the MAC: no RoCE type, no IP, no gid_attrs."""
         p = os.path.join(self.class_dir, device, "ports", str(port))
         gids_dir = os.path.join(p, "gids")
         types_dir = os.path.join(p, "gid_attrs", "types")
@@ -264,6 +280,10 @@ class SysfsSource:
             if len(gid) != 39 or gid.count(":") != 7:
                 self.warn(f"{device}/ports/{port}/gids/{index}: malformed GID {gid!r}")
                 continue
+            netdev = self.read_quiet(os.path.join(ndevs_dir, str(index))) or None
+            if iwarp:
+                yield Gid(device, port, index, gid, None, netdev)
+                continue
             type_text = self.read_quiet(os.path.join(types_dir, str(index)))
             gid_type = self._gid_type(type_text, link_layer)
             if gid_type is None:
@@ -271,7 +291,6 @@ class SysfsSource:
                     f"{device}/ports/{port}/gid_attrs/types/{index}: "
                     + ("unreadable" if type_text is None else f"unknown GID type {type_text!r}")
                 )
-            netdev = self.read_quiet(os.path.join(ndevs_dir, str(index))) or None
             vlan = self.vlans().get(netdev, (None, None))[0] if netdev else None
             ip = None if gid_type == GidType.IB else gid_ip(gid)
             yield Gid(device, port, index, gid, gid_type, netdev, vlan, ip)

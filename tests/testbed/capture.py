@@ -2,7 +2,8 @@
 
 Runs inside the testbed (`tests/testbed/testbed capture`). The tree keeps sysfs's shape under
 OUT/rxe/sys/... (class symlink to the device directory); files the kernel refuses to read
-(gid_attrs of empty slots: EINVAL) are left out and listed in OUT/rxe/UNREADABLE. Netlink
+(gid_attrs of empty slots: EINVAL) become directories, so reading them fails too, and are
+listed in OUT/rxe/UNREADABLE. Netlink
 replies are the bytes recv() returned, all parts of a dump concatenated, one file each.
 """
 
@@ -52,7 +53,9 @@ def copy_tree(out: str) -> None:
                     with open(src, "rb") as fh:
                         data = fh.read()
                 except OSError as e:
+                    # Kept as a directory: open() fails on it, as the kernel's read did.
                     unreadable.append(f"{os.path.relpath(src, '/')}\t{e.strerror}")
+                    os.makedirs(os.path.join(target_dir, f), exist_ok=True)
                     continue
                 with open(os.path.join(target_dir, f), "wb") as fh:
                     fh.write(data)
