@@ -54,6 +54,11 @@ def wait_for(predicate, what: str, timeout: float = 30.0) -> None:
         time.sleep(0.1)
 
 
+@pytest.fixture(name="wait_for")
+def wait_for_fixture():
+    return wait_for
+
+
 @pytest.fixture
 def link_down(testbed):
     """The rxe port's netdev taken down (port DOWN), brought back up afterwards."""
