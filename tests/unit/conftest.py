@@ -1,0 +1,103 @@
+"""Fixture trees of real hardware under tmp_path, and the CLI run in-process against them."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # `pytest` (not `python -m pytest`) does not put the repo there
+    sys.path.insert(0, str(REPO))
+
+from ibtool.cli import main  # noqa: E402
+from tests.fixtures import sysfs_trees  # noqa: E402
+
+CAPTURED_RXE = REPO / "tests" / "fixtures" / "captured" / "rxe"
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def json(self):
+        return json.loads(self.out)
+
+    @property
+    def warnings(self) -> list[str]:
+        return [line for line in self.err.splitlines() if line.startswith("ibtool: warning: ")]
+
+
+def run_cli(argv: list[str]) -> Result:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(argv, stdout=out, stderr=err)
+    return Result(int(code), out.getvalue(), err.getvalue())
+
+
+Ibtool = Callable[..., Result]
+
+
+def _ibtool_on(root: Path) -> Ibtool:
+    def ibtool(*argv: str) -> Result:
+        return run_cli(["--root", str(root), *argv])
+
+    ibtool.root = root  # type: ignore[attr-defined]
+    return ibtool
+
+
+def _tree(name: str, root: Path) -> Ibtool:
+    return _ibtool_on(sysfs_trees.build(name, root))
+
+
+@pytest.fixture
+def mlx5_ib_hca(tmp_path) -> Ibtool:
+    return _tree("mlx5_ib_hca", tmp_path)
+
+
+@pytest.fixture
+def mlx5_roce(tmp_path) -> Ibtool:
+    return _tree("mlx5_roce", tmp_path)
+
+
+@pytest.fixture
+def cxgb4_iwarp(tmp_path) -> Ibtool:
+    return _tree("cxgb4_iwarp", tmp_path)
+
+
+@pytest.fixture
+def i40iw_iwarp(tmp_path) -> Ibtool:
+    return _tree("i40iw_iwarp", tmp_path)
+
+
+@pytest.fixture
+def hfi1_opa(tmp_path) -> Ibtool:
+    return _tree("hfi1_opa", tmp_path)
+
+
+@pytest.fixture
+def broken_device(tmp_path) -> Ibtool:
+    return _tree("broken_device", tmp_path)
+
+
+@pytest.fixture(scope="session")
+def sriov_500_vfs(tmp_path_factory) -> Ibtool:
+    return _tree("sriov_vfs", tmp_path_factory.mktemp("sriov_500_vfs"))
+
+
+@pytest.fixture
+def empty_root(tmp_path) -> Ibtool:
+    """A root without sys/class/infiniband: a host whose RDMA drivers are not loaded."""
+    return _ibtool_on(tmp_path)
+
+
+@pytest.fixture
+def captured_rxe() -> Ibtool:
+    return _ibtool_on(CAPTURED_RXE)
