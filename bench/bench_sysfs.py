@@ -54,8 +54,10 @@ def main() -> int:
         startup, _ = timed([*IBTOOL, "--version"], args.runs)
         print(f"ibtool --version: {startup * 1000:.1f} ms (interpreter + import floor)")
         print()
-        header = f"{'VFs':>5} {'devices':>7} {'gids':>6} {'command':<14} {'ibtool s':>9} " \
-                 f"{'shell s':>8} {'shell/ibtool':>12} {'ms/device':>9}"
+        header = (
+            f"{'VFs':>5} {'devices':>7} {'gids':>6} {'command':<14} {'ibtool s':>9} "
+            f"{'shell s':>8} {'shell/ibtool':>12} {'ms/device':>9}"
+        )
         print(header)
         print("-" * len(header))
         gid_times = {}
@@ -71,8 +73,10 @@ def main() -> int:
                 ratio = f"{shell_t / t:12.1f}" if command[-1] == "gids" else f"{'':>12}"
                 shell = f"{shell_t:8.3f}" if command[-1] == "gids" else f"{'':>8}"
                 per_dev = (t - startup) / devices * 1000
-                print(f"{n:>5} {devices:>7} {gids!s:>6} {name:<14} {t:9.3f} {shell} {ratio} "
-                      f"{per_dev:9.3f}")
+                print(
+                    f"{n:>5} {devices:>7} {gids!s:>6} {name:<14} {t:9.3f} {shell} {ratio} "
+                    f"{per_dev:9.3f}"
+                )
                 if command[-1] == "gids":
                     gid_times[n] = t
             shutil.rmtree(root)
@@ -80,12 +84,16 @@ def main() -> int:
         if len(sizes) > 1:
             lo, hi = sizes[0], sizes[-1]
             growth = (gid_times[hi] - startup) / max(gid_times[lo] - startup, 1e-9)
-            print(f"growth of -j gids above startup, {lo} -> {hi} VFs: x{growth:.2f} "
-                  f"(linear would be x{hi / lo:.2f})")
+            print(
+                f"growth of -j gids above startup, {lo} -> {hi} VFs: x{growth:.2f} "
+                f"(linear would be x{hi / lo:.2f})"
+            )
         if 500 in gid_times:
             verdict = "met" if gid_times[500] < TARGET_GIDS_500 else "MISSED"
-            print(f"target -j gids on 500 VFs < {TARGET_GIDS_500} s: {gid_times[500]:.3f} s, "
-                  f"{verdict}")
+            print(
+                f"target -j gids on 500 VFs < {TARGET_GIDS_500} s: {gid_times[500]:.3f} s, "
+                f"{verdict}"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

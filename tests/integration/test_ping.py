@@ -116,7 +116,11 @@ def test_garbage_peer_is_dropped_and_the_server_keeps_serving(server):
     with socket.create_connection(("127.0.0.1", PORT), timeout=10) as s:
         s.sendall(b"GET / HTTP/1.0\r\n\r\n")
         s.settimeout(30)
-        assert s.recv(100) == b""  # the server closed on us
+        try:
+            reply = s.recv(100)
+        except ConnectionResetError:  # closed with our garbage unread: a reset, not a FIN
+            reply = b""
+        assert reply == b""  # the server dropped us
     with socket.create_connection(("127.0.0.1", PORT), timeout=10):
         pass  # a client that connects and leaves at once
     proc = ping("-c", "2", "-i", "0")

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Benchmark the data path against perftest and rdma-core's pingpong, in the same run.
+
+Run inside the SoftRoCE testbed (or on a host with an RDMA port):
+    tests/testbed/testbed run -- .venv/bin/python bench/bench_datapath.py
+
+Goals (issue 5): ibtool ping median RTT within 1.5x of ibv_rc_pingpong's usec/iter;
+ibtool loopback --ops write --size 65536 bandwidth at least 0.8x ib_write_bw's average.
+Under QEMU TCG absolute figures are meaningless; the ratios are what this prints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+DEV, GID, N = "rxe0", "1", 1000
+IBTOOL = [sys.executable, "-m", "ibtool"]
+
+
+def pair(server: list[str], client: list[str], timeout: float = 300) -> tuple[str, str]:
+    srv = subprocess.Popen(server, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(1.5)
+    cli = subprocess.run(client, capture_output=True, text=True, timeout=timeout)
+    out, _ = srv.communicate(timeout=timeout)
+    if cli.returncode != 0:
+        raise SystemExit(f"{' '.join(client)} failed: {cli.stdout}{cli.stderr}")
+    return out, cli.stdout
+
+
+def rc_pingpong(size: int) -> float:
+    args = ["ibv_rc_pingpong", "-d", DEV, "-g", GID, "-n", str(N), "-s", str(size)]
+    srv, cli = pair(args, [*args, "127.0.0.1"])
+    return float(re.search(r"([\d.]+) usec/iter", cli).group(1))
+
+
+def send_lat(size: int) -> float:
+    args = ["ib_send_lat", "-d", DEV, "-x", GID, "-s", str(size), "-n", str(N)]
+    _, cli = pair(args, [*args, "127.0.0.1"])
+    row = [line.split() for line in cli.splitlines() if re.match(rf"\s*{size}\s+{N}\s", line)][0]
+    return float(row[4])  # t_typical (median one-way latency, usec)
+
+
+def write_bw(size: int) -> float:
+    args = ["ib_write_bw", "-d", DEV, "-x", GID, "-s", str(size), "-n", str(N)]
+    _, cli = pair(args, [*args, "127.0.0.1"])
+    row = [line.split() for line in cli.splitlines() if re.match(rf"\s*{size}\s+{N}\s", line)][0]
+    return float(row[3])  # BW average, MB/sec
+
+
+def ibtool_ping(size: int, mode: str) -> dict:
+    port = 18700
+    srv = subprocess.Popen(
+        [*IBTOOL, "ping", "--server", "--port", str(port), "--max-clients", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+        if time.monotonic() > deadline:
+            raise SystemExit("ibtool ping server did not start")
+        time.sleep(0.2)
+    cli = subprocess.run(
+        [
+            *IBTOOL,
+            "-j",
+            "ping",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-c",
+            str(N),
+            "-i",
+            "0",
+            "-s",
+            str(size),
+            "--mode",
+            mode,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    srv.wait(timeout=60)
+    report = json.loads(cli.stdout)
+    rtts = [r["rtt_us"] for r in report["replies"] if "rtt_us" in r]
+    return {"median": statistics.median(rtts), "received": report["received"]}
+
+
+def ibtool_loopback_bw(size: int) -> float:
+    out = subprocess.run(
+        [
+            *IBTOOL,
+            "-j",
+            "loopback",
+            DEV,
+            "--ops",
+            "write",
+            "--size",
+            str(size),
+            "--iters",
+            str(N // 5),
+            "--depth",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    (result,) = json.loads(out.stdout)["results"]
+    return result["bw_MBps"]
+
+
+def main() -> int:
+    size = 64
+    pp = statistics.median(rc_pingpong(size) for _ in range(3))
+    lat = send_lat(size)
+    ours_send = ibtool_ping(size, "send")
+    ours_imm = ibtool_ping(size, "write-imm")
+    print(f"RTT, {size}-byte messages, {N} round trips each (median)")
+    print(f"  ibv_rc_pingpong          {pp:9.1f} us/iter")
+    print(f"  ib_send_lat (one-way)    {lat:9.1f} us typical  (x2 = {2 * lat:.1f} us RTT)")
+    print(
+        f"  ibtool ping (send)       {ours_send['median']:9.1f} us   "
+        f"ratio to rc_pingpong {ours_send['median'] / pp:.2f}  (goal <= 1.5)"
+    )
+    print(
+        f"  ibtool ping (write-imm)  {ours_imm['median']:9.1f} us   "
+        f"ratio to rc_pingpong {ours_imm['median'] / pp:.2f}"
+    )
+    bw_size = 65536
+    theirs = write_bw(bw_size)
+    ours = ibtool_loopback_bw(bw_size)
+    print(f"RDMA WRITE bandwidth, {bw_size}-byte messages")
+    print(f"  ib_write_bw              {theirs:9.1f} MB/s")
+    print(f"  ibtool loopback write    {ours:9.1f} MB/s   ratio {ours / theirs:.2f}  (goal >= 0.8)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
