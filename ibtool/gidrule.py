@@ -35,11 +35,13 @@ def best_gid(
     ports: Mapping[tuple[str, int], Port],
     vlans: Mapping[str, tuple[int, str]],
     target: str = "",
+    iwarp_devices: frozenset[str] = frozenset(),
 ) -> Gid:
     """RoCE v2 only; ACTIVE ports first; IPv4, then routable IPv6, then link-local; the netdev
     itself before its VLANs unless the VLAN netdev (or its address) is asked for.
 
-    `target` is a netdev name, an IP address, or empty for any port. Raises CommandFailed
+    `target` is a netdev name, an IP address, or empty for any port. `ports` are the ports
+    the GIDs belong to (their netdevs and link layers explain a miss). Raises CommandFailed
     with the reason when there is no such GID.
     """
     gids = list(gids)
@@ -63,18 +65,29 @@ def best_gid(
 
         return min(candidates, key=rank)
     raise CommandFailed(
-        f"no RoCE v2 GID for {what}", _why_none(gids, matches, target, ip, ports, vlans)
+        f"no RoCE v2 GID for {what}",
+        _why_none(gids, matches, target, ip, ports, vlans, iwarp_devices),
     )
 
 
-def _why_none(gids, matches, target, ip, ports, vlans) -> str:
+_IB_HINT = "InfiniBand ports have no RoCE GIDs: address {} by LID"
+_IWARP_HINT = "iWARP ports have no RoCE GIDs: iWARP connects through rdma_cm by IP address"
+
+
+def _why_none(gids, matches, target, ip, ports, vlans, iwarp_devices) -> str:
+    # An IPoIB netdev: its port is InfiniBand and its GIDs name no netdev.
+    behind = [p for p in ports.values() if target and p.netdev == target]
+    if behind and all(p.link_layer == LinkLayer.INFINIBAND for p in behind):
+        return _IB_HINT.format(f"{behind[0].device}/{behind[0].port}")
+    if matches and all(g.device in iwarp_devices for g in matches):
+        return _IWARP_HINT
     if matches:
         if all(
             (p := ports.get((g.device, g.port))) is not None
             and p.link_layer == LinkLayer.INFINIBAND
             for g in matches
         ):
-            return "the port is InfiniBand: address it by LID; it has no RoCE GIDs"
+            return _IB_HINT.format("the port")
         types = sorted({g.type.label for g in matches if g.type is not None})
         return f"only {', '.join(types)} GIDs there; RoCE v2 needs a kernel with RoCE v2 enabled"
     if ip:

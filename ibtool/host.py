@@ -66,11 +66,14 @@ class Host:
         gids = []
         for name, port in self.select(selector):
             numbers = [port] if port is not None else self.sysfs.port_numbers(name)
-            iwarp = self.sysfs.node_type(name) == NodeType.RNIC
+            iwarp = self.is_iwarp(name)
             for p in numbers:
                 link_layer = self.sysfs.link_layer(name, p)
                 gids.extend(self.sysfs.gids(name, p, link_layer, iwarp=iwarp))
         return gids
+
+    def is_iwarp(self, device: str) -> bool:
+        return self.sysfs.node_type(device) == NodeType.RNIC
 
     def roce_gid_index(self, device: str, port: int) -> int | None:
         """The GID index the data path uses on a RoCE port (the `gids --best` rule), or None

@@ -57,7 +57,8 @@ def run(inv: Invocation) -> int | None:
         sel = selector(inv.args)
         ports = {(p.device, p.port): p for p in inv.host.ports(sel)}
         gids = _filtered(inv.host.gids(sel), inv.args)
-        g = best_gid(gids, ports, inv.host.sysfs.vlans(), inv.args.best)
+        iwarp = frozenset(d for d in {p.device for p in ports.values()} if inv.host.is_iwarp(d))
+        g = best_gid(gids, ports, inv.host.sysfs.vlans(), inv.args.best, iwarp)
         if inv.json:
             inv.emit_json(render.record_json(g, FIELDS, inv.details))
         else:
