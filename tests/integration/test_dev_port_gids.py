@@ -138,3 +138,28 @@ def test_best_gid_is_the_ipv4_roce_v2_gid_of_the_netdev():
         v4 = [a["local"] for a in addrs if a["family"] == "inet"]
         if v4:
             assert best["ip"] in v4
+
+
+def ibtool_raw(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ibtool", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_port_state_follows_the_link(link_down):
+    (port,) = ibtool_json("port", "rxe0/1")
+    assert (port["state"], port["physical_state"]) == ("DOWN", "DISABLED")
+    theirs = json.loads(sh("rdma", "-j", "link", "show", "rxe0/1"))[0]
+    assert (port["state"], port["physical_state"]) == (theirs["state"], theirs["physical_state"])
+
+
+def test_deleted_device_is_unknown_with_the_devices_that_exist(rxe_deleted):
+    proc = ibtool_raw("port", "rxe0")
+    assert proc.returncode in (3, 4) and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("ibtool: error: ")
+
+
+def test_unloaded_driver_is_no_rdma_devices_with_the_hint(rxe_unloaded):
+    proc = ibtool_raw("dev")
+    assert proc.returncode == 3 and proc.stdout == ""
+    assert "no RDMA devices" in proc.stderr and "rdma link add" in proc.stderr
