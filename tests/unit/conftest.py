@@ -18,8 +18,6 @@ if str(REPO) not in sys.path:  # `pytest` (not `python -m pytest`) does not put 
 from ibtool.cli import main  # noqa: E402
 from tests.fixtures import sysfs_trees  # noqa: E402
 
-CAPTURED_RXE = REPO / "tests" / "fixtures" / "captured" / "rxe"
-
 
 @dataclass(frozen=True)
 class Result:
@@ -43,6 +41,12 @@ def run_cli(argv: list[str]) -> Result:
 
 
 Ibtool = Callable[..., Result]
+
+
+@pytest.fixture
+def cli() -> Ibtool:
+    """ibtool with the arguments given, nothing added."""
+    return lambda *argv: run_cli(list(argv))
 
 
 def _ibtool_on(root: Path) -> Ibtool:
@@ -100,4 +104,5 @@ def empty_root(tmp_path) -> Ibtool:
 
 @pytest.fixture
 def captured_rxe() -> Ibtool:
-    return _ibtool_on(CAPTURED_RXE)
+    """rxe0 on veth0 as the testbed's kernel showed it (tests/testbed/guest.sh topology)."""
+    return _ibtool_on(sysfs_trees.CAPTURED_RXE)
