@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 
-from ibtool.errors import NoDevicesError, PermissionDeniedError
+from ibtool.errors import DataError, NoDevicesError, PermissionDeniedError
 from ibtool.model import (
     Device,
     Gid,
@@ -144,6 +144,11 @@ class SysfsSource:
         except PermissionError as e:
             raise PermissionDeniedError(
                 f"cannot list {self.class_dir}: {e.strerror}", "run as a user who can read sysfs"
+            ) from None
+        except OSError as e:  # e.g. a --root tree whose class/infiniband is a file
+            raise DataError(
+                f"cannot list {self.class_dir}: {e.strerror}",
+                "--root wants a tree shaped like /: DIR/sys/class/infiniband/DEV/...",
             ) from None
         if not names:
             raise NoDevicesError(f"no RDMA devices (empty {self.class_dir})", NO_DEVICES_HINT)

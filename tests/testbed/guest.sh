@@ -39,6 +39,7 @@ export IBTOOL_TB_IPV6=fd77::1
 export IBTOOL_TB_VLAN_NETDEV=veth0.100
 export IBTOOL_TB_VLAN_ID=100
 export IBTOOL_TB_VLAN_IPV4=192.168.100.1
+export IBTOOL_TB_OUT=$OUT
 ENV
     log "topology up: rxe0 on veth0 (192.168.77.1, fd77::1), VLAN veth0.100 (192.168.100.1)"
 }
