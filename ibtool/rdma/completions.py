@@ -107,3 +107,20 @@ def poll(cq, count: int, deadline: float, what: str) -> list:
         elif time.monotonic() > deadline:
             raise CompletionTimeout(f"{what}: {len(wcs)} of {count} completions before the timeout")
     return wcs
+
+
+def poll_receive(cq, deadline: float, what: str):
+    """The next receive completion (opcode & IBV_WC_RECV); send completions on the same CQ
+    are reaped on the way and only checked for errors."""
+    while True:
+        n, got = cq.poll(num_entries=4)
+        received = None
+        for wc in got:
+            if wc.status != 0:
+                raise CompletionError(wc, what)
+            if wc.opcode & 128:
+                received = wc
+        if received is not None:
+            return received
+        if not n and time.monotonic() > deadline:
+            raise CompletionTimeout(f"{what}: no reply before the timeout")
