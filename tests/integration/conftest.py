@@ -1,36 +1,33 @@
-"""Integration tests run inside the SoftRoCE testbed VM (IBTOOL_TESTBED=1), nowhere else.
+"""Fixtures of the integration suite: the testbed topology and the fault injectors.
 
-Outside it they skip with the reason; under CI=true a skipped integration test is a failure,
-so CI cannot go green without the kernel checks. The fault fixtures change the guest's
-network and RDMA state and always restore it.
+Where integration tests run (the testbed VM, a host with RDMA devices; never skipped under
+CI=true) is decided in tests/conftest.py. The topology and the faults exist only inside the
+testbed VM: their fixtures skip elsewhere (and so fail under CI=true). Each fault fixture
+restores the topology afterwards, whatever the test did (faults.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
-import subprocess
-import time
 
+import faults
 import pytest
 
 IN_TESTBED = os.environ.get("IBTOOL_TESTBED") == "1"
 
-
-def pytest_runtest_setup(item):
-    if item.get_closest_marker("integration") and not IN_TESTBED:
-        reason = "needs the SoftRoCE testbed VM: run `make integration`"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"integration test outside the testbed under CI: {reason}")
-        pytest.skip(reason)
+# Kept importable from here for the tests that use them directly.
+port_state = faults.port_state
+wait_for = faults.wait_for
 
 
-def sh(*cmd: str) -> str:
-    return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
-
-
-@pytest.fixture(scope="session")
-def testbed() -> dict[str, str]:
-    """The guest topology, as tests/testbed/guest.sh exported it."""
+def load_topology() -> dict[str, str]:
+    """What tests/testbed/guest.sh wrote: the JSON at IBTOOL_TESTBED_INFO, else IBTOOL_TB_*."""
+    path = os.environ.get("IBTOOL_TESTBED_INFO")
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
     return {
         k[len("IBTOOL_TB_") :].lower(): v
         for k, v in os.environ.items()
@@ -38,80 +35,51 @@ def testbed() -> dict[str, str]:
     }
 
 
-def port_state(device: str = "rxe0", port: int = 1) -> str:
-    try:
-        with open(f"/sys/class/infiniband/{device}/ports/{port}/state") as f:
-            return f.read().split(":", 1)[1].strip()
-    except OSError:
-        return "ABSENT"
-
-
-def wait_for(predicate, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+@pytest.fixture(scope="session")
+def testbed() -> dict[str, str]:
+    """The guest topology: device rxe0, netdev veth0, ipv4, ipv4_gid_index, ipv6, ipv6_gid_index,
+    vlan_netdev, vlan_id, vlan_ipv4, vlan_gid_index, peer_device rxe1, peer_netdev veth1,
+    peer_ipv4, peer_ipv4_gid_index, kernel, out (the rwdir). Values are strings."""
+    if not IN_TESTBED:
+        pytest.skip("the testbed topology and its faults exist only inside the testbed VM")
+    topo = load_topology()
+    assert topo.get("device") and topo.get("netdev"), f"incomplete testbed topology: {topo}"
+    return topo
 
 
 @pytest.fixture(name="wait_for")
 def wait_for_fixture():
-    return wait_for
+    return faults.wait_for
 
 
 @pytest.fixture
 def link_down(testbed):
-    """The rxe port's netdev taken down (port DOWN), brought back up afterwards."""
-    netdev = testbed["netdev"]
-    sh("ip", "link", "set", netdev, "down")
-    try:
-        wait_for(lambda: port_state() == "DOWN", "rxe0/1 DOWN")
+    """The rxe0 netdev taken down (rxe0/1 DOWN), brought back up afterwards."""
+    with faults.link_down(testbed) as netdev:
         yield netdev
-    finally:
-        sh("ip", "link", "set", netdev, "up")
-        wait_for(lambda: port_state() == "ACTIVE", "rxe0/1 ACTIVE again")
 
 
 @pytest.fixture
 def netem(testbed):
-    """Packet loss and delay on the rxe netdev: call it with a netem spec."""
-    netdev = testbed["netdev"]
-    added = []
+    """Call it with a netem spec ("loss 10% delay 1ms") to put it on the rxe0 netdev; any number
+    of times (each replaces the last). Removed afterwards."""
+    with contextlib.ExitStack() as stack:
 
-    def apply(spec: str = "loss 10% delay 1ms") -> None:
-        sh("tc", "qdisc", "replace", "dev", netdev, "root", "netem", *spec.split())
-        added.append(spec)
+        def apply(spec: str = "loss 10% delay 1ms") -> None:
+            stack.enter_context(faults.netem(testbed, spec))
 
-    try:
         yield apply
-    finally:
-        if added:
-            sh("tc", "qdisc", "del", "dev", netdev, "root")
-
-
-def _recreate_rxe(testbed) -> None:
-    if port_state(testbed["device"]) == "ABSENT":
-        sh("rdma", "link", "add", testbed["device"], "type", "rxe", "netdev", testbed["netdev"])
-    wait_for(lambda: port_state(testbed["device"]) == "ACTIVE", "rxe0/1 ACTIVE again")
 
 
 @pytest.fixture
 def rxe_deleted(testbed):
     """rxe0 deleted with `rdma link delete`, recreated afterwards."""
-    sh("rdma", "link", "delete", testbed["device"])
-    try:
-        yield testbed["device"]
-    finally:
-        _recreate_rxe(testbed)
+    with faults.rxe_deleted(testbed) as device:
+        yield device
 
 
 @pytest.fixture
 def rxe_unloaded(testbed):
-    """The rdma_rxe module unloaded (every rxe device gone), reloaded and rxe0 recreated."""
-    sh("rdma", "link", "delete", testbed["device"])
-    sh("modprobe", "-r", "rdma_rxe")
-    try:
+    """The rdma_rxe module unloaded (every rxe device gone), reloaded and the devices recreated."""
+    with faults.rxe_unloaded(testbed):
         yield
-    finally:
-        sh("modprobe", "rdma_rxe")
-        _recreate_rxe(testbed)
