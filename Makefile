@@ -1,5 +1,12 @@
 # The two set-up commands the README documents: `make demo` and `make test`.
 # Both install what they need on a fresh Debian 12 machine (as root).
+#
+#   make test         deps, venv, unit tests on the host, the integration suite in the testbed VM
+#   make demo         ibtool's overview: on this host if it has RDMA devices, else in the testbed
+#   make unit         unit tests only (host; integration tests deselected)
+#   make integration  boot the SoftRoCE testbed once and run tests/integration inside it
+#   make capture      refresh tests/fixtures/captured from the testbed (sysfs tree, netlink)
+#   make deps / venv  the Debian packages / .venv (re-made when pyproject.toml changes)
 
 PYTHON := /usr/bin/python3
 VENV := .venv
@@ -7,16 +14,17 @@ STAMP := $(VENV)/.installed
 TESTBED := tests/testbed/testbed
 
 .PHONY: demo test unit integration deps venv capture bench lint
+.NOTPARALLEL:
+
+test: deps venv unit integration
 
 demo: venv
-	@if [ -n "$$(ls /sys/class/infiniband 2>/dev/null)" ]; then \
+	@if [ -n "$$(ls -A /sys/class/infiniband 2>/dev/null)" ]; then \
 		bash tests/testbed/demo.sh; \
 	else \
 		echo "no RDMA device on this host: running the overview in the SoftRoCE testbed VM" >&2; \
 		$(TESTBED) demo; \
 	fi
-
-test: unit integration
 
 unit: venv
 	$(VENV)/bin/python -m pytest -m 'not integration' tests
