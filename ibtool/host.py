@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ibtool.errors import IbtoolError, NotFoundError, UsageError
-from ibtool.model import Device, Gid, LinkLayer, NodeType, Port
+from ibtool.model import CounterSample, Device, Gid, LinkLayer, NodeType, Port
 from ibtool.sources.sysfs import SysfsSource
 
 
@@ -71,6 +71,17 @@ class Host:
                 link_layer = self.sysfs.link_layer(name, p)
                 gids.extend(self.sysfs.gids(name, p, link_layer, iwarp=iwarp))
         return gids
+
+    def counters(self, selector: str | None = None) -> list[CounterSample]:
+        """Counters of the selected ports; with a whole device, its device-wide ones too."""
+        samples = []
+        for name, port in self.select(selector):
+            if port is None:
+                samples.extend(self.sysfs.counters(name, 0))
+            numbers = [port] if port is not None else self.sysfs.port_numbers(name)
+            for p in numbers:
+                samples.extend(self.sysfs.counters(name, p))
+        return samples
 
     def is_iwarp(self, device: str) -> bool:
         return self.sysfs.node_type(device) == NodeType.RNIC

@@ -177,3 +177,16 @@ class Gid:
     netdev: str | None
     vlan: int | None = None
     ip: str | None = None  # the IPv4 or IPv6 address the GID encodes (RoCE)
+
+
+@dataclass(frozen=True)
+class CounterSample:
+    """One counter read once. `port` 0 is a device-wide counter (device hw_counters)."""
+
+    device: str
+    port: int
+    name: str
+    value: int | None  # None: unreadable or "N/A (no PMA)"
+    source: str  # "pma" (IB PortCounters in counters/) or "hw" (driver hw_counters/)
+    width: int | None = None  # bits, where the hardware counter is narrower than 64
+    scale: int = 1  # PMA data counters count 4-octet words: value * scale is bytes

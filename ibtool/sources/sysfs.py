@@ -12,8 +12,10 @@ import os
 import re
 from collections.abc import Callable, Iterator
 
+from ibtool import counterinfo
 from ibtool.errors import DataError, NoDevicesError, PermissionDeniedError
 from ibtool.model import (
+    CounterSample,
     Device,
     Gid,
     GidType,
@@ -319,3 +321,63 @@ class SysfsSource:
                 if len(parts) == 3 and parts[1].isdigit():
                     self._vlans[parts[0]] = (int(parts[1]), parts[2])
         return self._vlans
+
+    # -- counters ----------------------------------------------------------------------------
+
+    def counters(self, device: str, port: int) -> list[CounterSample]:
+        """PMA PortCounters (counters/) and driver hw_counters/ of a port; port 0: the
+        device-wide hw_counters. Each read of counters/ is a MAD to the firmware."""
+        d = os.path.join(self.class_dir, device)
+        if port == 0:
+            return self._hw_counters(device, 0, os.path.join(d, "hw_counters"))
+        p = os.path.join(d, "ports", str(port))
+        return self._pma_counters(device, port, os.path.join(p, "counters")) + self._hw_counters(
+            device, port, os.path.join(p, "hw_counters")
+        )
+
+    def _pma_counters(self, device: str, port: int, directory: str) -> list[CounterSample]:
+        names = sorted(self._listdir(directory, required=False))
+        # The extended (64-bit) table is the one with unicast/multicast counters.
+        extended = "unicast_xmit_packets" in names
+        samples, unavailable = [], []
+        for name in names:
+            path = os.path.join(directory, name)
+            try:
+                text = _read_attr(path)
+            except OSError as e:  # current kernels fail the read when the PMA query fails
+                unavailable.append(f"{name}: {e.strerror}")
+                text = None
+            value = None
+            if text is not None:
+                if text.startswith("N/A"):  # old kernels: "N/A (no PMA)"
+                    unavailable.append(f"{name}: {text}")
+                else:
+                    value = self._counter_value(path, text)
+            info = counterinfo.PMA.get(name)
+            wide = extended and name in counterinfo.PMA_EXTENDED
+            width = None if wide or info is None else info.width
+            scale = 4 if name in ("port_xmit_data", "port_rcv_data") else 1
+            samples.append(CounterSample(device, port, name, value, "pma", width, scale))
+        if unavailable:
+            self.warn(
+                f"{device}/{port}: {len(unavailable)} PMA counters unavailable "
+                f"({unavailable[0]}{', ...' if len(unavailable) > 1 else ''})"
+            )
+        return samples
+
+    def _hw_counters(self, device: str, port: int, directory: str) -> list[CounterSample]:
+        samples = []
+        for name in sorted(self._listdir(directory, required=False)):
+            if name == "lifespan":
+                continue
+            path = os.path.join(directory, name)
+            value = self.parsed(path, lambda t, p=path: self._counter_value(p, t))
+            samples.append(CounterSample(device, port, name, value, "hw"))
+        return samples
+
+    def _counter_value(self, path: str, text: str) -> int | None:
+        try:
+            return int(text)
+        except ValueError:
+            self.warn(f"{self._rel(path)}: malformed value {text!r}")
+            return None

@@ -1,0 +1,224 @@
+"""What each counter means, what usually raises it, how wide it is: one table for every face.
+
+PMA widths and meanings are IBTA PortCounters as the kernel exposes them (reference 3.4);
+hw_counters names are the drivers' (mlx5 Q counters, rxe). Descriptions say what an operator
+checks first; they are experience, not specification.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CounterInfo:
+    kind: str  # "error", "data" (bytes), "packets", "event"
+    description: str
+    causes: str = ""
+    width: int | None = None  # PMA basic-table width in bits (saturating)
+
+
+PMA: dict[str, CounterInfo] = {
+    "symbol_error": CounterInfo(
+        "error",
+        "minor link errors detected on any lane",
+        "a marginal cable, dirty optics or a failing transceiver",
+        16,
+    ),
+    "link_error_recovery": CounterInfo(
+        "error", "link error recoveries that succeeded", "a flapping or marginal link", 8
+    ),
+    "link_downed": CounterInfo(
+        "error",
+        "times link error recovery failed and the link went down",
+        "cable pulled, switch port reset, failing transceiver",
+        8,
+    ),
+    "port_rcv_errors": CounterInfo(
+        "error",
+        "received packets with errors",
+        "bad CRC from a marginal link; look at symbol_error too",
+        16,
+    ),
+    "port_rcv_remote_physical_errors": CounterInfo(
+        "error",
+        "received packets marked bad (EBP) by an upstream hop",
+        "a bad link elsewhere in the fabric, not this one",
+        16,
+    ),
+    "port_rcv_switch_relay_errors": CounterInfo(
+        "error", "packets a switch could not forward", "routing holes (switch ports only)", 16
+    ),
+    "port_xmit_discards": CounterInfo(
+        "error", "outbound packets discarded", "port down or congestion (head-of-line timeouts)", 16
+    ),
+    "port_xmit_constraint_errors": CounterInfo(
+        "error",
+        "packets not sent because of partition or raw filtering",
+        "P_Key mismatch with the peer",
+        8,
+    ),
+    "port_rcv_constraint_errors": CounterInfo(
+        "error",
+        "packets dropped on receive by partition or raw filtering",
+        "P_Key mismatch with the sender",
+        8,
+    ),
+    "local_link_integrity_errors": CounterInfo(
+        "error",
+        "times local physical errors exceeded the LocalPhyErrors threshold",
+        "a marginal link",
+        4,
+    ),
+    "excessive_buffer_overrun_errors": CounterInfo(
+        "error",
+        "consecutive flow-control update periods with buffer overrun",
+        "credit mismatch with the peer: firmware or configuration",
+        4,
+    ),
+    "VL15_dropped": CounterInfo(
+        "error",
+        "incoming subnet management packets (VL15) dropped",
+        "SM traffic storms or a busy management agent",
+        16,
+    ),
+    "port_xmit_data": CounterInfo("data", "bytes sent (the PMA counts 4-octet words)", "", 32),
+    "port_rcv_data": CounterInfo("data", "bytes received (the PMA counts 4-octet words)", "", 32),
+    "port_xmit_packets": CounterInfo("packets", "packets sent, errors included", "", 32),
+    "port_rcv_packets": CounterInfo("packets", "packets received, errors included", "", 32),
+    "port_xmit_wait": CounterInfo(
+        "event",
+        "ticks with data to send but no credit to send it",
+        "congestion: a slow receiver or an oversubscribed switch path",
+        32,
+    ),
+    "unicast_xmit_packets": CounterInfo("packets", "unicast packets sent"),
+    "unicast_rcv_packets": CounterInfo("packets", "unicast packets received"),
+    "multicast_xmit_packets": CounterInfo("packets", "multicast packets sent"),
+    "multicast_rcv_packets": CounterInfo("packets", "multicast packets received"),
+}
+
+# Extended PortCounters (64-bit): present when the unicast/multicast files exist.
+PMA_EXTENDED = ("port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets")
+
+HW: dict[str, CounterInfo] = {
+    # mlx5 Q counters (32-bit in hardware: they wrap)
+    "out_of_buffer": CounterInfo(
+        "error",
+        "packets dropped: no receive WQE posted",
+        "the application posts receives too slowly (RNR on RC)",
+    ),
+    "out_of_sequence": CounterInfo(
+        "error", "packets received out of sequence", "packet loss on a lossy (non-PFC) RoCE fabric"
+    ),
+    "duplicate_request": CounterInfo(
+        "error", "duplicate requests received", "retransmissions after lost ACKs"
+    ),
+    "rnr_nak_retry_err": CounterInfo(
+        "error", "RNR NAKs whose retries ran out", "a peer that does not post receives in time"
+    ),
+    "packet_seq_err": CounterInfo("error", "sequence-error NAKs received", "packet loss"),
+    "implied_nak_seq_err": CounterInfo("error", "implied NAK sequence errors", "packet loss"),
+    "local_ack_timeout_err": CounterInfo(
+        "error",
+        "ACK timeouts on the requester side",
+        "packet loss, a dead peer, or a timeout set too short",
+    ),
+    "resp_local_length_error": CounterInfo(
+        "error", "responder local length errors", "receive buffers smaller than the messages"
+    ),
+    "resp_cqe_error": CounterInfo("error", "responder completions with error", ""),
+    "req_cqe_error": CounterInfo("error", "requester completions with error", ""),
+    "req_remote_invalid_request": CounterInfo(
+        "error", "remote invalid request errors", "missing access flags or rd_atomic 0"
+    ),
+    "req_remote_access_errors": CounterInfo(
+        "error", "remote access errors", "bad rkey or address out of the remote MR"
+    ),
+    "resp_remote_access_errors": CounterInfo("error", "remote access errors as responder", ""),
+    "resp_cqe_flush_error": CounterInfo(
+        "error", "responder flushed completions", "QPs moved to error (usually after another error)"
+    ),
+    "req_cqe_flush_error": CounterInfo(
+        "error", "requester flushed completions", "QPs moved to error (usually after another error)"
+    ),
+    "req_transport_retries_exceeded": CounterInfo(
+        "error", "transport retries exhausted", "packet loss or a dead peer"
+    ),
+    "req_rnr_retries_exceeded": CounterInfo(
+        "error", "RNR retries exhausted", "a peer that does not post receives"
+    ),
+    "rx_write_requests": CounterInfo("packets", "RDMA WRITE requests received"),
+    "rx_read_requests": CounterInfo("packets", "RDMA READ requests received"),
+    "rx_atomic_requests": CounterInfo("packets", "atomic requests received"),
+    "np_cnp_sent": CounterInfo(
+        "event",
+        "congestion notification packets sent (ECN seen)",
+        "congestion on the path to this host",
+    ),
+    "rp_cnp_handled": CounterInfo(
+        "event", "congestion notification packets handled", "congestion on the path from this host"
+    ),
+    "np_ecn_marked_roce_packets": CounterInfo(
+        "event", "ECN-marked RoCE packets received", "congestion on the path to this host"
+    ),
+    # rxe (Soft-RoCE)
+    "sent_pkts": CounterInfo("packets", "packets sent"),
+    "rcvd_pkts": CounterInfo("packets", "packets received"),
+    "rdma_sends": CounterInfo("packets", "RDMA requests sent"),
+    "rdma_recvs": CounterInfo("packets", "RDMA requests received"),
+    "out_of_seq_request": CounterInfo(
+        "error", "out-of-sequence requests received", "packet loss on the Ethernet path"
+    ),
+    "rcvd_rnr_err": CounterInfo("error", "RNR NAKs received", "the peer had no receive posted"),
+    "send_rnr_err": CounterInfo("error", "RNR NAKs sent", "this host had no receive posted"),
+    "rcvd_seq_err": CounterInfo("error", "sequence-error NAKs received", "packet loss"),
+    "ack_deferred": CounterInfo("event", "ACKs deferred by the responder", ""),
+    "retry_exceeded_err": CounterInfo(
+        "error", "transport retries exhausted", "packet loss or a dead peer"
+    ),
+    "retry_rnr_exceeded_err": CounterInfo(
+        "error", "RNR retries exhausted", "a peer that does not post receives"
+    ),
+    "completer_retry_err": CounterInfo(
+        "error",
+        "requester retransmissions (completer retries)",
+        "packet loss or delay: netem, congestion",
+    ),
+    "send_err": CounterInfo("error", "send errors", "the netdev refused packets (link down)"),
+}
+
+# mlx5 Q counters are 32-bit in hardware and zero-extended: deltas are taken modulo 2^32.
+WRAPS_AT_32 = frozenset(
+    {
+        "out_of_buffer",
+        "out_of_sequence",
+        "duplicate_request",
+        "rnr_nak_retry_err",
+        "packet_seq_err",
+        "implied_nak_seq_err",
+        "local_ack_timeout_err",
+        "rx_write_requests",
+        "rx_read_requests",
+        "rx_atomic_requests",
+        "resp_local_length_error",
+        "resp_cqe_error",
+        "req_cqe_error",
+        "req_remote_invalid_request",
+        "req_remote_access_errors",
+        "resp_remote_access_errors",
+        "resp_cqe_flush_error",
+        "req_cqe_flush_error",
+    }
+)
+
+
+def info(name: str, source: str) -> CounterInfo | None:
+    return (PMA if source == "pma" else HW).get(name) or PMA.get(name) or HW.get(name)
+
+
+def is_error(name: str, source: str) -> bool:
+    i = info(name, source)
+    if i is not None:
+        return i.kind == "error"
+    return any(word in name for word in ("err", "drop", "discard", "timeout", "retry"))

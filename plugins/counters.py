@@ -1,0 +1,172 @@
+"""`ibtool counters`: PMA and driver counters, per-second rates, errors only, explanations.
+
+ibtool never resets a counter: rates come from two samples.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ibtool import counterinfo, hookimpl, render
+from ibtool.commands import Invocation, add_selector, selector
+from ibtool.errors import NotFoundError, UsageError
+from ibtool.model import CounterSample
+from ibtool.rates import counter_rate, is_saturated
+
+
+def configure(parser) -> None:
+    add_selector(parser)
+    parser.add_argument(
+        "--rate", action="store_true", help="per-second rates from two samples --interval apart"
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="time between the two samples of --rate (default 1)",
+    )
+    parser.add_argument(
+        "--watch", type=float, metavar="SECONDS", help="print rates every SECONDS until interrupted"
+    )
+    parser.add_argument(
+        "--errors",
+        action="store_true",
+        help="only error counters that are not zero (or moving, with rates)",
+    )
+    parser.add_argument("--explain", metavar="NAME", help="what a counter means and what raises it")
+
+
+def _value(s: CounterSample) -> int | None:
+    return None if s.value is None else s.value * s.scale
+
+
+def _unit(s: CounterSample) -> str:
+    i = counterinfo.info(s.name, s.source)
+    return {"data": "bytes", "packets": "packets", "error": "events", "event": "events"}.get(
+        i.kind if i else "", "count"
+    )
+
+
+FIELDS = [
+    render.Field("ifname", lambda r: r[0].device, header="DEV"),
+    render.Field("port", lambda r: r[0].port or None, header="PORT", text=str),
+    render.Field("counter", lambda r: r[0].name, header="COUNTER"),
+    render.Field("value", lambda r: _value(r[0]), header="VALUE", always=True),
+    render.Field("unit", lambda r: _unit(r[0]), header="UNIT"),
+    render.Field("source", lambda r: r[0].source, header="SOURCE"),
+    render.Field(
+        "error",
+        lambda r: counterinfo.is_error(r[0].name, r[0].source),
+        header="ERR",
+        text=lambda v: "yes" if v else "",
+    ),
+    render.Field(
+        "saturated", lambda r: is_saturated(r[0]), header="SAT", text=lambda v: "yes" if v else ""
+    ),
+]
+RATE_FIELDS = [
+    render.Field("rate_per_sec", lambda r: r[1], header="RATE/s", text=lambda v: f"{v:,.1f}"),
+    render.Field("note", lambda r: r[2], header="NOTE"),
+]
+
+
+def _explain(inv: Invocation, name: str) -> None:
+    info = counterinfo.PMA.get(name) or counterinfo.HW.get(name)
+    if info is None:
+        known = sorted({*counterinfo.PMA, *counterinfo.HW})
+        raise NotFoundError(
+            f"no explanation for counter {name!r}",
+            f"known counters: {', '.join(known[:8])}, ... ({len(known)} in all)",
+        )
+    source = "InfiniBand PMA PortCounters" if name in counterinfo.PMA else "driver hw_counters"
+    if inv.json:
+        inv.emit_json(
+            {
+                "counter": name,
+                "source": source,
+                "kind": info.kind,
+                "description": info.description,
+                "causes": info.causes or None,
+                "width": info.width,
+            }
+        )
+        return
+    inv.print(f"{name} ({source}, {info.kind}): {info.description}.")
+    if info.causes:
+        inv.print(f"Usually raised by: {info.causes}.")
+
+
+def _rows(before, after, seconds):
+    old = {(s.device, s.port, s.source, s.name): s for s in before}
+    rows = []
+    for s in after:
+        prev = old.get((s.device, s.port, s.source, s.name))
+        rate, note = counter_rate(prev, s, seconds) if prev else (None, "new")
+        rows.append((s, rate, note))
+    return rows
+
+
+def _keep(rows, errors_only: bool):
+    if not errors_only:
+        return rows
+    return [
+        r
+        for r in rows
+        if counterinfo.is_error(r[0].name, r[0].source)
+        and ((r[0].value or 0) > 0 or (r[1] or 0) > 0)
+    ]
+
+
+def _emit(inv: Invocation, rows, with_rate: bool) -> None:
+    fields = FIELDS + (RATE_FIELDS if with_rate else [])
+    if inv.json:
+        inv.emit_json([render.record_json(r, fields, True) for r in rows])
+    else:
+        for line in render.table(rows, fields, True):
+            inv.print(line)
+    inv.out.flush()
+
+
+def run(inv: Invocation) -> None:
+    args = inv.args
+    if args.explain:
+        return _explain(inv, args.explain)
+    sel = selector(args)
+    interval = args.watch if args.watch is not None else args.interval
+    if interval <= 0:
+        raise UsageError("--interval and --watch need a positive number of seconds")
+    before = inv.host.counters(sel)
+    if not (args.rate or args.watch):
+        _emit(inv, _keep([(s, None, None) for s in before], args.errors), False)
+        return
+    t0 = time.monotonic()
+    try:
+        while True:
+            time.sleep(max(0.0, interval - (time.monotonic() - t0)))
+            after = inv.host.counters(sel)
+            t1 = time.monotonic()
+            rows = [
+                r
+                for r in _rows(before, after, t1 - t0)
+                if args.watch is None or r[1] or r[2] not in (None, "new")
+            ]
+            _emit(inv, _keep(rows, args.errors), True)
+            if args.watch is None:
+                return
+            if not inv.json:
+                inv.print()
+            before, t0 = after, t1
+    except KeyboardInterrupt:
+        return
+
+
+@hookimpl
+def ibtool_register_commands(cli):
+    cli.add(
+        "counters",
+        run,
+        configure=configure,
+        aliases=("stats",),
+        help="port counters (PMA and driver), rates, errors, explanations",
+    )
