@@ -33,9 +33,10 @@ def pair(server: list[str], client: list[str], timeout: float = 300) -> tuple[st
 
 
 def rc_pingpong(size: int) -> float:
-    # -r N: with fewer receives posted than iterations (its default is 500) rc_pingpong
-    # runs into RNR waits of 0.6 ms and measures the timer, not the round trip.
-    args = ["ibv_rc_pingpong", "-d", DEV, "-g", GID, "-n", str(N), "-r", str(N), "-s", str(size)]
+    # 500 iterations: rc_pingpong posts its receives 500 at a time (its default rx depth);
+    # with more iterations, or a deeper ring, it measured 0.6 to 1.8 ms per iteration here:
+    # its refill and RNR timing, not the round trip.
+    args = ["ibv_rc_pingpong", "-d", DEV, "-g", GID, "-n", "500", "-s", str(size)]
     srv, cli = pair(args, [*args, "127.0.0.1"])
     return float(re.search(r"([\d.]+) usec/iter", cli).group(1))
 
