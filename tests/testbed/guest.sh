@@ -81,6 +81,7 @@ setup() {
     cat > /run/ibtool-testbed.env <<ENV
 IBTOOL_TESTBED=1
 IBTOOL_TESTBED_INFO=/run/ibtool-testbed.json
+HYPOTHESIS_STORAGE_DIRECTORY=/tmp/hypothesis
 IBTOOL_TB_KERNEL=$(uname -r)
 IBTOOL_TB_OUT=$OUT
 IBTOOL_TB_DEVICE=rxe0
