@@ -12,8 +12,9 @@ import contextlib
 import json
 import os
 
-import faults
 import pytest
+
+from tests.integration import faults
 
 IN_TESTBED = os.environ.get("IBTOOL_TESTBED") == "1"
 

@@ -8,8 +8,9 @@ import ipaddress
 import json
 import subprocess
 
-import faults
 import pytest
+
+from tests.integration import faults
 
 pytestmark = pytest.mark.integration
 
