@@ -74,10 +74,6 @@ def dump_json(data: Any, out: TextIO, pretty: bool) -> None:
     out.write(json.dumps(data, indent=2 if pretty else None) + "\n")
 
 
-def hex_mask(value: int) -> str:
-    return f"0x{value:x}"
-
-
 def decode_flags(value: int, names: dict[int, str]) -> list[str]:
     """Bit positions set in value, by name; unknown bits as bitN."""
     return [names.get(bit, f"bit{bit}") for bit in range(64) if value >> bit & 1]

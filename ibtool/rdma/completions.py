@@ -70,10 +70,6 @@ WC_STATUS = {
 }
 
 
-def status_name(status: int) -> str:
-    return WC_STATUS.get(status, (f"STATUS_{status}", ""))[0]
-
-
 def explain(status: int) -> str:
     name, cause = WC_STATUS.get(status, (f"STATUS_{status}", "unknown completion status"))
     return f"{name}: {cause}" if cause else name
