@@ -161,17 +161,18 @@ def test_netem_fault_is_removed_afterwards(testbed, netem):
     assert "loss 1%" in faults.sh("tc", "qdisc", "show", "dev", testbed["netdev"], "root")
 
 
-def test_netem_loss_makes_rc_retransmit_across_the_pair(testbed):
+def test_netem_loss_hits_traffic_across_the_pair_and_rc_recovers(testbed):
+    """netem drops packets between rxe0 and rxe1 and the RC transfer still completes. (Traffic of
+    rxe0 to itself never reaches veth0's qdisc: measured 0 packets through it.)"""
     if not testbed.get("peer_device"):
         pytest.skip("no second rxe device in this testbed")
-    retries = ("rcvd_seq_err", "duplicate_request", "completer_retry_err", "retry_exceeded_err")
-    before = sum(counter(d, c) for d in faults.devices(testbed) for c in retries)
     server = ["ib_write_bw", "-d", testbed["peer_device"], "-x", testbed["peer_ipv4_gid_index"]]
     client = ["ib_write_bw", "-d", testbed["device"], "-x", testbed["ipv4_gid_index"]]
-    with faults.netem(testbed, "loss 2%"):
+    with faults.netem(testbed, "loss 2%") as netdev:
         server_client([*server, "-n", "50"], [*client, "-n", "50"], 18704, timeout=180)
-    after = sum(counter(d, c) for d in faults.devices(testbed) for c in retries)
-    assert after > before, "2% loss on 50 x 64 packets and no retransmission counted"
+        stats = faults.sh("tc", "-s", "qdisc", "show", "dev", netdev, "root")
+    dropped = int(stats.split("dropped ", 1)[1].split(",", 1)[0])
+    assert dropped > 0, stats
     assert "netem" not in faults.sh("tc", "qdisc", "show", "dev", testbed["netdev"], "root")
 
 
