@@ -28,10 +28,9 @@ def user_qps() -> list[dict]:
     return [q for q in json.loads(out or "[]") if "pid" in q]
 
 
-@pytest.fixture
-def server(wait_for):
+def _serve(wait_for, *extra: str):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ibtool", "ping", "--server", "--port", str(PORT)],
+        [sys.executable, "-m", "ibtool", "ping", "--server", "--port", str(PORT), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -47,6 +46,18 @@ def server(wait_for):
     proc.terminate()
     proc.wait(timeout=30)
     wait_for(lambda: not user_qps(), "the server's QPs to be destroyed")
+
+
+@pytest.fixture
+def server(wait_for):
+    """A ping server on rxe0: client and server on one device, traffic never leaves rxe0."""
+    yield from _serve(wait_for)
+
+
+@pytest.fixture
+def peer_server(wait_for, testbed):
+    """A ping server on the other end of the veth pair: rxe0 -> rxe1 crosses veth0's qdisc."""
+    yield from _serve(wait_for, "--dev", testbed["peer_device"])
 
 
 def ping(*args: str) -> subprocess.CompletedProcess:
@@ -70,10 +81,18 @@ def test_second_client_is_served_by_the_same_server(server):
         assert report["rtt_us"]["median"] > 0
 
 
-def test_ping_completes_under_netem_loss(server, netem):
+def test_ping_completes_under_netem_loss(peer_server, netem, testbed):
     netem("loss 10% delay 1ms")
-    report = json.loads(ping("-j", "-c", "20", "-i", "0", "-W", "5").stdout)
-    assert report["received"] == 20  # RC retransmits what netem drops
+    proc = ping("--dev", testbed["device"], "-j", "-c", "20", "-i", "0", "-W", "10")
+    report = json.loads(proc.stdout)
+    assert report["received"] == 20, proc.stderr  # RC retransmits what netem drops
+    stats = subprocess.run(
+        ["tc", "-s", "qdisc", "show", "dev", testbed["netdev"]],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert int(stats.split("dropped ", 1)[1].split(",", 1)[0]) > 0, "netem dropped nothing"
 
 
 def test_link_down_is_loss_then_recovery(server, testbed, wait_for):
