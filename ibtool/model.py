@@ -190,3 +190,28 @@ class CounterSample:
     source: str  # "pma" (IB PortCounters in counters/) or "hw" (driver hw_counters/)
     width: int | None = None  # bits, where the hardware counter is narrower than 64
     scale: int = 1  # PMA data counters count 4-octet words: value * scale is bytes
+
+
+class NetnsMode(_Labelled):
+    # RDMA_NLDEV_SYS_ATTR_NETNS_MODE: shared (the default) makes every RDMA device visible in
+    # every network namespace; exclusive binds each device to one namespace.
+    EXCLUSIVE = 0
+    SHARED = 1
+
+    @property
+    def key(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class RdmaSystem:
+    """The kernel's system-wide RDMA settings (RDMA_NLDEV_CMD_SYS_GET).
+
+    None: the kernel did not report it (a kernel older than the setting).
+    """
+
+    netns_mode: NetnsMode | None = None
+    privileged_qkey: bool | None = None  # non-privileged users may use controlled QKEYs
+    monitor: bool | None = None  # the kernel sends device events (RDMA_NL_GROUP_NOTIFY)
+    # fork() copies pinned (DMA-registered) pages into the child: no ibv_fork_init() needed.
+    copy_on_fork: bool | None = None

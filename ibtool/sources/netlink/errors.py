@@ -1,0 +1,68 @@
+"""What RDMA netlink failures mean, as ibtool errors with a hint."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from ibtool.errors import DataError, IbtoolError, PermissionDeniedError, UnsupportedError
+from ibtool.sources.netlink import attrs as A
+
+NO_RDMA_HINT = (
+    "the kernel has no RDMA subsystem, or ib_core is not loaded: load the adapter's driver "
+    "(e.g. modprobe mlx5_ib) or rdma_rxe; in a container the host's kernel decides"
+)
+MALFORMED_HINT = "the kernel sent a reply ibtool cannot read; run with --debug and report it"
+
+
+def malformed(what: str) -> DataError:
+    return DataError(f"malformed RDMA netlink reply: {what}", MALFORMED_HINT)
+
+
+def socket_error(e: OSError) -> IbtoolError:
+    """What socket(AF_NETLINK, SOCK_RAW, NETLINK_RDMA) failing means."""
+    if e.errno == errno.EPROTONOSUPPORT:
+        return UnsupportedError("no RDMA netlink in this kernel", NO_RDMA_HINT, errno=e.errno)
+    if e.errno in (errno.EPERM, errno.EACCES):
+        return PermissionDeniedError(
+            f"cannot open an RDMA netlink socket: {e.strerror}",
+            "a seccomp or LSM policy forbids netlink sockets here",
+            errno=e.errno,
+        )
+    return IbtoolError(f"cannot open an RDMA netlink socket: {e.strerror}", errno=e.errno)
+
+
+def kernel_error(
+    command: int, code: int, detail: str | None = None, *, with_attributes: bool = False
+) -> IbtoolError:
+    """An NLMSG_ERROR (or a failed dump's NLMSG_DONE) as the ibtool error it means.
+
+    A kernel without the command answers EINVAL (EOPNOTSUPP where a driver lacks it); but
+    EINVAL is also its answer to a request naming a device or port that does not exist, so
+    only a request without attributes is certain to mean "unsupported".
+    """
+    name = A.COMMANDS.get(command, f"NLDEV command {command}")
+    said = f" (kernel: {detail})" if detail else ""
+    if code == errno.EPERM:
+        purpose = A.ADMIN_PURPOSE.get(command, "this request")
+        return PermissionDeniedError(
+            f"{name} needs CAP_NET_ADMIN{said}",
+            f"the kernel asks for CAP_NET_ADMIN for {purpose}: run as root",
+            errno=code,
+        )
+    if code in (errno.EOPNOTSUPP, errno.EINVAL):
+        since = A.COMMAND_SINCE.get(command)
+        missing = f"{name} (Linux {since} and later)" if since else name
+        if code == errno.EINVAL and with_attributes:
+            return UnsupportedError(
+                f"the kernel rejected {name}: {os.strerror(code)}{said}",
+                f"a kernel without {missing} answers so, as does any kernel asked about "
+                "a device or port that does not exist (any more)",
+                errno=code,
+            )
+        return UnsupportedError(
+            f"this kernel does not support {name}: {os.strerror(code)}{said}",
+            f"it needs a kernel (or driver) with {missing}",
+            errno=code,
+        )
+    return IbtoolError(f"{name} failed: {os.strerror(code)}{said}", errno=code)
