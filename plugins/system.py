@@ -1,10 +1,11 @@
-"""`ibtool system`: the kernel's system-wide RDMA settings, over netlink (SYS_GET)."""
+"""`ibtool system`: the kernel's system-wide RDMA settings over netlink: show (SYS_GET) and
+set (SYS_SET, which needs CAP_NET_ADMIN)."""
 
 from __future__ import annotations
 
 from ibtool import hookimpl, render
 from ibtool.commands import Invocation
-from ibtool.errors import UsageError
+from ibtool.errors import UnsupportedError, UsageError
 from ibtool.model import RdmaSystem
 
 
@@ -22,8 +23,18 @@ FIELDS = [
 ]
 
 
+# What `system set NAME VALUE` may change: the SYS_SET attribute and the u8 for each value.
+SETTINGS = {
+    "netns": ("RDMA_NLDEV_SYS_ATTR_NETNS_MODE", {"shared": 1, "exclusive": 0}),
+    "privileged-qkey": ("RDMA_NLDEV_SYS_ATTR_PRIVILEGED_QKEY_MODE", {"on": 1, "off": 0}),
+}
+USAGE = (
+    "ibtool system [show] | ibtool system set { netns shared|exclusive | privileged-qkey on|off }"
+)
+
+
 def _configure(parser) -> None:
-    parser.add_argument("words", nargs="*", metavar="show")
+    parser.add_argument("words", nargs="*", metavar="show | set NAME VALUE")
 
 
 def read_system() -> RdmaSystem:
@@ -33,16 +44,35 @@ def read_system() -> RdmaSystem:
         return records.rdma_system(nl.system())
 
 
+def change_setting(name: str, value: str) -> None:
+    if name not in SETTINGS:
+        raise UsageError(f"no system setting {name!r}", USAGE)
+    attribute, values = SETTINGS[name]
+    if value not in values:
+        raise UsageError(f"{name} is one of {', '.join(values)}, not {value!r}", USAGE)
+    from ibtool.sources.netlink import NldevClient
+
+    with NldevClient() as nl:
+        try:
+            nl.set_system(attribute, values[value])
+        except UnsupportedError as e:
+            raise UnsupportedError(f"cannot set {name}: {e.message}", e.hint, errno=e.errno) from e
+
+
 def run(inv: Invocation) -> None:
     words = list(inv.args.words)
-    if words and words[0] == "show":
-        words.pop(0)
-    if words:
-        raise UsageError(f"unexpected arguments: {' '.join(words)}", "ibtool system [show]")
+    action = words.pop(0) if words and words[0] in ("show", "set") else "show"
+    if action == "show" and words:
+        raise UsageError(f"unexpected arguments: {' '.join(words)}", USAGE)
+    if action == "set" and len(words) != 2:
+        raise UsageError("system set takes a setting and its value", USAGE)
     if inv.root != "/":
         raise UsageError(
             "ibtool system asks the running kernel over netlink; --root trees hold only sysfs"
         )
+    if action == "set":
+        change_setting(*words)
+        return
     system = read_system()
     if inv.json:
         inv.emit_json(render.record_json(system, FIELDS, inv.details))
@@ -55,6 +85,6 @@ def ibtool_register_commands(cli):
     cli.add(
         "system",
         run,
-        help="show the kernel's RDMA settings: netns mode, copy-on-fork, privileged QKEY",
+        help="the kernel's RDMA settings: netns mode, copy-on-fork, privileged QKEY",
         configure=_configure,
     )

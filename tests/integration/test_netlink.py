@@ -2,12 +2,14 @@
 
 GET against `rdma -j dev show`, PORT_GET against `rdma -j link show`, SYS_GET against
 `rdma system show` (iproute2 6.1 prints that one as text even under -j), RES_GET against
-`rdma -j res show`, STAT_GET against `rdma -j stat show`; then what the kernel refuses.
+`rdma -j res show`, STAT_GET against `rdma -j stat show`; then what the kernel refuses, and
+`ibtool system set` (each setting put back afterwards).
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import subprocess
@@ -15,6 +17,7 @@ import sys
 
 import pytest
 
+from ibtool.cli import main
 from ibtool.errors import ExitCode, UnsupportedError
 from ibtool.model import PhysState
 from ibtool.sources.netlink import AsyncNldevClient, NldevClient, records
@@ -151,11 +154,7 @@ def test_sys_get_agrees_with_rdma_system_show(nl):
 
 
 def test_ibtool_system_agrees_with_rdma_system_show():
-    proc = subprocess.run(
-        [sys.executable, "-m", "ibtool", "-j", "system"], capture_output=True, text=True
-    )
-    assert (proc.returncode, proc.stderr) == (0, "")
-    ours = json.loads(proc.stdout)
+    ours = shown_system()
     theirs = rdma_system()
     assert ours["netns"] == theirs["netns"]
     assert _on_off(ours["copy-on-fork"]) == theirs["copy-on-fork"]
@@ -198,34 +197,75 @@ def test_a_command_the_kernel_does_not_have(nl):
         nl.request(8)  # "8 is free to use" in every kernel so far
 
 
-PROBE_WITHOUT_NET_ADMIN = """
-import sys
-from ibtool.errors import IbtoolError
-from ibtool.sources.netlink import NldevClient
-nl = NldevClient()
-assert nl.system()  # reading needs no privilege
-try:
-    nl.request(7, {"RDMA_NLDEV_SYS_ATTR_NETNS_MODE": 1})  # SYS_SET
-except IbtoolError as e:
-    print(e.message, "|", e.hint)
-    sys.exit(e.exit_code)
+def ibtool(*args: str) -> tuple[int, str, str]:
+    """ibtool run in this process (a Python start costs seconds in the emulated guest)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(args), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def shown_system() -> dict:
+    code, out, err = ibtool("-j", "system")
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture
+def restore_system():
+    """Whatever a test sets, the settings it found are put back."""
+    before = shown_system()
+    yield before
+    ibtool("system", "set", "netns", before["netns"])
+    if before["privileged-qkey"] is not None:
+        ibtool("system", "set", "privileged-qkey", "on" if before["privileged-qkey"] else "off")
+    assert shown_system() == before
+
+
+def test_set_privileged_qkey_and_back(restore_system):
+    if restore_system["privileged-qkey"] is None:
+        pytest.skip("this kernel has no privileged QKEY mode")
+    for value, expected in (("on", True), ("off", False)):
+        assert ibtool("system", "set", "privileged-qkey", value) == (0, "", "")
+        assert shown_system()["privileged-qkey"] is expected
+
+
+def test_set_netns_exclusive_and_back_or_busy(restore_system):
+    # The kernel changes the mode only while the initial network namespace is the only one.
+    code, _, err = ibtool("system", "set", "netns", "exclusive")
+    if code == ExitCode.FAILED:
+        assert "Device or resource busy" in err
+        assert "no network namespace but the initial one" in err
+        assert len(sh("lsns", "-t", "net", "-n").splitlines()) > 1
+        return
+    assert (code, err) == (0, "")
+    assert shown_system()["netns"] == rdma_system()["netns"] == "exclusive"
+    assert ibtool("system", "set", "netns", "shared") == (0, "", "")
+    assert shown_system()["netns"] == rdma_system()["netns"] == "shared"
+
+
+WITHOUT_NET_ADMIN = """
+import io, json, sys
+from ibtool.cli import main
+for argv in (["system"], ["system", "set", "netns", "shared"]):
+    err = io.StringIO()
+    code = main(argv, stdout=io.StringIO(), stderr=err)
+    print(json.dumps([code, err.getvalue()]))
 """
 
 
-def test_without_cap_net_admin_sys_set_names_the_capability():
+def test_without_cap_net_admin_show_works_and_set_names_the_capability(restore_system):
+    # One Python start for both: it costs about ten seconds in the emulated guest.
     proc = subprocess.run(
-        [
-            "setpriv",
-            "--inh-caps=-all",
-            "--bounding-set=-net_admin",
-            sys.executable,
-            "-c",
-            PROBE_WITHOUT_NET_ADMIN,
-        ],
+        ["setpriv", "--inh-caps=-all", "--bounding-set=-net_admin"]
+        + [sys.executable, "-c", WITHOUT_NET_ADMIN],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
     )
-    assert proc.returncode == ExitCode.PERMISSION, proc.stderr
-    assert proc.stdout.startswith("RDMA_NLDEV_CMD_SYS_SET needs CAP_NET_ADMIN |")
-    assert "netns or privileged QKEY mode" in proc.stdout
+    show, set_ = (json.loads(line) for line in proc.stdout.splitlines())
+    assert show == [0, ""], proc.stderr
+    assert set_ == [
+        ExitCode.PERMISSION,
+        "ibtool: error: RDMA_NLDEV_CMD_SYS_SET needs CAP_NET_ADMIN (hint: the kernel asks for "
+        "CAP_NET_ADMIN for changing the netns or privileged QKEY mode: run as root)\n",
+    ]

@@ -1,5 +1,5 @@
-"""`ibtool system`: the kernel's RDMA settings as the user sees them, from a stand-in kernel,
-and on this host, whose kernel has no RDMA netlink at all."""
+"""`ibtool system` and `ibtool system set`: the kernel's RDMA settings as the user sees them,
+from a stand-in kernel, and on this host, whose kernel has no RDMA netlink at all."""
 
 from __future__ import annotations
 
@@ -99,12 +99,91 @@ def test_root_trees_have_no_netlink(empty_root):
     assert "--root" in result.err
 
 
-def test_system_takes_only_show(cli):
-    result = cli("system", "set", "netns", "exclusive")
+@pytest.mark.parametrize(
+    "argv",
+    [["show", "rxe0"], ["rxe0"], ["set", "netns"], ["set", "netns", "shared", "now"]],
+    ids=" ".join,
+)
+def test_system_takes_show_or_set_name_value(cli, argv):
+    result = cli("system", *argv)
     assert result.code == ExitCode.USAGE
+    assert "(hint: ibtool system [show] | ibtool system set {" in result.err
+
+
+@pytest.fixture
+def recording_kernel(monkeypatch):
+    """A kernel that acks every request, and the requests it got."""
+    kernels: list[FakeKernel] = []
+
+    def open_socket():
+        kernels.append(FakeKernel(lambda request, seq: [ack(request)]))
+        return kernels[-1]
+
+    monkeypatch.setattr(client, "open_socket", open_socket)
+    return kernels
+
+
+@pytest.mark.parametrize(
+    ("argv", "attribute", "value"),
+    [
+        (["netns", "exclusive"], "RDMA_NLDEV_SYS_ATTR_NETNS_MODE", 0),
+        (["netns", "shared"], "RDMA_NLDEV_SYS_ATTR_NETNS_MODE", 1),
+        (["privileged-qkey", "on"], "RDMA_NLDEV_SYS_ATTR_PRIVILEGED_QKEY_MODE", 1),
+        (["privileged-qkey", "off"], "RDMA_NLDEV_SYS_ATTR_PRIVILEGED_QKEY_MODE", 0),
+    ],
+)
+def test_set_sends_one_sys_set_and_prints_nothing(cli, recording_kernel, argv, attribute, value):
+    result = cli("system", "set", *argv)
+    assert (result.code, result.out, result.err) == (0, "", "")
+    ((request,),) = [k.requests for k in recording_kernel]
+    assert (request["type"], request["flags"]) == (A.nlmsg_type(A.RDMA_NLDEV_CMD_SYS_SET), 0x5)
+    assert request["attrs"] == {attribute: value}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["monitor", "on"], "no system setting 'monitor'"),
+        (["netns", "private"], "netns is one of shared, exclusive, not 'private'"),
+        (["privileged-qkey", "1"], "privileged-qkey is one of on, off, not '1'"),
+    ],
+)
+def test_set_refuses_what_the_kernel_cannot_set(cli, recording_kernel, argv, message):
+    result = cli("system", "set", *argv)
+    assert result.code == ExitCode.USAGE
+    assert result.err.startswith(f"ibtool: error: {message} (hint: ")
+    assert recording_kernel == []  # nothing was sent
+
+
+def test_set_without_cap_net_admin(cli, kernel):
+    kernel(lambda request, seq: [ack(request, errno.EPERM)])
+    result = cli("system", "set", "netns", "exclusive")
+    assert result.code == ExitCode.PERMISSION
     assert result.err == (
-        "ibtool: error: unexpected arguments: set netns exclusive (hint: ibtool system [show])\n"
+        "ibtool: error: RDMA_NLDEV_CMD_SYS_SET needs CAP_NET_ADMIN (hint: the kernel asks for "
+        "CAP_NET_ADMIN for changing the netns or privileged QKEY mode: run as root)\n"
     )
+
+
+def test_set_netns_while_other_namespaces_exist(cli, kernel):
+    kernel(lambda request, seq: [ack(request, errno.EBUSY)])
+    result = cli("system", "set", "netns", "exclusive")
+    assert result.code == ExitCode.FAILED
+    assert "no network namespace but the initial one exists" in result.err
+
+
+def test_set_a_setting_this_kernel_does_not_have(cli, kernel):
+    kernel(lambda request, seq: [ack(request, errno.EINVAL, extack="Unknown attribute type")])
+    result = cli("system", "set", "privileged-qkey", "on")
+    assert result.code == ExitCode.UNSUPPORTED
+    assert result.err.startswith(
+        "ibtool: error: cannot set privileged-qkey: the kernel rejected RDMA_NLDEV_CMD_SYS_SET: "
+        "Invalid argument (kernel: Unknown attribute type)"
+    )
+
+
+def test_set_needs_the_live_kernel(empty_root):
+    assert empty_root("system", "set", "netns", "shared").code == ExitCode.USAGE
 
 
 def test_json_is_valid_even_when_the_kernel_reports_nothing(cli, kernel):

@@ -142,6 +142,10 @@ class _Queries:
         """SYS_GET: the system-wide settings (netns mode, copy-on-fork, ...)."""
         return self._call(A.RDMA_NLDEV_CMD_SYS_GET, one=True)
 
+    def set_system(self, attribute: str, value: int):
+        """SYS_SET of one setting (the kernel takes one per request); needs CAP_NET_ADMIN."""
+        return self._call(A.RDMA_NLDEV_CMD_SYS_SET, {attribute: value})
+
     def resource_summaries(self):
         """RES_GET dump: per device, how many of each resource type exist."""
         return self._call(A.RDMA_NLDEV_CMD_RES_GET, dump=True)

@@ -12,6 +12,12 @@ NO_RDMA_HINT = (
     "the kernel has no RDMA subsystem, or ib_core is not loaded: load the adapter's driver "
     "(e.g. modprobe mlx5_ib) or rdma_rxe; in a container the host's kernel decides"
 )
+# Hints for failures whose cause the kernel source makes certain.
+KNOWN_FAILURES = {
+    (A.RDMA_NLDEV_CMD_SYS_SET, errno.EBUSY): (
+        "the netns mode can change only while no network namespace but the initial one exists"
+    ),
+}
 MALFORMED_HINT = "the kernel sent a reply ibtool cannot read; run with --debug and report it"
 
 
@@ -65,4 +71,6 @@ def kernel_error(
             f"it needs a kernel (or driver) with {missing}",
             errno=code,
         )
-    return IbtoolError(f"{name} failed: {os.strerror(code)}{said}", errno=code)
+    return IbtoolError(
+        f"{name} failed: {os.strerror(code)}{said}", KNOWN_FAILURES.get((command, code)), errno=code
+    )
