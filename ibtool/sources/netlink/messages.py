@@ -10,7 +10,7 @@ DataError naming it. Attribute ids unknown to the table (newer kernels) are skip
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from pyroute2.netlink import nla, nlmsg
@@ -58,8 +58,8 @@ class nldevmsg(nlmsg):
 class NldevMarshal(Marshal):
     """Keyed by the real message type, (RDMA_NL_NLDEV << 10) + command, for every command.
 
-    NLMSG_ERROR and NLMSG_DONE stay bare headers: their payload is read by the exchange, since
-    pyroute2's nlmsgerr misreads the capped acks that NETLINK_CAP_ACK asks for.
+    NLMSG_ERROR and NLMSG_DONE stay bare headers: the exchange reads their payload, since
+    pyroute2's nlmsgerr loses the extended-ack text of the capped acks NETLINK_CAP_ACK asks for.
     """
 
     msg_map = {A.nlmsg_type(command): nldevmsg for command in A.COMMANDS}
@@ -98,13 +98,13 @@ def encode(
     msg["header"]["type"] = A.nlmsg_type(command)
     msg["header"]["flags"] = flags
     msg["header"]["sequence_number"] = seq
-    msg["attrs"] = _to_pyroute2(attributes or {})
+    msg["attrs"] = _to_pyroute2((attributes or {}).items())
     msg.encode()
     return bytes(msg.data)
 
 
-def _to_pyroute2(attributes: Mapping[str, Any]) -> list:
-    return [[name, _value_to_pyroute2(_attr(name), value)] for name, value in attributes.items()]
+def _to_pyroute2(pairs: Iterable[tuple[str, Any]]) -> list:
+    return [[name, _value_to_pyroute2(_attr(name), value)] for name, value in pairs]
 
 
 def _attr(name: str) -> A.Attr:
@@ -116,23 +116,19 @@ def _attr(name: str) -> A.Attr:
 
 def _value_to_pyroute2(attr: A.Attr, value: Any) -> Any:
     if attr.kind == A.NEST:
-        return {"attrs": _to_pyroute2(value)}
+        return {"attrs": _to_pyroute2(value.items())}
     if attr.kind == A.TABLE:
         # Elements are values of the table's entry attribute, or explicit (name, value) pairs
         # (STAT_SET sends STAT_HWCOUNTERS as bare STAT_HWCOUNTER_INDEX u32s).
         pairs = [v if isinstance(v, tuple) else (attr.entry, v) for v in value]
-        return {"attrs": _to_pyroute2_pairs(pairs)}
+        return {"attrs": _to_pyroute2(pairs)}
     if attr.kind == A.DRIVER:
         pairs = []
         for key, v in value.items():
             pairs.append(("RDMA_NLDEV_ATTR_DRIVER_STRING", key))
             pairs.append((_driver_value_attr(v), v))
-        return {"attrs": _to_pyroute2_pairs(pairs)}
+        return {"attrs": _to_pyroute2(pairs)}
     return value
-
-
-def _to_pyroute2_pairs(pairs) -> list:
-    return [[name, _value_to_pyroute2(_attr(name), value)] for name, value in pairs]
 
 
 def _driver_value_attr(value: Any) -> str:
