@@ -1,6 +1,7 @@
 """One facade over the sources: selection by DEV[/PORT], per-device fault isolation, merging.
 
-For now the sources are sysfs (always) and verbs (only with details on the live host).
+The sources are sysfs (always), verbs (only with details on the live host) and RDMA netlink
+(on the live host, for what sysfs does not show).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Host:
         self.warn = warn or (lambda message: None)
         self.root = root
         self.details = details
+        self.live = root == "/"  # the running kernel: netlink and verbs can be asked too
         self.sysfs = SysfsSource(root, self.warn)
         self._verbs: Any = None
         self._verbs_error: IbtoolError | None = None
@@ -73,15 +75,32 @@ class Host:
         return gids
 
     def counters(self, selector: str | None = None) -> list[CounterSample]:
-        """Counters of the selected ports; with a whole device, its device-wide ones too."""
+        """Counters of the selected ports; with a whole device, its device-wide ones too.
+
+        sysfs gives the PMA and driver counters; on the live host netlink STAT_GET adds the
+        driver counters sysfs does not show: enabled optional counters (never in sysfs) and,
+        where sysfs lacks hw_counters/, all of them."""
         samples = []
-        for name, port in self.select(selector):
-            if port is None:
-                samples.extend(self.sysfs.counters(name, 0))
-            numbers = [port] if port is not None else self.sysfs.port_numbers(name)
-            for p in numbers:
-                samples.extend(self.sysfs.counters(name, p))
+        netlink = _NetlinkCounters(self) if self.live else None
+        try:
+            for name, port in self.select(selector):
+                if port is None:
+                    samples.extend(self.sysfs.counters(name, 0))
+                numbers = [port] if port is not None else self.sysfs.port_numbers(name)
+                for p in numbers:
+                    port_samples = self.sysfs.counters(name, p)
+                    samples.extend(port_samples)
+                    if netlink is not None:
+                        samples.extend(netlink.extra(name, p, port_samples))
+        finally:
+            if netlink is not None:
+                netlink.close()
         return samples
+
+    def note(self, message: str) -> None:
+        """A diagnostic that matters only to someone asking for details (-d)."""
+        if self.details:
+            self.warn(message)
 
     def is_iwarp(self, device: str) -> bool:
         return self.sysfs.node_type(device) == NodeType.RNIC
@@ -135,3 +154,70 @@ class Host:
             self.warn(e.message)
             return port
         return dataclasses.replace(port, active_mtu=attrs["active_mtu"], max_mtu=attrs["max_mtu"])
+
+
+class _NetlinkCounters:
+    """Driver counters from netlink STAT_GET that sysfs did not show, one port at a time.
+
+    Opened on first use. Without RDMA netlink, or on a kernel without STAT_GET, the sysfs
+    counters stand alone (a note under -d says why); a port whose request fails is warned
+    about and the others are still asked."""
+
+    def __init__(self, host: Host):
+        self.host = host
+        self.client: Any = None
+        self.indexes: dict[str, int] | None = None
+        self.off = False
+
+    def _open(self) -> bool:
+        if self.indexes is not None or self.off:
+            return not self.off
+        try:
+            from ibtool.sources.netlink import NldevClient
+
+            self.client = NldevClient()
+            self.indexes = {
+                r["RDMA_NLDEV_ATTR_DEV_NAME"]: r["RDMA_NLDEV_ATTR_DEV_INDEX"]
+                for r in self.client.devices()
+                if "RDMA_NLDEV_ATTR_DEV_NAME" in r and "RDMA_NLDEV_ATTR_DEV_INDEX" in r
+            }
+        except IbtoolError as e:
+            self.off = True
+            self.host.note(f"counters from sysfs only: RDMA netlink: {e.message}")
+            self.close()
+        return not self.off
+
+    def extra(self, device: str, port: int, have: list[CounterSample]) -> list[CounterSample]:
+        from ibtool.errors import UnsupportedError
+
+        if not self._open() or device not in self.indexes:
+            return []  # in exclusive netns mode sysfs may list devices netlink does not
+        from ibtool.sources.netlink import records
+
+        index = self.indexes[device]
+        try:
+            samples = records.hw_counters(self.client.hw_counters(index, port))
+        except UnsupportedError as e:
+            self.host.note(f"{device}/{port}: no netlink counters: {e.message}")
+            return []
+        except IbtoolError as e:
+            self.host.warn(f"{device}/{port}: netlink counters: {e.message}")
+            return []
+        known = {s.name for s in have if s.source == "hw"}
+        extra = [s for s in samples if s.name not in known]
+        if not extra or not known:
+            return extra  # no sysfs hw_counters/ at all: netlink's are the driver counters
+        optional = set()
+        try:
+            status = records.hw_counter_status(self.client.hw_counter_status(index, port))
+            optional = {c.name for c in status if c.optional}
+        except IbtoolError as e:
+            self.host.note(f"{device}/{port}: which counters are optional is unknown: {e.message}")
+        return [
+            dataclasses.replace(s, source="optional") if s.name in optional else s for s in extra
+        ]
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None

@@ -187,9 +187,25 @@ class CounterSample:
     port: int
     name: str
     value: int | None  # None: unreadable or "N/A (no PMA)"
-    source: str  # "pma" (IB PortCounters in counters/) or "hw" (driver hw_counters/)
+    # "pma" (IB PortCounters in counters/), "hw" (driver hw_counters/) or "optional" (an
+    # enabled optional driver counter, which only netlink shows)
+    source: str
     width: int | None = None  # bits, where the hardware counter is narrower than 64
     scale: int = 1  # PMA data counters count 4-octet words: value * scale is bytes
+    via: str = "sysfs"  # where the value was read: "sysfs" or "netlink"
+
+
+@dataclass(frozen=True)
+class HwCounterStatus:
+    """A port's driver counter as STAT_GET_STATUS lists it. Optional counters (mlx5
+    rdma_tx_bytes, cc_rx_ce_pkts, ...) are off until enabled and exist only in netlink."""
+
+    device: str
+    port: int
+    name: str
+    index: int  # what STAT_SET takes to enable it
+    optional: bool
+    enabled: bool  # always True for a counter that is not optional
 
 
 class NetnsMode(_Labelled):

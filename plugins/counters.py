@@ -10,12 +10,23 @@ import time
 from ibtool import counterinfo, hookimpl, render
 from ibtool.commands import Invocation, add_selector, selector
 from ibtool.errors import NotFoundError, UsageError
-from ibtool.model import CounterSample
+from ibtool.model import CounterSample, HwCounterStatus
 from ibtool.rates import counter_rate, is_saturated
 
 
+ACTIONS = ("optional", "enable", "disable")
+USAGE = (
+    "ibtool counters [show] [DEV[/PORT]] | ibtool counters optional [DEV[/PORT]] | "
+    "ibtool counters { enable | disable } DEV[/PORT] NAME[,NAME...] (disable: or all)"
+)
+
+
 def configure(parser) -> None:
-    add_selector(parser)
+    parser.add_argument(
+        "words",
+        nargs="*",
+        metavar="[show] [DEV[/PORT]] | optional [DEV[/PORT]] | enable|disable DEV[/PORT] NAME..",
+    )
     parser.add_argument(
         "--rate", action="store_true", help="per-second rates from two samples --interval apart"
     )
@@ -64,6 +75,7 @@ FIELDS = [
     render.Field(
         "saturated", lambda r: is_saturated(r[0]), header="SAT", text=lambda v: "yes" if v else ""
     ),
+    render.Field("via", lambda r: r[0].via, header="VIA", details=True),
 ]
 RATE_FIELDS = [
     render.Field("rate_per_sec", lambda r: r[1], header="RATE/s", text=lambda v: f"{v:,.1f}"),
@@ -128,10 +140,95 @@ def _emit(inv: Invocation, rows, with_rate: bool) -> None:
     inv.out.flush()
 
 
+# -- optional counters (netlink only) -------------------------------------------------------
+
+OPTIONAL_FIELDS = [
+    render.Field("ifname", lambda c: c.device, header="DEV"),
+    render.Field("port", lambda c: c.port, header="PORT"),
+    render.Field("counter", lambda c: c.name, header="COUNTER"),
+    render.Field("enabled", lambda c: c.enabled, header="ENABLED", text=lambda v: "yes" if v else "no"),
+    render.Field("index", lambda c: c.index, header="INDEX", details=True),
+]
+
+
+def _ports(inv: Invocation, sel: str | None) -> list[tuple[str, int]]:
+    return [
+        (name, p)
+        for name, port in inv.host.select(sel)
+        for p in ([port] if port is not None else inv.host.sysfs.port_numbers(name))
+    ]
+
+
+def _status(nl, indexes, device: str, port: int) -> list[HwCounterStatus]:
+    from ibtool.sources.netlink import records
+
+    if device not in indexes:
+        raise NotFoundError(
+            f"RDMA netlink does not show {device}",
+            "in exclusive netns mode a device answers only in its own network namespace",
+        )
+    return records.hw_counter_status(nl.hw_counter_status(indexes[device], port))
+
+
+def _names(words: list[str]) -> list[str]:
+    return [n for w in words for n in w.split(",") if n]
+
+
+def _optional(inv: Invocation, action: str, words: list[str]) -> None:
+    if not inv.host.live:
+        raise UsageError(
+            "optional counters exist only in netlink; --root trees hold only sysfs", USAGE
+        )
+    if action == "optional" and len(words) > 1:
+        raise UsageError(f"unexpected arguments: {' '.join(words[1:])}", USAGE)
+    if action != "optional" and len(words) < 2:
+        raise UsageError(f"counters {action} takes DEV[/PORT] and counter names", USAGE)
+    targets = _ports(inv, words[0] if words else None)
+    names = _names(words[1:])
+    from ibtool.sources.netlink import NldevClient
+
+    with NldevClient() as nl:
+        indexes = {
+            r["RDMA_NLDEV_ATTR_DEV_NAME"]: r["RDMA_NLDEV_ATTR_DEV_INDEX"] for r in nl.devices()
+        }
+        if action == "optional":
+            rows = []
+            for device, port in targets:
+                rows += [c for c in _status(nl, indexes, device, port) if c.optional]
+            if inv.json:
+                inv.emit_json([render.record_json(c, OPTIONAL_FIELDS, inv.details) for c in rows])
+            else:
+                for line in render.table(rows, OPTIONAL_FIELDS, inv.details):
+                    inv.print(line)
+            if not rows:
+                inv.warn("no optional counters on " + ", ".join(f"{d}/{p}" for d, p in targets))
+            return
+        for device, port in targets:
+            optional = {c.name: c for c in _status(nl, indexes, device, port) if c.optional}
+            wanted = set(optional) if action == "disable" and names == ["all"] else set(names)
+            unknown = sorted(wanted - set(optional))
+            if unknown:
+                raise NotFoundError(
+                    f"{device}/{port} has no optional counter {unknown[0]!r}",
+                    f"optional counters of {device}/{port}: {', '.join(sorted(optional)) or 'none'}"
+                    " (ibtool counters optional)",
+                )
+            enabled = {n for n, c in optional.items() if c.enabled}
+            enabled = enabled | wanted if action == "enable" else enabled - wanted
+            nl.set_optional_counters(
+                indexes[device], port, sorted(optional[n].index for n in enabled)
+            )
+
+
+# -- counters -------------------------------------------------------------------------------
+
+
 def run(inv: Invocation) -> None:
     args = inv.args
     if args.explain:
         return _explain(inv, args.explain)
+    if args.words and args.words[0] in ACTIONS:
+        return _optional(inv, args.words[0], list(args.words[1:]))
     sel = selector(args)
     interval = args.watch if args.watch is not None else args.interval
     if interval <= 0:

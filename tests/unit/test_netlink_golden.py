@@ -149,7 +149,7 @@ def test_stat_get_nests_with_nla_f_nested(device):
     assert types == [5137]
     samples = records.hw_counters(stat)
     assert {s.name for s in samples} == RXE_COUNTERS
-    assert samples[0] == CounterSample(device, 1, "sent_pkts", 0, source="hw")
+    assert samples[0] == CounterSample(device, 1, "sent_pkts", 0, source="hw", via="netlink")
     sysfs = SysfsSource(str(RXE_PAIR)).counters(device, 1)
     assert {s.name for s in sysfs} == RXE_COUNTERS
 

@@ -155,6 +155,24 @@ class _Queries:
         attributes = {"RDMA_NLDEV_ATTR_DEV_INDEX": index, "RDMA_NLDEV_ATTR_PORT_INDEX": port}
         return self._call(A.RDMA_NLDEV_CMD_STAT_GET, attributes, one=True)
 
+    def hw_counter_status(self, index: int, port: int):
+        """STAT_GET_STATUS: every driver counter of a port with its index; optional ones carry
+        STAT_HWCOUNTER_DYNAMIC (1 = enabled). Linux 5.16 and later."""
+        attributes = {"RDMA_NLDEV_ATTR_DEV_INDEX": index, "RDMA_NLDEV_ATTR_PORT_INDEX": port}
+        return self._call(A.RDMA_NLDEV_CMD_STAT_GET_STATUS, attributes, one=True)
+
+    def set_optional_counters(self, index: int, port: int, counters):
+        """STAT_SET: exactly these optional counters (indexes) enabled, every other one
+        disabled; needs CAP_NET_ADMIN."""
+        attributes = {
+            "RDMA_NLDEV_ATTR_DEV_INDEX": index,
+            "RDMA_NLDEV_ATTR_PORT_INDEX": port,
+            "RDMA_NLDEV_ATTR_STAT_HWCOUNTERS": [
+                ("RDMA_NLDEV_ATTR_STAT_HWCOUNTER_INDEX", i) for i in counters
+            ],
+        }
+        return self._call(A.RDMA_NLDEV_CMD_STAT_SET, attributes)
+
 
 def _only(exchange: Exchange) -> dict[str, Any]:
     if len(exchange.replies) != 1:

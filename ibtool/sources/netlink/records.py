@@ -12,6 +12,7 @@ from typing import Any
 from ibtool.model import (
     CounterSample,
     Device,
+    HwCounterStatus,
     NetnsMode,
     NodeType,
     PhysState,
@@ -98,8 +99,25 @@ def hw_counters(reply: Reply) -> list[CounterSample]:
             continue  # a bare STAT_HWCOUNTER_INDEX: only requests carry those
         name = _required(entry, "RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY_NAME", "a counter")
         value = entry.get("RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY_VALUE")
-        samples.append(CounterSample(device, port, name, value, source="hw"))
+        samples.append(CounterSample(device, port, name, value, source="hw", via="netlink"))
     return samples
+
+
+def hw_counter_status(reply: Reply) -> list[HwCounterStatus]:
+    """A STAT_GET_STATUS reply: each driver counter of the port, optional ones marked."""
+    device = _required(reply, "RDMA_NLDEV_ATTR_DEV_NAME", "a counter status reply")
+    port = _required(reply, "RDMA_NLDEV_ATTR_PORT_INDEX", "a counter status reply")
+    counters = []
+    for entry in reply.get("RDMA_NLDEV_ATTR_STAT_HWCOUNTERS", []):
+        if not isinstance(entry, Mapping):
+            continue
+        name = _required(entry, "RDMA_NLDEV_ATTR_STAT_HWCOUNTER_ENTRY_NAME", "a counter")
+        index = _required(entry, "RDMA_NLDEV_ATTR_STAT_HWCOUNTER_INDEX", f"counter {name}")
+        dynamic = entry.get("RDMA_NLDEV_ATTR_STAT_HWCOUNTER_DYNAMIC")
+        counters.append(
+            HwCounterStatus(device, port, name, index, dynamic is not None, dynamic != 0)
+        )
+    return counters
 
 
 def resource_summary(reply: Reply) -> dict[str, int]:
