@@ -55,14 +55,27 @@ class Host:
     # -- records -----------------------------------------------------------------------------
 
     def devices(self, selector: str | None = None) -> list[Device]:
-        return [self.sysfs.device(name) for name, _ in self.select(selector)]
+        devices = [self.sysfs.device(name) for name, _ in self.select(selector)]
+        if not self._merging():
+            return devices
+        with _NetlinkRecords(self) as nl:
+            return [nl.merge_device(d) for d in devices]
 
     def ports(self, selector: str | None = None) -> list[Port]:
         ports = []
         for name, port in self.select(selector):
             numbers = [port] if port is not None else self.sysfs.port_numbers(name)
             ports.extend(self._with_verbs(self.sysfs.port(name, p)) for p in numbers)
-        return ports
+        if not self._merging():
+            return ports
+        with _NetlinkRecords(self) as nl:
+            return [nl.merge_port(p) for p in ports]
+
+    def _merging(self) -> bool:
+        """Under -d on the live host, devices and ports are what netlink says where it answers,
+        sysfs (and verbs) for the rest, each field with its source. Without -d: sysfs alone,
+        which needs no netlink library and is as fast as a directory walk."""
+        return self.details and self.live
 
     def gids(self, selector: str | None = None) -> list[Gid]:
         gids = []
@@ -154,6 +167,104 @@ class Host:
             self.warn(e.message)
             return port
         return dataclasses.replace(port, active_mtu=attrs["active_mtu"], max_mtu=attrs["max_mtu"])
+
+
+# Model fields and the NLDEV attributes that answer them (GET for devices, PORT_GET for ports).
+DEVICE_ATTRS = {
+    "node_type": "RDMA_NLDEV_ATTR_DEV_NODE_TYPE",
+    "protocol": "RDMA_NLDEV_ATTR_DEV_PROTOCOL",
+    "fw_ver": "RDMA_NLDEV_ATTR_FW_VERSION",
+    "node_guid": "RDMA_NLDEV_ATTR_NODE_GUID",
+    "sys_image_guid": "RDMA_NLDEV_ATTR_SYS_IMAGE_GUID",
+    "port_count": "RDMA_NLDEV_ATTR_PORT_INDEX",
+}
+PORT_ATTRS = {
+    "state": "RDMA_NLDEV_ATTR_PORT_STATE",
+    "physical_state": "RDMA_NLDEV_ATTR_PORT_PHYS_STATE",
+    "lid": "RDMA_NLDEV_ATTR_LID",
+    "sm_lid": "RDMA_NLDEV_ATTR_SM_LID",
+    "lmc": "RDMA_NLDEV_ATTR_LMC",
+    "cap_mask": "RDMA_NLDEV_ATTR_CAP_FLAGS",
+    "netdev": "RDMA_NLDEV_ATTR_NDEV_NAME",
+}
+VERBS_FIELDS = ("active_mtu", "max_mtu")
+_KEYS = ("name", "device", "port", "ports", "sources")
+
+
+def _merged(record, nl_record, answered, attrs: dict[str, str]):
+    """`record` with every field netlink answered taken from `nl_record`, and its sources."""
+    changes, sources = {}, {}
+    for f in dataclasses.fields(record):
+        if f.name in _KEYS:
+            continue
+        if attrs.get(f.name) in answered and getattr(nl_record, f.name) is not None:
+            changes[f.name] = getattr(nl_record, f.name)
+            sources[f.name] = "netlink"
+        elif getattr(record, f.name) not in (None, ()):
+            sources[f.name] = "verbs" if f.name in VERBS_FIELDS else "sysfs"
+    return dataclasses.replace(record, **changes, sources=sources)
+
+
+class _NetlinkRecords:
+    """Devices and ports as netlink sees them, for merging with sysfs (details only)."""
+
+    def __init__(self, host: Host):
+        self.host = host
+        self.client: Any = None
+        self.replies: dict[str, dict] = {}
+        self.port_replies: dict[str, dict[int, dict]] = {}
+        try:
+            from ibtool.sources.netlink import NldevClient
+
+            self.client = NldevClient()
+            self.replies = {
+                r["RDMA_NLDEV_ATTR_DEV_NAME"]: r
+                for r in self.client.devices()
+                if "RDMA_NLDEV_ATTR_DEV_NAME" in r
+            }
+        except IbtoolError as e:
+            host.note(f"sysfs only: RDMA netlink: {e.message}")
+            self.close()
+
+    def merge_device(self, device: Device) -> Device:
+        from ibtool.sources.netlink import records
+
+        reply = self.replies.get(device.name)
+        if reply is None:
+            return _merged(device, device, (), {})
+        return _merged(device, records.device(reply), reply, DEVICE_ATTRS)
+
+    def merge_port(self, port: Port) -> Port:
+        from ibtool.sources.netlink import records
+
+        reply = self._port_replies(port.device).get(port.port)
+        if reply is None:
+            return _merged(port, port, (), {})
+        return _merged(port, records.port(reply), reply, PORT_ATTRS)
+
+    def _port_replies(self, device: str) -> dict[int, dict]:
+        if device not in self.port_replies:
+            self.port_replies[device] = {}
+            if self.client is not None and device in self.replies:
+                try:
+                    index = self.replies[device]["RDMA_NLDEV_ATTR_DEV_INDEX"]
+                    self.port_replies[device] = {
+                        r["RDMA_NLDEV_ATTR_PORT_INDEX"]: r for r in self.client.ports(index)
+                    }
+                except (IbtoolError, KeyError) as e:
+                    self.host.warn(f"{device}: netlink ports: {getattr(e, 'message', e)}")
+        return self.port_replies[device]
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def __enter__(self) -> _NetlinkRecords:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class _NetlinkCounters:

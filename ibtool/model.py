@@ -139,6 +139,8 @@ class Port:
     # From verbs only (ibv_query_port); None unless details were asked for.
     active_mtu: int | None = None
     max_mtu: int | None = None
+    # Under details: field name -> the source it came from ("sysfs", "netlink", "verbs").
+    sources: dict[str, str] | None = field(default=None, compare=False)
 
     @property
     def lid_range(self) -> tuple[int, int] | None:
@@ -165,6 +167,7 @@ class Device:
     port_count: int = 0
     netdevs: tuple[str, ...] = ()
     ports: tuple[Port, ...] = field(default=(), compare=False)
+    sources: dict[str, str] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

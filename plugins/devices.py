@@ -1,4 +1,5 @@
-"""`ibtool dev`: one line per RDMA device, from sysfs; -d adds capabilities through verbs."""
+"""`ibtool dev`: one line per RDMA device, from sysfs; -d merges netlink in (with the source of
+each field under -j) and adds capabilities through verbs."""
 
 from __future__ import annotations
 
@@ -29,6 +30,17 @@ FIELDS = [
 ]
 
 
+# Model field -> JSON key, where they differ.
+JSON_KEYS = {"fw_ver": "fw", "port_count": "ports"}
+
+
+def _sources(d: Device) -> dict[str, str] | None:
+    """Where each field came from (-d -j): netlink where it answers, else sysfs; caps: verbs."""
+    if d.sources is None:
+        return None
+    return {JSON_KEYS.get(k, k): v for k, v in d.sources.items()}
+
+
 def _caps_lines(caps: dict) -> list[str]:
     flags = caps.get("device_cap_flags") or []
     scalars = " ".join(f"{k} {v}" for k, v in caps.items() if k != "device_cap_flags")
@@ -44,6 +56,7 @@ def run(inv: Invocation) -> None:
             row = render.record_json(d, FIELDS, inv.details)
             if inv.details:
                 row["caps"] = caps.get(d.name)
+                row["sources"] = _sources(d)
             rows.append(row)
         inv.emit_json(rows)
         return

@@ -95,7 +95,11 @@ FIELDS = [
 def run(inv: Invocation) -> None:
     ports = inv.host.ports(selector(inv.args))
     if inv.json:
-        inv.emit_json([render.record_json(p, FIELDS, inv.details) for p in ports])
+        rows = [render.record_json(p, FIELDS, inv.details) for p in ports]
+        if inv.details:  # where each field came from: netlink, sysfs or verbs
+            for row, p in zip(rows, ports):
+                row["sources"] = p.sources
+        inv.emit_json(rows)
         return
     for p in ports:
         inv.print(f"{p.device}/{p.port}: {render.record_line(p, FIELDS, inv.details)}")

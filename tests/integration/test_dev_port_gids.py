@@ -93,6 +93,25 @@ def test_port_agrees_with_rdma_link_show():
                 assert o[field] == t[field]
 
 
+def test_details_merge_netlink_and_say_where_each_field_came_from():
+    plain = {d["ifname"]: d for d in ibtool_json("dev")}
+    theirs = {d["ifname"]: d for d in json.loads(sh("rdma", "-j", "dev", "show"))}
+    for d in ibtool_json("-d", "dev"):
+        src = d["sources"]
+        assert src["node_type"] == src["node_guid"] == src["ports"] == "netlink", src
+        assert src["node_desc"] == "sysfs"
+        assert d["node_guid"] == plain[d["ifname"]]["node_guid"] == theirs[d["ifname"]]["node_guid"]
+    links = {(p["ifname"], p["port"]): p for p in json.loads(sh("rdma", "-j", "link", "show"))}
+    for p in ibtool_json("-d", "port"):
+        src = p["sources"]
+        assert src["state"] == src["physical_state"] == src["netdev"] == "netlink", src
+        assert src["rate"] == "sysfs" and src["active_mtu"] == src["max_mtu"] == "verbs"
+        t = links[(p["ifname"], p["port"])]
+        assert (p["state"], p["physical_state"], p["netdev"]) == (
+            t["state"], t["physical_state"], t["netdev"]
+        )
+
+
 def test_port_details_agree_with_ibv_devinfo():
     info = devinfo()
     for p in ibtool_json("-d", "port"):
