@@ -71,3 +71,50 @@ def test_rate_sees_traffic_while_it_flows():
         load.wait(timeout=60)
     rates = {r["counter"]: r["rate_per_sec"] for r in rows}
     assert rates["sent_pkts"] > 0 and rates["rcvd_pkts"] > 0
+
+
+def run_ibtool(*args: str):
+    return subprocess.run(
+        [sys.executable, "-m", "ibtool", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_details_say_every_counter_came_from_sysfs_and_netlink_adds_nothing_on_rxe():
+    # rxe has no optional counters: netlink STAT_GET lists exactly its sysfs hw_counters
+    rows = json.loads(ibtool("-d", "-j", "counters", "rxe0/1").stdout)
+    assert rows and {r["via"] for r in rows} == {"sysfs"}
+    assert {r["source"] for r in rows} == {"hw"}
+
+
+def test_optional_counters_on_rxe_are_none_like_rdma_statistic_mode_supported():
+    proc = run_ibtool("-j", "counters", "optional", "rxe0/1")
+    assert (proc.returncode, json.loads(proc.stdout)) == (0, [])
+    assert proc.stderr == "ibtool: warning: no optional counters on rxe0/1\n"
+    rdma = subprocess.run(
+        ["rdma", "-j", "statistic", "mode", "supported", "link", "rxe0/1"],
+        capture_output=True,
+        text=True,
+    )
+    if rdma.returncode == 0 and rdma.stdout.strip():
+        (entry,) = json.loads(rdma.stdout)
+        assert not entry.get("optional-counters")
+
+
+def test_enabling_a_counter_rxe_does_not_have_names_none():
+    proc = run_ibtool("counters", "enable", "rxe0/1", "rdma_tx_bytes")
+    assert proc.returncode == 4
+    assert proc.stderr == (
+        "ibtool: error: rxe0/1 has no optional counter 'rdma_tx_bytes' "
+        "(hint: optional counters of rxe0/1: none (ibtool counters optional))\n"
+    )
+
+
+def test_disable_all_is_what_rdma_statistic_unset_does():
+    ours = run_ibtool("counters", "disable", "rxe0/1", "all")
+    theirs = subprocess.run(
+        ["rdma", "statistic", "unset", "link", "rxe0/1", "optional-counters"],
+        capture_output=True,
+        text=True,
+    )
+    assert (ours.returncode == 0) == (theirs.returncode == 0), (ours.stderr, theirs.stderr)
+    assert "Traceback" not in ours.stderr
