@@ -146,6 +146,20 @@ class _Queries:
         """SYS_SET of one setting (the kernel takes one per request); needs CAP_NET_ADMIN."""
         return self._call(A.RDMA_NLDEV_CMD_SYS_SET, {attribute: value})
 
+    def new_link(self, name: str, link_type: str, netdev: str):
+        """NEWLINK: a software RDMA device (rxe, siw) called `name` on `netdev`; needs
+        CAP_NET_ADMIN. The kernel loads the type's module (rdma-link-TYPE) if it can."""
+        attributes = {
+            "RDMA_NLDEV_ATTR_DEV_NAME": name,
+            "RDMA_NLDEV_ATTR_LINK_TYPE": link_type,
+            "RDMA_NLDEV_ATTR_NDEV_NAME": netdev,
+        }
+        return self._call(A.RDMA_NLDEV_CMD_NEWLINK, attributes)
+
+    def delete_link(self, index: int):
+        """DELLINK: unregister a device that allows it (rxe, siw); needs CAP_NET_ADMIN."""
+        return self._call(A.RDMA_NLDEV_CMD_DELLINK, {"RDMA_NLDEV_ATTR_DEV_INDEX": index})
+
     def resource_summaries(self):
         """RES_GET dump: per device, how many of each resource type exist."""
         return self._call(A.RDMA_NLDEV_CMD_RES_GET, dump=True)
