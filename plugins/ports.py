@@ -1,9 +1,17 @@
-"""`ibtool port` (alias `link`): state, rate, LIDs and netdev of every RDMA port."""
+"""`ibtool port` (alias `link`): state, rate, LIDs and netdev of every RDMA port; and, as
+`rdma link add/delete` does, software RDMA devices (rxe, siw) created on a netdev and deleted
+(NEWLINK, DELLINK over netlink)."""
 
 from __future__ import annotations
 
+import errno
+import platform
+import re
+import socket
+
 from ibtool import hookimpl, render
 from ibtool.commands import Invocation, add_selector, selector
+from ibtool.errors import IbtoolError, NotFoundError, UnsupportedError, UsageError
 from ibtool.model import Port
 
 # IB PortInfo CapabilityMask bit positions (sysfs cap_mask holds the low 32 bits).
@@ -92,12 +100,174 @@ FIELDS = [
 ]
 
 
+LINK_USAGE = (
+    "ibtool link [show] [DEV[/PORT]] | ibtool link add NAME type { rxe | siw } netdev NETDEV "
+    "| ibtool link delete NAME"
+)
+# Where the kernel takes the netlink RDMA link commands from (iproute2: "from 5.1-rc1").
+LINK_SINCE = (5, 1)
+IB_DEVICE_NAME_MAX = 64  # include/rdma/ib_verbs.h, with the terminating NUL
+MODULES = {"rxe": "rdma_rxe", "siw": "siw"}
+
+
+def _kernel_before(version: tuple[int, int]) -> bool:
+    m = re.match(r"(\d+)\.(\d+)", platform.release())
+    return m is not None and (int(m.group(1)), int(m.group(2))) < version
+
+
+def _too_old(command: str, e: IbtoolError) -> UnsupportedError:
+    return UnsupportedError(
+        f"this kernel ({platform.release()}) cannot {command}: that needs Linux 5.1 or later",
+        "on older kernels, rxe devices come from the rxe_cfg script of rdma-core",
+        errno=e.errno,
+    )
+
+
+def _netdevs() -> str:
+    names = sorted(name for _, name in socket.if_nameindex())
+    return ", ".join(names) or "none"
+
+
+def _link_add(words: list[str]) -> None:
+    if not words:
+        raise UsageError("link add takes NAME type TYPE netdev NETDEV", LINK_USAGE)
+    name, rest = words[0], words[1:]
+    options: dict[str, str] = {}
+    while rest:
+        key = rest.pop(0)
+        if key not in ("type", "netdev") or not rest or key in options:
+            raise UsageError(f"link add: unexpected {key!r}", LINK_USAGE)
+        options[key] = rest.pop(0)
+    if set(options) != {"type", "netdev"}:
+        missing = " and ".join(k for k in ("type", "netdev") if k not in options)
+        raise UsageError(f"link add {name}: {missing} missing", LINK_USAGE)
+    # The kernel refuses '%' (a name pattern) and empty names; '/' cannot be a sysfs name.
+    if not name or "%" in name or "/" in name or len(name.encode()) >= IB_DEVICE_NAME_MAX:
+        raise UsageError(
+            f"bad device name {name!r}",
+            f"at most {IB_DEVICE_NAME_MAX - 1} bytes, without '%' or '/', e.g. rxe1",
+        )
+    link_type, netdev = options["type"], options["netdev"]
+    from ibtool.sources.netlink import NldevClient
+
+    with NldevClient() as nl:
+        devices = {r.get("RDMA_NLDEV_ATTR_DEV_NAME"): r for r in nl.devices()}
+        if name in devices:
+            raise IbtoolError(
+                f"an RDMA device named {name} exists already",
+                "choose another name, or delete it first: ibtool link delete " + name,
+                errno=errno.EEXIST,
+            )
+        try:
+            nl.new_link(name, link_type, netdev)
+        except IbtoolError as e:
+            raise _add_error(e, nl, name, link_type, netdev) from e
+
+
+def _add_error(e: IbtoolError, nl, name: str, link_type: str, netdev: str) -> IbtoolError:
+    """What NEWLINK's errno means (drivers/infiniband/core/nldev.c nldev_newlink, the drivers'
+    newlink)."""
+    if e.errno == errno.ENODEV:
+        return NotFoundError(f"no netdev {netdev!r}", f"netdevs here: {_netdevs()}", errno=e.errno)
+    if e.errno == errno.EEXIST:
+        owner = _device_on(nl, netdev)
+        return IbtoolError(
+            f"{netdev} has an {link_type} device already" + (f" ({owner})" if owner else ""),
+            f"the {link_type} driver takes one device per netdev: delete it first "
+            f"(ibtool link delete {owner or 'DEV'}) or use another netdev",
+            errno=e.errno,
+        )
+    if e.errno == errno.ENFILE:  # ib_register_device: the name was taken meanwhile
+        return IbtoolError(
+            f"an RDMA device named {name} exists already", "choose another name", errno=e.errno
+        )
+    if e.errno == errno.EPERM and _has_cap_net_admin():
+        # rxe_newlink: "rxe creation allowed on top of a real device only"
+        return IbtoolError(
+            f"the {link_type} driver refused {netdev}: Operation not permitted",
+            "rxe devices go on a real netdev, not on a VLAN device; the VLAN's addresses "
+            "appear in the GID table of the device on the netdev below it",
+            errno=e.errno,
+        )
+    if e.errno == errno.EINVAL:
+        if _kernel_before(LINK_SINCE):
+            return _too_old("create RDMA links (RDMA_NLDEV_CMD_NEWLINK)", e)
+        module = MODULES.get(link_type)
+        return UnsupportedError(
+            f"link type {link_type!r} is not available in this kernel",
+            f"the kernel found no driver for it: modprobe {module} says why (Debian's kernels "
+            "build rxe, not siw)"
+            if module
+            else "the link types are rxe (Soft-RoCE) and siw (Soft-iWARP)",
+            errno=e.errno,
+        )
+    return e
+
+
+def _device_on(nl, netdev: str) -> str | None:
+    """The RDMA device whose port serves `netdev`, if netlink says."""
+    try:
+        for device in nl.devices():
+            for port in nl.ports(device["RDMA_NLDEV_ATTR_DEV_INDEX"]):
+                if port.get("RDMA_NLDEV_ATTR_NDEV_NAME") == netdev:
+                    return device.get("RDMA_NLDEV_ATTR_DEV_NAME")
+    except (IbtoolError, KeyError):
+        pass
+    return None
+
+
+def _has_cap_net_admin() -> bool:
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(line for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caps.split()[1], 16) >> 12 & 1)  # CAP_NET_ADMIN is capability 12
+
+
+def _link_delete(words: list[str]) -> None:
+    if len(words) != 1:
+        raise UsageError("link delete takes one device name", LINK_USAGE)
+    (name,) = words
+    from ibtool.sources.netlink import NldevClient
+
+    with NldevClient() as nl:
+        indexes = {
+            r["RDMA_NLDEV_ATTR_DEV_NAME"]: r["RDMA_NLDEV_ATTR_DEV_INDEX"]
+            for r in nl.devices()
+            if "RDMA_NLDEV_ATTR_DEV_NAME" in r and "RDMA_NLDEV_ATTR_DEV_INDEX" in r
+        }
+        if name not in indexes:
+            raise NotFoundError(
+                f"unknown device {name!r}", f"devices here: {', '.join(indexes) or 'none'}"
+            )
+        try:
+            nl.delete_link(indexes[name])
+        except IbtoolError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            if _kernel_before(LINK_SINCE):
+                raise _too_old("delete RDMA links (RDMA_NLDEV_CMD_DELLINK)", e) from e
+            # nldev_dellink: only devices registered with IBK_ALLOW_USER_UNREG (rxe, siw)
+            raise IbtoolError(
+                f"cannot delete {name}: only rxe and siw devices can be deleted",
+                "a hardware device goes away with its driver (modprobe -r) or its PCI function",
+                errno=e.errno,
+            ) from e
+
+
 def run(inv: Invocation) -> None:
+    words = list(inv.args.words)
+    if words and words[0] in ("add", "delete"):
+        if inv.root != "/":
+            raise UsageError(f"link {words[0]} changes the running kernel; --root is a copy")
+        (_link_add if words[0] == "add" else _link_delete)(words[1:])
+        return
     ports = inv.host.ports(selector(inv.args))
     if inv.json:
         rows = [render.record_json(p, FIELDS, inv.details) for p in ports]
         if inv.details:  # where each field came from: netlink, sysfs or verbs
-            for row, p in zip(rows, ports):
+            for row, p in zip(rows, ports, strict=True):
                 row["sources"] = p.sources
         inv.emit_json(rows)
         return
@@ -110,7 +280,7 @@ def ibtool_register_commands(cli):
     cli.add(
         "port",
         run,
-        help="show RDMA ports: state, rate, LIDs, netdev",
+        help="show RDMA ports: state, rate, LIDs, netdev; add or delete rxe/siw links",
         configure=add_selector,
         aliases=("link",),
     )
