@@ -234,3 +234,185 @@ class RdmaSystem:
     monitor: bool | None = None  # the kernel sends device events (RDMA_NL_GROUP_NOTIFY)
     # fork() copies pinned (DMA-registered) pages into the child: no ibv_fork_init() needed.
     copy_on_fork: bool | None = None
+
+
+# -- RDMA resource tracking (RDMA_NLDEV_CMD_RES_*_GET) --------------------------------------------
+# Names are the words `rdma res show` prints; a number an enum does not know stays an int.
+
+
+class QpType(_Labelled):
+    # enum ib_qp_type (libibverbs uses the same numbers)
+    SMI = 0
+    GSI = 1
+    RC = 2
+    UC = 3
+    UD = 4
+    RAW_IPV6 = 5
+    RAW_ETHERTYPE = 6
+    RAW_PACKET = 8
+    XRC_INI = 9
+    XRC_TGT = 10
+    DRIVER = 0xFF
+
+
+class QpState(_Labelled):
+    RESET = 0
+    INIT = 1
+    RTR = 2
+    RTS = 3
+    SQD = 4
+    SQE = 5
+    ERR = 6
+
+
+class PathMigState(_Labelled):
+    MIGRATED = 0
+    REARM = 1
+    ARMED = 2
+
+
+class CmState(_Labelled):
+    # enum rdma_cm_state
+    IDLE = 0
+    ADDR_QUERY = 1
+    ADDR_RESOLVED = 2
+    ROUTE_QUERY = 3
+    ROUTE_RESOLVED = 4
+    CONNECT = 5
+    DISCONNECT = 6
+    ADDR_BOUND = 7
+    LISTEN = 8
+    DEVICE_REMOVAL = 9
+    DESTROYING = 10
+
+
+class PortSpace(_Labelled):
+    # enum rdma_ucm_port_space
+    IPOIB = 0x0002
+    TCP = 0x0106
+    UDP = 0x0111
+    IB = 0x013F
+
+    @classmethod
+    def _labels(cls):
+        return {0x0002: "IPoIB", 0x0106: "TCP", 0x0111: "UDP", 0x013F: "IB"}
+
+
+class PollContext(_Labelled):
+    # enum ib_poll_context since the shared CQ pool (Linux 5.8); before it DIRECT was 0 and
+    # the others one higher (records.cq translates).
+    SOFTIRQ = 0
+    WORKQUEUE = 1
+    UNBOUND_WORKQUEUE = 2
+    DIRECT = 3
+
+
+class SrqType(_Labelled):
+    BASIC = 0
+    XRC = 1
+    TM = 2
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who holds a tracked object: a user process (pid, in the reader's PID namespace) or a
+    kernel module (kern_name, e.g. "ib_core"). The kernel leaves pid out for a zombie."""
+
+    pid: int | None = None
+    kern_name: str | None = None
+
+
+@dataclass(frozen=True)
+class QpResource:
+    device: str
+    device_index: int
+    lqpn: int
+    type: QpType | int
+    state: QpState | int
+    sq_psn: int
+    port: int | None = None  # None until the QP is bound to a port (RESET)
+    rqpn: int | None = None  # connected types only
+    rq_psn: int | None = None
+    path_mig_state: PathMigState | int | None = None
+    pdn: int | None = None
+    owner: Owner = Owner()
+    driver: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class CmIdResource:
+    device: str
+    device_index: int
+    state: CmState | int
+    ps: PortSpace | int
+    port: int | None = None
+    cm_idn: int | None = None
+    lqpn: int | None = None
+    qp_type: QpType | int | None = None
+    src_addr: str | None = None  # "ADDRESS:PORT" as rdma prints it
+    dst_addr: str | None = None
+    owner: Owner = Owner()
+    driver: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class CqResource:
+    device: str
+    device_index: int
+    cqe: int
+    users: int
+    cqn: int | None = None
+    poll_ctx: PollContext | int | None = None  # kernel CQs only
+    adaptive_moderation: bool | None = None
+    ctxn: int | None = None
+    owner: Owner = Owner()
+    driver: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class MrResource:
+    device: str
+    device_index: int
+    mrlen: int
+    mrn: int | None = None
+    rkey: int | None = None  # keys only for a reader with CAP_NET_ADMIN
+    lkey: int | None = None
+    iova: int | None = None  # only kernels before 4.20 sent it
+    pdn: int | None = None
+    owner: Owner = Owner()
+    driver: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class PdResource:
+    device: str
+    device_index: int
+    users: int
+    pdn: int | None = None
+    local_dma_lkey: int | None = None  # CAP_NET_ADMIN only
+    unsafe_global_rkey: int | None = None  # CAP_NET_ADMIN, and only on such a PD
+    ctxn: int | None = None
+    owner: Owner = Owner()
+    driver: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class CtxResource:
+    device: str
+    device_index: int
+    ctxn: int
+    owner: Owner = Owner()
+    driver: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class SrqResource:
+    device: str
+    device_index: int
+    srqn: int
+    type: SrqType | int | None = None
+    lqpns: tuple[tuple[int, int], ...] = ()  # attached QPs as (first, last) ranges
+    pdn: int | None = None
+    cqn: int | None = None
+    owner: Owner = Owner()
+    driver: dict = field(default_factory=dict, compare=False)

@@ -12,6 +12,10 @@ reading them fails too, and are listed with the error in UNREADABLE at the tree'
 sys/class/net/<netdev> (same symlink shape) has the plain attributes of each netdev in the GID
 tables (the rxe netdevs and the VLAN); proc/net/vlan/config is copied.
 
+OUT/resources/ holds the resource dumps (QP, CM ID, CQ, MR, PD, CTX, SRQ) of every device while
+tests/testbed/res_holder.py and an rping server keep user objects alive, with `rdma -j res show`
+of the same moment as the oracle (`capture.py OUT --resources` captures only those).
+
 OUT/netlink/<name>.bin are the bytes recv() returned for one NETLINK_RDMA request, all parts of a
 dump concatenated (through NLMSG_DONE or the error/ack); OUT/netlink/README says which request
 produced which file.
@@ -19,17 +23,31 @@ produced which file.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import struct
+import subprocess
 import sys
+import time
 
 NETLINK_RDMA = 20
 NLM_F_REQUEST, NLM_F_MULTI, NLM_F_ACK, NLM_F_DUMP = 0x1, 0x2, 0x4, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 RDMA_NL_NLDEV = 5
 CMD = {"GET": 1, "PORT_GET": 5, "SYS_GET": 6, "RES_GET": 9, "RES_QP_GET": 10, "STAT_GET": 17}
+# The per-object resource dumps and the `rdma res show` object each answers.
+RES_CMD = {
+    "qp": ("RES_QP_GET", 10),
+    "cm_id": ("RES_CM_ID_GET", 11),
+    "cq": ("RES_CQ_GET", 12),
+    "mr": ("RES_MR_GET", 13),
+    "pd": ("RES_PD_GET", 14),
+    "ctx": ("RES_CTX_GET", 22),
+    "srq": ("RES_SRQ_GET", 23),
+}
+CMD.update(RES_CMD.values())
 ATTR_DEV_INDEX, ATTR_DEV_NAME, ATTR_PORT_INDEX = 1, 2, 3
 SKIP_DIRS = {"power"}
 NET_ATTRS = (
@@ -223,11 +241,96 @@ def capture_netlink(out: str) -> None:
         fh.write("\n".join(readme) + "\n")
 
 
+def _start_objects(repo: str) -> list[subprocess.Popen]:
+    """Live objects of user processes: res_holder.py (QPs in RESET, INIT and RTS, an SRQ, a
+    CQ, an MR, a PD, a context) on rxe0 and an rping server's listening CM ID."""
+    holder = subprocess.Popen(
+        [sys.executable, os.path.join(repo, "tests/testbed/res_holder.py"), "rxe0", "--rc", "2"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    rping = subprocess.Popen(
+        ["rping", "-s", "-a", "192.168.77.1", "-p", "7471"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    ready = holder.stdout.readline()
+    if not ready:
+        raise SystemExit("res_holder.py did not start")
+    for _ in range(100):  # rping listens once its CM ID is bound
+        out = subprocess.run(
+            ["rdma", "res", "show", "cm_id"], capture_output=True, text=True, check=False
+        ).stdout
+        if "LISTEN" in out:
+            break
+        time.sleep(0.1)
+    return [holder, rping]
+
+
+def capture_resources(out: str, repo: str) -> None:
+    """OUT/resources/: each resource dump of each device while user objects are alive, and
+    `rdma -j res show OBJECT` of the same moment (the objects are idle: nothing changes)."""
+    target = os.path.join(out, "resources")
+    shutil.rmtree(target, ignore_errors=True)
+    os.makedirs(target)
+    processes = _start_objects(repo)
+    try:
+        dump = NLM_F_REQUEST | NLM_F_DUMP
+        readme = [
+            f"RDMA resource dumps captured in the testbed (kernel {os.uname().release}) by",
+            "tests/testbed/capture.py while tests/testbed/res_holder.py held verbs objects on rxe0",
+            "and an rping server listened (a CM ID). <cmd>_dump_<dev>.bin: the raw recv() bytes of",
+            "one REQUEST|DUMP with DEV_INDEX; rdma_res_show_<object>.json: `rdma -j res show",
+            "<object>` right after; comm.json: /proc/PID/comm of every pid in the dumps.",
+            "",
+        ]
+        seq = 100
+        for name, index in sorted(devices(request("GET", dump)).items()):
+            for cmd, _ in RES_CMD.values():
+                seq += 1
+                reply = request(cmd, dump, nla_u32(ATTR_DEV_INDEX, index), seq)
+                fname = f"{cmd.lower()}_dump_{name}.bin"
+                with open(os.path.join(target, fname), "wb") as fh:
+                    fh.write(reply)
+                readme.append(
+                    f"{fname}: RDMA_NLDEV_CMD_{cmd} dev {name} (index {index}) -> {len(reply)} "
+                    "bytes, message types " + " ".join(str(t) for t in message_types(reply))
+                )
+        for obj in RES_CMD:
+            shown = subprocess.run(
+                ["rdma", "-j", "res", "show", obj], capture_output=True, text=True, check=True
+            ).stdout
+            with open(os.path.join(target, f"rdma_res_show_{obj}.json"), "w") as fh:
+                fh.write(shown)
+        comm = {}
+        for pid in os.listdir("/proc"):
+            if pid.isdigit() and int(pid) in {p.pid for p in processes}:
+                with open(f"/proc/{pid}/comm") as fh:
+                    comm[pid] = fh.read().strip()
+        with open(os.path.join(target, "comm.json"), "w") as fh:
+            json.dump(comm, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        with open(os.path.join(target, "README"), "w") as fh:
+            fh.write("\n".join(readme) + "\n")
+    finally:
+        processes[0].stdin.close()
+        processes[1].terminate()
+        for p in processes:
+            p.wait(timeout=30)
+
+
 if __name__ == "__main__":
     target = sys.argv[1]
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if sys.argv[2:] == ["--resources"]:
+        capture_resources(target, repo)
+        print(f"captured resources into {target}")
+        sys.exit(0)
     everything = sorted(os.listdir("/sys/class/infiniband"))
     # rxe/: rxe0 alone, the one-device tree the unit tests describe; rxe-pair/: every device.
     copy_tree(target, "rxe", [d for d in everything if d == "rxe0"])
     copy_tree(target, "rxe-pair", everything)
     capture_netlink(target)
+    capture_resources(target, repo)
     print(f"captured into {target}")

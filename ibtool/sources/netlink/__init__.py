@@ -15,7 +15,7 @@ is imported only when a client or the message codec is first used: `attrs`, `err
     messages  pyroute2 message classes and Marshal built from it; encode, strict decode
     client    the request/reply exchange, the socket, NldevClient and AsyncNldevClient
     errors    socket and kernel errors as ibtool errors
-    records   replies as Device, Port, RdmaSystem, CounterSample
+    records   replies as Device, Port, RdmaSystem, CounterSample and the resource records
 """
 
 from __future__ import annotations

@@ -87,6 +87,28 @@ COMMAND_SINCE: dict[int, str] = {
     RDMA_NLDEV_CMD_FRMR_POOLS_SET: "7.0",
 }
 
+# `rdma res show OBJECT` -> the dump that lists those objects, and the release that added it
+# (QP: header sync "4.16.0-rc2+"; the others from header-sync dates, so approximate: CQ, MR,
+# PD, CM ID about 4.17, CTX and SRQ about 5.13).
+RESOURCE_COMMANDS: dict[str, int] = {
+    "qp": RDMA_NLDEV_CMD_RES_QP_GET,
+    "cm_id": RDMA_NLDEV_CMD_RES_CM_ID_GET,
+    "cq": RDMA_NLDEV_CMD_RES_CQ_GET,
+    "mr": RDMA_NLDEV_CMD_RES_MR_GET,
+    "pd": RDMA_NLDEV_CMD_RES_PD_GET,
+    "ctx": RDMA_NLDEV_CMD_RES_CTX_GET,
+    "srq": RDMA_NLDEV_CMD_RES_SRQ_GET,
+}
+RESOURCE_SINCE: dict[str, str] = {
+    "qp": "4.16",
+    "cm_id": "4.17",
+    "cq": "4.17",
+    "mr": "4.17",
+    "pd": "4.17",
+    "ctx": "5.13",
+    "srq": "5.13",
+}
+
 # What the RDMA_NL_ADMIN_PERM commands do, for the message when CAP_NET_ADMIN is missing.
 ADMIN_PURPOSE: dict[int, str] = {
     RDMA_NLDEV_CMD_SET: "renaming a device or moving it to another network namespace",

@@ -164,6 +164,28 @@ class _Queries:
         """RES_GET dump: per device, how many of each resource type exist."""
         return self._call(A.RDMA_NLDEV_CMD_RES_GET, dump=True)
 
+    def resource_summary(self, index: int):
+        """RES_GET of one device: how many of each resource type it has."""
+        return self._call(A.RDMA_NLDEV_CMD_RES_GET, {"RDMA_NLDEV_ATTR_DEV_INDEX": index}, one=True)
+
+    def resource_dump(
+        self, kind: str, index: int, port: int | None = None, *, driver_details: bool = False
+    ):
+        """RES_{QP,CM_ID,CQ,MR,PD,CTX,SRQ}_GET dump of one device's objects of a kind ("qp",
+        ...); the parts of a large dump arrive as several messages, all returned.
+
+        There is no all-devices form: without DEV_INDEX the kernel answers EINVAL, so callers
+        ask device by device (as rdma does). A port (QPs, CM IDs) makes the kernel skip the
+        objects of other ports and those not bound to one yet. DRIVER_DETAILS (Linux 6.10,
+        ignored before) adds driver-internal objects and attributes.
+        """
+        attributes = {"RDMA_NLDEV_ATTR_DEV_INDEX": index}
+        if port is not None:
+            attributes["RDMA_NLDEV_ATTR_PORT_INDEX"] = port
+        if driver_details:
+            attributes["RDMA_NLDEV_ATTR_DRIVER_DETAILS"] = 1
+        return self._call(A.RESOURCE_COMMANDS[kind], attributes, dump=True)
+
     def hw_counters(self, index: int, port: int):
         """STAT_GET without STAT_RES: the port's default (driver hw) counters."""
         attributes = {"RDMA_NLDEV_ATTR_DEV_INDEX": index, "RDMA_NLDEV_ATTR_PORT_INDEX": port}
