@@ -8,11 +8,11 @@ import errno
 import struct
 
 import pytest
+from ibtool_plugins import ports
 
 from ibtool.errors import ExitCode
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client
-from ibtool_plugins import ports
 from tests.unit.test_netlink_client import FakeKernel
 from tests.unit.test_netlink_codec import ack
 from tests.unit.test_netlink_golden import replay
@@ -96,6 +96,17 @@ def test_a_name_taken_is_refused_before_asking_the_kernel(cli, kernel):
     assert result.code == ExitCode.FAILED
     assert result.err.startswith("ibtool: error: an RDMA device named rxe0 exists already")
     assert changes(kernel) == []
+
+
+def test_a_name_taken_meanwhile_is_the_kernels_enfile(cli, kernel):
+    # ib_register_device answers ENFILE ("Too many open files in system", as rdma prints it)
+    # for a name in use: measured on 6.1.
+    kernel.link = errno.ENFILE
+    result = cli("link", "add", "rxe9", "type", "rxe", "netdev", "veth2")
+    assert result.code == ExitCode.FAILED
+    assert result.err == (
+        "ibtool: error: an RDMA device named rxe9 exists already (hint: choose another name)\n"
+    )
 
 
 def test_a_netdev_with_an_rxe_device_already_names_that_device(cli, kernel):
