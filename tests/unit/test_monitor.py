@@ -5,6 +5,7 @@ SIGTERM stop with exit status 130."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -18,9 +19,10 @@ import pytest
 from ibtool_plugins import monitor
 from ibtool_plugins.monitor import Event, PortView, Snapshot, diff, event_json, event_line
 
-from ibtool.errors import DataError, ExitCode
+from ibtool.errors import DataError, ExitCode, PermissionDeniedError
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, events, messages
+from ibtool.sources.netlink.events import EventListener
 from tests.fixtures import sysfs_trees
 from tests.unit.test_netlink_client import FakeKernel
 from tests.unit.test_netlink_codec import ack, done, reply, string, u8, u32
@@ -37,7 +39,7 @@ def event_message(**attributes) -> bytes:
 def listen(*datagrams: bytes) -> list[dict]:
     """What an EventListener reads when the kernel has sent `datagrams`."""
     ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    with events.EventListener(sock=ours) as listener:
+    with EventListener(sock=ours) as listener:
         for d in datagrams:
             kernel.send(d)
         got = listener.read()
@@ -303,8 +305,7 @@ def stand_in(monkeypatch):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         for d in event_datagrams:
             theirs.send(d)
-        listener = events.EventListener
-        monkeypatch.setattr(events, "EventListener", lambda: listener(sock=ours))
+        monkeypatch.setattr(events, "EventListener", lambda: EventListener(sock=ours))
         return kernel
 
     return install
@@ -344,6 +345,56 @@ def test_a_kernel_with_monitor_events_is_listened_to(cli, stand_in):
         ("port_state", "rxe0", "netlink"),  # no kernel event for that: polled
     ]
     assert all(e["time"] for e in got)
+
+
+def test_without_cap_net_admin_to_join_the_group_it_polls_and_says_why(cli, stand_in, monkeypatch):
+    stand_in(1)
+
+    def refused():
+        raise PermissionDeniedError(
+            "joining the RDMA monitor group needs CAP_NET_ADMIN", "run as root"
+        )
+
+    monkeypatch.setattr(events, "EventListener", refused)
+    result = cli("monitor", "--interval", "0.01", "--count", "1", "--timeout", "5")
+    assert result.code == 0
+    assert result.err == (
+        "ibtool: warning: no monitor events: joining the RDMA monitor group needs CAP_NET_ADMIN "
+        "(run as root); polling every 0.01 s\n"
+    )
+    assert " port_state rxe0/1 state DOWN (was ACTIVE) " in result.out
+
+
+class Overrun:
+    """A monitor socket whose receive buffer overflowed once."""
+
+    def __init__(self):
+        self.ours, self.kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.overrun = True
+
+    def recvmsg(self, size):
+        if self.overrun:
+            self.overrun = False
+            raise OSError(errno.ENOBUFS, "No buffer space available")
+        return self.ours.recvmsg(size)
+
+    def __getattr__(self, name):
+        return getattr(self.ours, name)
+
+
+def test_lost_events_are_warned_about_and_the_next_poll_resyncs(cli, stand_in, monkeypatch):
+    stand_in(1)
+    overrun = Overrun()
+    overrun.kernel.send(b"wake")  # readable, so the listener reads and meets the overrun
+    monkeypatch.setattr(events, "EventListener", lambda: EventListener(sock=overrun))
+    monkeypatch.setattr(events, "decode", lambda data: [])
+    result = cli("monitor", "--interval", "0.01", "--count", "1", "--timeout", "5")
+    assert result.code == 0
+    assert result.err == (
+        "ibtool: warning: the kernel dropped RDMA monitor events (receive buffer full): "
+        "the next poll reports device changes too\n"
+    )
+    assert " port_state rxe0/1 " in result.out
 
 
 def test_timeout_ends_a_quiet_watch_with_status_0(captured_rxe):
