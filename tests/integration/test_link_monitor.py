@@ -189,8 +189,9 @@ class Monitor:
         for line in self.proc.stdout:
             self.lines.put(line)
 
-    def ready(self, timeout: float = 120) -> str:
-        """The note it gives on stderr once it has taken its first look (6.1: polling)."""
+    def ready(self) -> str:
+        """The note it gives on stderr once it has taken its first look (6.1: polling); an
+        empty line if it died first."""
         note = self.proc.stderr.readline()
         assert note.startswith(self.NOTE), note
         return note
