@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass
+from errno import ENOENT
 
 from ibtool.errors import IbtoolError
+
+IBV_WC_RECV_RDMA_WITH_IMM = 129  # ibv_wc_opcode: a completion that carries an immediate
 
 # ibv_wc_status: (name, what usually causes it). The names are libibverbs'; the causes are
 # what an operator checks first.
@@ -81,6 +86,17 @@ class CompletionError(IbtoolError):
         self.vendor_err = wc.vendor_err
         super().__init__(f"{what} failed: {explain(wc.status)} (vendor error {wc.vendor_err:#x})")
 
+    @classmethod
+    def of(cls, status: int, vendor_err: int, what: str) -> CompletionError:
+        """The same error from the fields `reader` returns (no WC object there)."""
+        return cls(_Failed(status, vendor_err), what)
+
+
+@dataclass(frozen=True)
+class _Failed:
+    status: int
+    vendor_err: int
+
 
 class CompletionTimeout(IbtoolError):
     pass
@@ -105,20 +121,47 @@ def poll(cq, count: int, deadline: float, what: str) -> list:
     return wcs
 
 
-def poll_receive(cq, deadline: float, what: str):
-    """The next receive completion (opcode & IBV_WC_RECV); send completions on the same CQ
-    are reaped on the way and only checked for errors."""
-    poll_cq = cq.poll  # bound once: this loop is the measured round trip
-    spins = 0
-    while True:
-        n, got = poll_cq(1)
-        if n:
-            wc = got[0]
-            if wc.status != 0:
-                raise CompletionError(wc, what)
-            if wc.opcode & 128:
-                return wc
-        else:
-            spins += 1
-            if spins & 255 == 0 and time.monotonic() > deadline:
-                raise CompletionTimeout(f"{what}: no reply before the timeout")
+def reader(cq, pv):
+    """A callable that reaps one completion from `cq`: None when there is none, else
+    (status, opcode, imm_data, vendor_err): imm_data as on the wire (network order), read only
+    for RECV_RDMA_WITH_IMM (else 0); opcode and imm_data 0 and vendor_err set when the status
+    is an error.
+
+    On an extended CQ (pyverbs CQEX) this reads the completion in place: CQ.poll builds a
+    13-field WC object per completion, measured at ~13 us under the QEMU testbed, twice per
+    ping round trip. Both paths cost one call per empty poll.
+    """
+    if isinstance(cq, pv.cq.CQEX):
+        start, end, read_opcode = cq.start_poll, cq.end_poll, cq.read_opcode
+        read_imm, read_vendor_err = cq.read_imm_data, cq.read_vendor_err
+        attr = pv.cq.PollCqAttr()
+
+        def reap_ex():
+            rc = start(attr)
+            if rc:
+                if rc == ENOENT:
+                    return None
+                raise IbtoolError(f"polling the completion queue failed: {os.strerror(rc)}")
+            try:
+                status = cq.status
+                if status:
+                    return status, 0, 0, read_vendor_err()
+                opcode = read_opcode()
+                return status, opcode, read_imm() if opcode == IBV_WC_RECV_RDMA_WITH_IMM else 0, 0
+            finally:
+                end()
+
+        return reap_ex
+
+    poll_cq = cq.poll
+
+    def reap():
+        n, wcs = poll_cq(1)
+        if not n:
+            return None
+        wc = wcs[0]
+        if wc.status:
+            return wc.status, 0, 0, wc.vendor_err
+        return 0, wc.opcode, wc.imm_data if wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM else 0, 0
+
+    return reap
