@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ibtool import hookimpl
 from ibtool.commands import Invocation
@@ -130,7 +129,7 @@ def _client(inv, ping, wire, device, port, gid_index, tcp_port) -> int:
 
             def on_loss(seq, reason):
                 replies.append({"seq": seq, "error": reason})
-                print(f"ibtool: seq={seq} lost: {reason}", file=sys.stderr)
+                inv.warn(f"seq={seq} lost: {reason}")
 
             interrupted = False
             try:
