@@ -13,10 +13,11 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from errno import ENOENT
 
 from ibtool.errors import IbtoolError
 from ibtool.rdma import wire
-from ibtool.rdma.completions import CompletionError, CompletionTimeout, reader
+from ibtool.rdma.completions import CompletionError, CompletionTimeout, in_place, poll_failed
 from ibtool.rdma.ladder import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, Ladder, Peer, new_psn
 from ibtool.rdma.loopback import pattern
 
@@ -41,17 +42,18 @@ def _access(mode: wire.Mode) -> int:
 class Session:
     """One side's CQ, MR and QP for one connection; rebuilt when the QP dies.
 
-    The hot loops (Client.ping, _echo) use what this builds once: `reap` (one completion, no
-    WC object on an extended CQ), the bound post methods, and `send_wr`/`recv_wr`, re-posted
-    as they are. Measured under the QEMU testbed: every Python call there costs ~1-2 us, a WC
-    object ~14 us, the post_send system call (rxe does the transfer in it) ~20 us.
+    The hot loops (Client.ping, _echo) use what this builds once: `polled` (the CQ read in
+    place, no WC object per completion) with `poll_attr`, the bound post methods, and
+    `send_wr`/`recv_wr`, re-posted as they are. Measured under the QEMU testbed: every Python
+    call there costs ~1-2 us, a WC object ~14 us, the post_send system call (rxe does the
+    transfer in it) ~20 us.
     """
 
     def __init__(self, ladder: Ladder, size: int, mode: wire.Mode):
         self.ladder, self.size, self.mode = ladder, size, mode
         self._objects: list = []
         self.cq = self._keep(_completion_queue(ladder, mode))
-        self.reap = reader(self.cq, ladder.pv)
+        self.polled, self.poll_attr = in_place(self.cq, ladder.pv), ladder.pv.cq.PollCqAttr()
         self.mr = self._keep(ladder.pv.mr.MR(ladder.pd, size, _access(mode)))
         # Sends are unsignaled but every SIGNAL_EVERY-th: a completion per ping would cost a
         # poll round on the critical path. The queue has room for the unreaped ones.
@@ -126,7 +128,7 @@ class Session:
 
 
 def _completion_queue(ladder: Ladder, mode: wire.Mode):
-    """An extended CQ (read in place, see completions.reader), or a plain one where the
+    """An extended CQ (read in place, see completions.in_place), or a plain one where the
     provider has no ibv_create_cq_ex."""
     pv = ladder.pv
     flags = pv.e.IBV_WC_EX_WITH_IMM if mode == wire.Mode.WRITE_IMM else 0
@@ -241,23 +243,32 @@ def _echo(session: Session, conn: socket.socket) -> tuple[wire.Endpoint | None, 
     is bound to locals, and the answer is posted before anything else is done.
     """
     answered, spins = 0, 0
-    reap, post_send, wr = session.reap, session.qp.post_send, session.send_wr
+    cq, attr, wr = session.polled, session.poll_attr, session.send_wr
+    post_send = session.qp.post_send
+    start, end, opcode_of, imm_of = cq.start_poll, cq.end_poll, cq.read_opcode, cq.read_imm_data
     echo_imm, rearm, sent = session.mode == wire.Mode.WRITE_IMM, session.post_recv, session.sent
     while True:
-        completion = reap()
-        if completion is None:
+        rc = start(attr)
+        if rc:
+            if rc != ENOENT:
+                raise poll_failed(rc)
             spins += 1
             if spins >= 2000:  # every ~2000 empty polls (a few ms), look at the TCP side
                 spins = 0
                 if select.select([conn], [], [], 0)[0]:
                     return _next_endpoint(conn, HANDSHAKE_TIMEOUT), answered
             continue
-        status, opcode, imm, vendor_err = completion
-        if status:
-            raise CompletionError.of(status, vendor_err, "ping reply")
-        if opcode & 128:  # a ping: answer with the same bytes (and immediate, as received)
-            if echo_imm:
-                wr.imm_data = imm
+        spins = 0
+        try:
+            status = cq.status
+            if status:
+                raise CompletionError.of(status, cq.read_vendor_err(), "ping reply")
+            ping = opcode_of() & 128  # else a (signaled) send's completion: nothing to do
+            if ping and echo_imm:
+                wr.imm_data = imm_of()  # as received, in network order
+        finally:
+            end()
+        if ping:  # answer with the same bytes (and immediate)
             try:
                 post_send(wr)
             except session.ladder.pv.Error as e:
@@ -265,7 +276,6 @@ def _echo(session: Session, conn: socket.socket) -> tuple[wire.Endpoint | None, 
             rearm()  # the spare receive posted up front covers the client's next ping
             sent()
             answered += 1
-        spins = 0
 
 
 # -- client ------------------------------------------------------------------------------
@@ -355,9 +365,11 @@ class Client:
         payload = pattern(seq, size)
         s.mr.write(payload, size, 0)
         s.post_recv()
-        wr, post_send, reap = s.send_wr, s.qp.post_send, s.reap
+        wr, post_send, cq, attr = s.send_wr, s.qp.post_send, s.polled, s.poll_attr
+        start, end, opcode_of, imm_of = cq.start_poll, cq.end_poll, cq.read_opcode, cq.read_imm_data
+        with_imm = self.mode == wire.Mode.WRITE_IMM
         imm = socket.htonl(seq & 0xFFFFFFFF)
-        if self.mode == wire.Mode.WRITE_IMM:
+        if with_imm:
             wr.imm_data = imm
         spins = 0
         t0 = clock()
@@ -366,20 +378,27 @@ class Client:
         except s.ladder.pv.Error as e:
             raise QPError(f"ping {seq}: post send: {e}") from None
         while True:
-            completion = reap()
-            if completion is None:
+            rc = start(attr)
+            if rc:
+                if rc != ENOENT:
+                    raise poll_failed(rc)
                 spins += 1
                 if not spins & 255 and clock() - t0 > timeout:
                     raise CompletionTimeout(f"ping {seq}: no reply before the timeout")
                 continue
-            if completion[0] or completion[1] & 128:
-                break  # a failure, or the reply; a (signaled) send's completion is passed
-        t1 = clock()
+            try:
+                status = cq.status
+                if status or opcode_of() & 128:  # a failure, or the reply
+                    t1 = clock()
+                    got_imm = imm_of() if with_imm and not status else imm
+                    vendor_err = cq.read_vendor_err() if status else 0
+                    break
+            finally:
+                end()  # also for a (signaled) send's completion, passed over
         s.sent()
-        status, opcode, got_imm, vendor_err = completion
         if status:
             raise CompletionError.of(status, vendor_err, f"ping {seq}")
-        if self.mode == wire.Mode.WRITE_IMM and got_imm != imm:
+        if got_imm != imm:
             raise IbtoolError(f"reply carries immediate {socket.ntohl(got_imm)}, want {seq}")
         if s.mr.read(size, 0) != payload:
             raise IbtoolError(f"reply {seq} payload differs from what was sent")

@@ -1,6 +1,5 @@
-"""Reaping one completion at a time, from a plain CQ (WC objects) and an extended CQ (read in
-place): the same answers from both, failures with their vendor error, end_poll after every
-successful start_poll."""
+"""Completions read in place: an extended CQ as it is, a plain CQ (WC objects) behind the same
+calls; the same answers from both, failures with their vendor error."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from ibtool.errors import IbtoolError
-from ibtool.rdma.completions import CompletionError, reader
+from ibtool.rdma.completions import CompletionError, PlainCQ, in_place, poll_failed
 
 RECV, RECV_RDMA_WITH_IMM, SEND = 128, 129, 0
 
@@ -18,16 +17,13 @@ RECV, RECV_RDMA_WITH_IMM, SEND = 128, 129, 0
 class FakeCQEX:
     """start_poll/end_poll and the read_* calls of pyverbs' CQEX over a list of completions."""
 
-    def __init__(self, completions, start_error=0):
+    def __init__(self, completions):
         self.pending = list(completions)
-        self.start_error = start_error
         self.open_batches = 0
         self.current = None
 
     def start_poll(self, attr):
         assert self.open_batches == 0, "start_poll inside an open batch"
-        if self.start_error:
-            return self.start_error
         if not self.pending:
             return errno.ENOENT
         self.current = self.pending.pop(0)
@@ -83,21 +79,44 @@ EXPECTED = [
 ]
 
 
+def read_all(cq):
+    """What the hot loops read, completion by completion, until the queue is empty."""
+    got = []
+    while cq.start_poll(object()) == 0:
+        try:
+            status = cq.status
+            if status:
+                got.append((status, 0, 0, cq.read_vendor_err()))
+            else:
+                opcode = cq.read_opcode()
+                imm = cq.read_imm_data() if opcode == RECV_RDMA_WITH_IMM else 0
+                got.append((0, opcode, imm, 0))
+        finally:
+            cq.end_poll()
+    return got
+
+
+def test_an_extended_cq_is_used_as_it_is_a_plain_one_through_plaincq():
+    cqex, cq = FakeCQEX([]), FakeCQ([])
+    assert in_place(cqex, PV) is cqex
+    assert isinstance(in_place(cq, PV), PlainCQ)
+
+
 @pytest.mark.parametrize("make", [FakeCQ, FakeCQEX], ids=["cq", "cqex"])
 def test_both_cq_kinds_give_the_same_answers(make):
     cq = make(COMPLETIONS)
-    reap = reader(cq, PV)
-    got = [reap() for _ in COMPLETIONS]
-    assert got == EXPECTED
-    assert reap() is None and reap() is None  # empty: nothing, again and again
+    polled = in_place(cq, PV)
+    assert read_all(polled) == EXPECTED
+    assert polled.start_poll(object()) == errno.ENOENT  # empty: nothing, again and again
+    assert polled.start_poll(object()) == errno.ENOENT
     if isinstance(cq, FakeCQEX):
         assert cq.open_batches == 0
 
 
-def test_start_poll_failure_is_an_error_not_an_empty_queue():
-    reap = reader(FakeCQEX([wc()], start_error=errno.EIO), PV)
-    with pytest.raises(IbtoolError, match="polling the completion queue failed"):
-        reap()
+def test_a_failed_start_poll_reads_as_an_error():
+    err = poll_failed(errno.EIO)
+    assert isinstance(err, IbtoolError)
+    assert err.message == "polling the completion queue failed: Input/output error"
 
 
 def test_completion_error_from_reaped_fields_explains_the_status():
