@@ -42,3 +42,29 @@ def test_details_imports_pyverbs_only_when_it_is_there(tmp_path):
     # --root trees have no verbs; -d must still not drag in the TUI or netlink stacks.
     loaded = loaded_heavy_modules("--root", str(tmp_path), "-d", "dev")
     assert "textual" not in loaded and "pyroute2" not in loaded
+
+
+NETLINK_PROBE = """
+import sys, json
+loaded = []
+sys.addaudithook(lambda event, args: event == 'import' and loaded.append(args[0]))
+import ibtool.sources.netlink.messages
+light = sorted({m for m in loaded if m.split('.')[0] == 'pyroute2'})
+left = sorted(m for m in sys.modules if m.split('.')[0] == 'pyroute2')
+import pyroute2
+print(json.dumps([light, left, hasattr(pyroute2, 'IPRoute'), hasattr(pyroute2, 'netlink')]))
+"""
+
+
+def test_netlink_layer_loads_pyroute2_netlink_without_the_package_init():
+    # pyroute2/__init__.py imports ~380 modules (about 10 s in the testbed guest); the NLDEV
+    # layer needs pyroute2.netlink and its Marshal only, and must not spoil a later real import.
+    out = subprocess.run(
+        [sys.executable, "-c", NETLINK_PROBE], capture_output=True, text=True, check=True
+    ).stdout
+    light, left, real_package, has_netlink = json.loads(out.strip().splitlines()[-1])
+    assert "pyroute2.netlink.marshal" in light
+    assert "pyroute2.iproute" not in light and "pyroute2.ndb.main" not in light
+    assert len(light) < 15, light
+    assert left == []
+    assert real_package and has_netlink
