@@ -8,11 +8,10 @@ from __future__ import annotations
 import time
 
 from ibtool import counterinfo, hookimpl, render
-from ibtool.commands import Invocation, add_selector, selector
+from ibtool.commands import Invocation, selector
 from ibtool.errors import NotFoundError, UsageError
 from ibtool.model import CounterSample, HwCounterStatus
 from ibtool.rates import counter_rate, is_saturated
-
 
 ACTIONS = ("optional", "enable", "disable")
 USAGE = (
@@ -146,7 +145,9 @@ OPTIONAL_FIELDS = [
     render.Field("ifname", lambda c: c.device, header="DEV"),
     render.Field("port", lambda c: c.port, header="PORT"),
     render.Field("counter", lambda c: c.name, header="COUNTER"),
-    render.Field("enabled", lambda c: c.enabled, header="ENABLED", text=lambda v: "yes" if v else "no"),
+    render.Field(
+        "enabled", lambda c: c.enabled, header="ENABLED", text=lambda v: "yes" if v else "no"
+    ),
     render.Field("index", lambda c: c.index, header="INDEX", details=True),
 ]
 

@@ -108,7 +108,9 @@ def test_details_merge_netlink_and_say_where_each_field_came_from():
         assert src["rate"] == "sysfs" and src["active_mtu"] == src["max_mtu"] == "verbs"
         t = links[(p["ifname"], p["port"])]
         assert (p["state"], p["physical_state"], p["netdev"]) == (
-            t["state"], t["physical_state"], t["netdev"]
+            t["state"],
+            t["physical_state"],
+            t["netdev"],
         )
 
 

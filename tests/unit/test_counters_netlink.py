@@ -53,8 +53,9 @@ class StatKernel:
         if command == A.RDMA_NLDEV_CMD_STAT_GET:
             values = {name: 0 for name in sysfs_trees.MLX5_Q_COUNTERS}
             values.update({n: 1000 + OPTIONAL[n] for n in self.enabled[port]})
-            entries = [nla(ENTRY, string(NAME, n) + u64(VALUE, v), nested=True)
-                       for n, v in values.items()]
+            entries = [
+                nla(ENTRY, string(NAME, n) + u64(VALUE, v), nested=True) for n, v in values.items()
+            ]
             body = nla(HWCOUNTERS, b"".join(entries), nested=True)
             return [reply(command, *head, body, seq=seq), ack(request)]
         if command == A.RDMA_NLDEV_CMD_STAT_GET_STATUS:
@@ -62,8 +63,11 @@ class StatKernel:
                 nla(ENTRY, string(NAME, n) + u32(INDEX, i), nested=True)
                 for i, n in enumerate(sysfs_trees.MLX5_Q_COUNTERS)
             ] + [
-                nla(ENTRY, string(NAME, n) + u32(INDEX, i) + u8(DYNAMIC, n in self.enabled[port]),
-                    nested=True)
+                nla(
+                    ENTRY,
+                    string(NAME, n) + u32(INDEX, i) + u8(DYNAMIC, n in self.enabled[port]),
+                    nested=True,
+                )
                 for n, i in OPTIONAL.items()
             ]
             body = nla(HWCOUNTERS, b"".join(entries), nested=True)
@@ -178,7 +182,11 @@ def test_optional_json_with_index_under_details(live):
     host, _, _ = live()
     out, _ = counters_cli(host, "optional", "mlx5_0/2", json=True, details=True)
     assert json.loads(out)[0] == {
-        "ifname": "mlx5_0", "port": 2, "counter": "cc_rx_ce_pkts", "enabled": False, "index": 40
+        "ifname": "mlx5_0",
+        "port": 2,
+        "counter": "cc_rx_ce_pkts",
+        "enabled": False,
+        "index": 40,
     }
 
 
