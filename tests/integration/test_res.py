@@ -2,10 +2,12 @@
 long loopback), perftest's (ib_write_bw between two processes on rxe0), an idle holder of every
 object type (tests/testbed/res_holder.py) and an rping server's CM ID are alive.
 
-The busy QPs move their PSNs (and the loopback its states) while the two tools read, so each
-ibtool snapshot is taken between two rdma snapshots: an object both rdma snapshots show must be
-in ibtool's, every field rdma saw unchanged must be equal, a PSN that moved must lie between the
-two, and any other field that changed must be one of the two values.
+Once their objects are up, the traffic processes are stopped (SIGSTOP: under TCG their busy
+polling left the commands under test a fraction of the 2 vCPUs) and resumed only to be ended.
+Each ibtool snapshot is still taken between two rdma snapshots, in case the kernel moves
+anything meanwhile: an object both rdma snapshots show must be in ibtool's, every field rdma saw
+unchanged must be equal, a PSN that moved must lie between the two, and any other field that
+changed must be one of the two values.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -155,6 +158,11 @@ def live(testbed):
                            and q.get("comm") != "ib_write_bw"]) >= 1,
               "ibtool loopback QPs", procs_alive)  # fmt: skip
         _wait(lambda: any(c["state"] == "LISTEN" for c in rdma("cm_id")), "rping", procs_alive)
+        # Their objects are up: stop the busy-polling traffic (SIGSTOP) so that the 2 vCPUs of
+        # the TCG guest go to the commands under test (each took ~10 s while they spun). The
+        # kernel objects stay; _stop sends SIGCONT before terminating them.
+        for proc in procs_alive[2:]:
+            proc.send_signal(signal.SIGSTOP)
         yield info
 
 
@@ -162,6 +170,7 @@ def _stop(proc: subprocess.Popen) -> None:
     if proc.stdin:
         proc.stdin.close()
     if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)
         proc.terminate()
     try:
         proc.wait(timeout=60)
