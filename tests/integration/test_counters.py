@@ -57,6 +57,40 @@ def test_counters_move_under_traffic():
     assert after["rcvd_pkts"] > before["rcvd_pkts"]
 
 
+def test_counters_move_under_perftest_traffic():
+    # ib_write_bw (perftest) on rxe0's IPv4 GID, server and client in this guest: every 64 KiB
+    # write is at least 16 packets whatever the path MTU (at most 4096), each way acked.
+    iters, size = 200, 65536
+    args = [
+        "ib_write_bw",
+        "-d",
+        "rxe0",
+        "-x",
+        "1",
+        "-s",
+        str(size),
+        "-n",
+        str(iters),
+        "-p",
+        "18999",
+    ]
+    before = hw()
+    server = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(2)  # the server listens on its TCP port before the client connects
+        client = subprocess.run([*args, "127.0.0.1"], capture_output=True, text=True, timeout=180)
+        assert client.returncode == 0, client.stdout + client.stderr
+        server.wait(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    after = hw()
+    wire = iters * (size // 4096)
+    assert after["sent_pkts"] - before["sent_pkts"] >= wire
+    assert after["rcvd_pkts"] - before["rcvd_pkts"] >= wire
+
+
 def test_rate_sees_traffic_while_it_flows():
     load = subprocess.Popen(
         [sys.executable, "-m", "ibtool", "loopback", "--ops", "send", "--iters", "100000"],
