@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+CAPTURED = Path(__file__).resolve().parent.parent / "fixtures/captured/rxe-pair"
 HEAVY = ("textual", "rich", "pyroute2", "pyverbs")
 
 PROBE = """
@@ -32,10 +34,22 @@ def loaded_heavy_modules(*argv: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "argv",
-    [["--version"], ["dev"], ["port"], ["gids"], ["-j", "gids"], ["gids", "--best"], ["plugins"]],
+    [
+        ["--version"],
+        ["dev"],
+        ["port"],
+        ["gids"],
+        ["-j", "gids"],
+        ["gids", "--best"],
+        ["plugins"],
+        ["counters"],  # --root: sysfs only, no netlink STAT_GET
+        ["-j", "counters", "--errors"],
+    ],
 )
 def test_headless_commands_import_no_heavy_module(argv, tmp_path):
     assert loaded_heavy_modules("--root", str(tmp_path), *argv) == []
+    # and on a real tree (the testbed's rxe pair), where the commands have data to show
+    assert loaded_heavy_modules("--root", str(CAPTURED), *argv) == []
 
 
 def test_details_imports_pyverbs_only_when_it_is_there(tmp_path):
