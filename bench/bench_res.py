@@ -10,9 +10,11 @@ time for the same listing called in-process (interpreter and imports already pai
 TUI or an exporter). Both outputs must list the same QPs, so a fast wrong answer cannot win.
 The holder is stopped (its objects destroyed) on every exit path.
 
-In the testbed a fresh interpreter pays ~10 s to import pyroute2 (its package imports all of
-pyroute2, and every stat of the shared root filesystem costs ~5 ms under TCG): that floor is
-in the command times and is why the in-process figure is printed too.
+In the testbed a fresh ibtool process pays ~4 s before any work: Python itself (~1.2 s), the
+scan of installed distributions for plugins (~1.5 s) and its imports, since every stat of the
+shared 9p root costs ~2 ms under TCG (it was ~13 s while pyroute2's package __init__ was
+imported whole). That floor is in the command times and is why the in-process figure is
+printed too.
 
 Usage: .venv/bin/python bench/bench_res.py [--qps 1000] [--runs 5] [--device rxe0]
 """
