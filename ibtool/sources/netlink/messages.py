@@ -26,10 +26,11 @@ def _netlink_core() -> tuple:
 
     The package's __init__ imports every pyroute2 API (IPRoute, NDB, IPDB, conntrack, ...):
     about 380 modules, 80 ms on the host and ~10 s in the testbed guest, whose root is 9p under
-    TCG. pyroute2.netlink and its marshal need five of them. When pyroute2 is not loaded yet, a
-    bare package module stands in for it while they load; afterwards it and the submodules are
-    taken out of sys.modules again (this module keeps its references), so a later
-    ``import pyroute2`` (another plugin's) loads the real, complete package from scratch.
+    TCG. pyroute2.netlink and its marshal need four of them (common, netlink, exceptions,
+    marshal). When pyroute2 is not loaded yet, a bare package module stands in for it while
+    they load; afterwards it and the submodules are taken out of sys.modules again (this module
+    keeps its references), so a later ``import pyroute2`` (another plugin's) loads the real,
+    complete package from scratch.
     """
     if "pyroute2" in sys.modules:
         from pyroute2.netlink import nla, nlmsg
