@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import random
 from dataclasses import dataclass
+from errno import ETIMEDOUT
 
 from ibtool.errors import IbtoolError, PermissionDeniedError, UnsupportedError
 from ibtool.model import LinkLayer
@@ -20,6 +21,7 @@ from ibtool.sources.verbs import PYVERBS_HINT
 
 GRH_SIZE = 40  # UD receives carry the GRH (or, for RoCE v2 over IPv4, the IP header) first
 DEFAULT_QKEY = 0x11111111  # bit 31 clear: not a controlled Q_Key
+RESOLVE_TRIES = 3  # INIT->RTR on RoCE: the kernel waits ~1 s for ARP/ND per try
 ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_ATOMIC = 1, 2, 4, 8
 ACCESS_ALL_REMOTE = (
     ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC
@@ -183,13 +185,32 @@ class Ladder(contextlib.AbstractContextManager):
         attr.max_dest_rd_atomic = rd_atomic
         attr.min_rnr_timer = 12  # 0.64 ms
         attr.ah_attr = self.ah_attr(peer)
-        self._verbs(lambda: qp.to_rtr(attr), "QP INIT->RTR")
+        self._verbs(lambda: self._to_rtr(qp, attr, peer), "QP INIT->RTR")
         attr.timeout = 14  # 4.096 us * 2^14 = 67 ms per try
         attr.retry_cnt = 7
         attr.rnr_retry = 7  # retry forever while the peer has no receive posted
         attr.sq_psn = local_psn
         attr.max_rd_atomic = rd_atomic
         self._verbs(lambda: qp.to_rts(attr), "QP RTR->RTS")
+
+    def _to_rtr(self, qp, attr, peer: Peer) -> None:
+        """INIT->RTR. On RoCE the kernel resolves the peer's MAC here (ARP or neighbour discovery
+        for the address in its GID) and fails with ETIMEDOUT after about a second without an
+        answer: one lost ARP packet (netem loss on the testbed did it) must not fail the
+        connection, so the transition is asked again, RESOLVE_TRIES times in all."""
+        for attempt in range(1, RESOLVE_TRIES + 1):
+            try:
+                return qp.to_rtr(attr)
+            except self.pv.Error as e:
+                if not self.needs_grh or getattr(e, "error_code", 0) != ETIMEDOUT:
+                    raise
+                if attempt == RESOLVE_TRIES:
+                    raise IbtoolError(
+                        f"QP INIT->RTR: no neighbour (ARP/ND) answer for the peer's address "
+                        f"{gid_text(peer.gid)} after {RESOLVE_TRIES} tries: {e}",
+                        "check that the peer's address is reachable from this port's netdev "
+                        "(ip route get, ip neigh) and that its link is up",
+                    ) from None
 
     def ready_ud(self, qp, psn: int, qkey: int = DEFAULT_QKEY) -> None:
         e = self.pv.e
