@@ -467,7 +467,15 @@ def test_a_signal_ends_it_with_130_and_no_traceback(tmp_path, sig):
     proc = start(root)
     try:
         flips = iter(["1: DOWN", "4: ACTIVE"] * 100)
-        event = first_event_after(proc, lambda: state.write_text(next(flips) + "\n"))
+
+        def flip() -> None:
+            # Whole values only, as sysfs shows them: write_text truncates first, and a poll
+            # that read the empty file in between warned "malformed value ''" (seen in CI).
+            tmp = state.with_name("state.new")
+            tmp.write_text(next(flips) + "\n")
+            os.replace(tmp, state)
+
+        event = first_event_after(proc, flip)
         assert (event["event"], event["ifname"], event["port"]) == ("port_state", "mlx5_0", 1)
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
