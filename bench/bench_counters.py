@@ -20,6 +20,8 @@ Usage: bench_counters.py [--runs 15]
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import os
 import statistics
 import subprocess
@@ -29,27 +31,23 @@ import time
 IBTOOL = [sys.executable, "-m", "ibtool"]
 
 
-def timed(cmd: list[str], runs: int, env=None) -> tuple[float, float, int]:
+def timed(cmd: list[str], runs: int) -> tuple[float, float, int]:
     """(median s, min s, peak RSS KiB) over `runs` fresh processes (RSS from wait4, per run)."""
     times, peak = [], 0
     for _ in range(runs):
         t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
-        )
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         err = proc.stderr.read()
         _, status, usage = os.wait4(proc.pid, 0)
         times.append(time.perf_counter() - t0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err.strip()}")
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed ({code}): {err.strip()}")
         peak = max(peak, usage.ru_maxrss)
     return statistics.median(times), min(times), peak
 
 
 def counters_seen(cmd: list[str]) -> int:
-    import json
-
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     data = json.loads(out)
     if data and isinstance(data[0], dict) and "counter" in data[0]:
@@ -68,20 +66,15 @@ def main() -> int:
     if not os.path.isdir("/sys/class/infiniband") or not os.listdir("/sys/class/infiniband"):
         raise SystemExit("no RDMA devices here: run it in the testbed (see the docstring)")
     cases = [
-        ("rdma -j statistic show", ["rdma", "-j", "statistic", "show"], None),
-        ("ibtool --version", [*IBTOOL, "--version"], None),
-        ("ibtool -j counters", [*IBTOOL, "-j", "counters"], None),
-        ("ibtool counters", [*IBTOOL, "counters"], None),
+        ("rdma -j statistic show", ["rdma", "-j", "statistic", "show"]),
+        ("ibtool --version", [*IBTOOL, "--version"]),
+        ("ibtool -j counters", [*IBTOOL, "-j", "counters"]),
+        ("ibtool counters", [*IBTOOL, "counters"]),
         (
             "python: import the netlink layer",
             [sys.executable, "-c", "import ibtool.sources.netlink.client"],
-            None,
         ),
-        (
-            "ibtool -j counters --rate",
-            [*IBTOOL, "-j", "counters", "--rate", "--interval", "0.2"],
-            None,
-        ),
+        ("ibtool -j counters --rate", [*IBTOOL, "-j", "counters", "--rate", "--interval", "0.2"]),
     ]
     print(f"{len(os.listdir('/sys/class/infiniband'))} RDMA devices, {args.runs} runs each")
     print(
@@ -90,8 +83,8 @@ def main() -> int:
     )
     print(f"{'command':<34} {'median ms':>10} {'min ms':>8} {'x rdma':>7} {'RSS MiB':>8}")
     base = None
-    for label, cmd, env in cases:
-        median, fastest, rss = timed(cmd, args.runs, env)
+    for label, cmd in cases:
+        median, fastest, rss = timed(cmd, args.runs)
         base = base or median
         print(
             f"{label:<34} {median * 1000:>10.1f} {fastest * 1000:>8.1f} "
@@ -99,8 +92,6 @@ def main() -> int:
         )
     # The same listing called in-process (interpreter, imports and plugin discovery paid once, as
     # in the TUI or an exporter): what ibtool itself costs beyond Python's start-up.
-    import io
-
     from ibtool.cli import main as ibtool_main
 
     times = []

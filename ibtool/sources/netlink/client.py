@@ -296,17 +296,16 @@ class AsyncNldevClient(_Queries):
         exchange = Exchange(command, attributes, dump, next(self._seq))
         async with self._lock:
             try:
-                await asyncio.wait_for(self._converse(exchange), self._timeout)
+                await asyncio.wait_for(
+                    self._converse(exchange, asyncio.get_running_loop()), self._timeout
+                )
             except asyncio.TimeoutError as e:
                 raise _timeout_error(command, self._timeout) from e
             except OSError as e:
                 raise IbtoolError(f"RDMA netlink: {e.strerror or e}", errno=e.errno) from e
         return exchange
 
-    async def _converse(self, exchange: Exchange) -> None:
-        import asyncio
-
-        loop = asyncio.get_running_loop()
+    async def _converse(self, exchange: Exchange, loop: asyncio.AbstractEventLoop) -> None:
         await loop.sock_sendall(self._sock, exchange.request)
         while not exchange.done:
             exchange.feed(await self._receive(loop))

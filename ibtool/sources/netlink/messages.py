@@ -32,24 +32,22 @@ def _netlink_core() -> tuple:
     keeps its references), so a later ``import pyroute2`` (another plugin's) loads the real,
     complete package from scratch.
     """
-    if "pyroute2" in sys.modules:
-        from pyroute2.netlink import nla, nlmsg
-        from pyroute2.netlink.marshal import Marshal
-
-        return nla, nlmsg, Marshal
-    spec = importlib.util.find_spec("pyroute2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("No module named 'pyroute2'", name="pyroute2")
-    bare = types.ModuleType("pyroute2")
-    bare.__spec__ = spec
-    bare.__path__ = list(spec.submodule_search_locations)
-    sys.modules["pyroute2"] = bare
+    bare = None
+    if "pyroute2" not in sys.modules:
+        spec = importlib.util.find_spec("pyroute2")
+        if spec is None or not spec.submodule_search_locations:
+            raise ModuleNotFoundError("No module named 'pyroute2'", name="pyroute2")
+        bare = types.ModuleType("pyroute2")
+        bare.__spec__ = spec
+        bare.__path__ = list(spec.submodule_search_locations)
+        sys.modules["pyroute2"] = bare
     try:
         from pyroute2.netlink import nla, nlmsg
         from pyroute2.netlink.marshal import Marshal
     finally:
-        for name in [m for m in sys.modules if m == "pyroute2" or m.startswith("pyroute2.")]:
-            del sys.modules[name]
+        if bare is not None:
+            for name in [m for m in sys.modules if m == "pyroute2" or m.startswith("pyroute2.")]:
+                del sys.modules[name]
     return nla, nlmsg, Marshal
 
 
