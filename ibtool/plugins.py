@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -33,9 +34,23 @@ class PluginInfo:
     essential: bool
 
 
-def _is_first_party(ep: metadata.EntryPoint) -> bool:
-    dist = getattr(ep, "dist", None)
-    return dist is not None and dist.metadata["Name"] == "ibtool"
+def _entry_points() -> Iterator[tuple[metadata.EntryPoint, metadata.Distribution]]:
+    """Group GROUP's entry points with the distribution of each. Walked per distribution because
+    `EntryPoint.dist` and `entry_points(group=)` are Python 3.10+; a distribution found twice on
+    sys.path counts once, the first (as `entry_points()` does on 3.10+)."""
+    seen = set()
+    for dist in metadata.distributions():
+        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
+        if name in seen:
+            continue
+        seen.add(name)
+        for ep in dist.entry_points:
+            if ep.group == GROUP:
+                yield ep, dist
+
+
+def _is_first_party(dist: metadata.Distribution) -> bool:
+    return dist.metadata["Name"] == "ibtool"
 
 
 class Plugins:
@@ -101,12 +116,12 @@ def build_plugins(
         pm.set_blocked(name)
 
     autoload = not env.get(ENV_DISABLE_AUTOLOAD)
-    for ep in metadata.entry_points(group=GROUP):
+    for ep, dist in _entry_points():
         if pm.is_blocked(ep.name) or pm.has_plugin(ep.name):
             continue
-        if not autoload and not _is_first_party(ep):
+        if not autoload and not _is_first_party(dist):
             continue
-        plugins.register(ep.name, ep.load, warn, dist=getattr(ep, "dist", None))
+        plugins.register(ep.name, ep.load, warn, dist=dist)
 
     for module in filter(None, (s.strip() for s in env.get(ENV_PLUGINS, "").split(","))):
         if not pm.is_blocked(module):

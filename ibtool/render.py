@@ -63,10 +63,7 @@ def table(records: Iterable[Any], fields: Sequence[Field], details: bool) -> lis
         max(len(h), *(len(row[i]) for row in rows)) if rows else len(h)
         for i, h in enumerate(headers)
     ]
-    return [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in [headers, *rows]
-    ]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [headers, *rows]]
 
 
 def dump_json(data: Any, out: TextIO, pretty: bool) -> None:

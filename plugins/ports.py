@@ -267,7 +267,7 @@ def run(inv: Invocation) -> None:
     if inv.json:
         rows = [render.record_json(p, FIELDS, inv.details) for p in ports]
         if inv.details:  # where each field came from: netlink, sysfs or verbs
-            for row, p in zip(rows, ports, strict=True):
+            for row, p in zip(rows, ports):
                 row["sources"] = p.sources
         inv.emit_json(rows)
         return

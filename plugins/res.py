@@ -369,7 +369,7 @@ def parse_words(words: list[str]) -> Request:
             raise UsageError(f"{words[-1]} needs a value", USAGE)
         request.device, request.port = _selector(words.pop(0), request.kind)
     matchers = []
-    for key, value in zip(words[::2], words[1::2], strict=True):
+    for key, value in zip(words[::2], words[1::2]):
         if key in ("dev", "link"):  # rdma's spelling of the selector
             if request.device is not None:
                 raise UsageError(f"{key} {value}: the device is already {request.device}")

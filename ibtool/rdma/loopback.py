@@ -130,7 +130,7 @@ class Loopback:
     def _verify(self, mr, offset: int, expected: bytes, what: str) -> None:
         got = mr.read(len(expected), offset)
         if got != expected:
-            first = next(i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b)
+            first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), len(got))
             raise Mismatch(f"{what}: data differs from byte {first} of {len(expected)}")
 
     # -- the operations, one iteration each ----------------------------------------------

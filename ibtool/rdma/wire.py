@@ -154,7 +154,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
         sock.settimeout(remaining)
         try:
             chunk = sock.recv(n - len(buf))
-        except TimeoutError:
+        except socket.timeout:  # TimeoutError only from 3.10
             raise ProtocolError("peer too slow: handshake timed out") from None
         if not chunk:
             raise PeerClosed("peer closed the connection")

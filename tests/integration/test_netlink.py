@@ -134,7 +134,7 @@ def test_port_get_agrees_with_rdma_link_show(nl, devices):
 
 def rdma_system() -> dict[str, str]:
     words = sh("rdma", "system", "show").split()
-    return dict(zip(words[::2], words[1::2], strict=True))
+    return dict(zip(words[::2], words[1::2]))
 
 
 def _on_off(value: bool | None) -> str:

@@ -235,7 +235,8 @@ def test_comm_filter_is_rdmas_list_by_name(live):
 
 def test_summary_counts_are_rdmas(live):
     before, ours, after = rdma(), ibtool_json(), rdma()
-    for b, o, a in zip(before, ours, after, strict=True):
+    assert len(before) == len(ours) == len(after)
+    for b, o, a in zip(before, ours, after):
         for key in set(b) | set(a):
             assert o.get(key) in (b.get(key), a.get(key)), key
 

@@ -100,7 +100,7 @@ def unknown_escapes(roff: str) -> list[str]:
 def sections(page: Path) -> dict[str, str]:
     """`.SH` title -> the section's roff source."""
     parts = re.split(r'^\.SH "?([^"\n]+?)"?$', page.read_text(), flags=re.M)
-    return {title: body for title, body in zip(parts[1::2], parts[2::2], strict=True)}
+    return {title: body for title, body in zip(parts[1::2], parts[2::2])}
 
 
 _BOLD_ARGS = {".B": 0, ".BR": 0, ".BI": 0, ".RB": 1, ".IB": 1}  # macro -> first bold argument

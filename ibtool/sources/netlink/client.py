@@ -249,7 +249,7 @@ class NldevClient(_Queries):
             self._sock.send(exchange.request)
             while not exchange.done:
                 exchange.feed(_receive(self._sock))
-        except TimeoutError as e:
+        except socket.timeout as e:  # TimeoutError only from 3.10
             raise _timeout_error(command, self._timeout) from e
         except OSError as e:
             raise IbtoolError(f"RDMA netlink: {e.strerror or e}", errno=e.errno) from e
