@@ -1,10 +1,15 @@
 # The two set-up commands the README documents: `make demo` and `make test`.
 # Both install what they need on a fresh Debian 12 machine (as root).
 #
-#   make test         deps, venv, unit tests on the host, the integration suite in the testbed VM
+#   make test         deps, venv, unit tests on the host, the integration suite in the testbed VM,
+#                     then the floor and the ceiling of the release matrix (ends)
 #   make demo         ibtool's overview: on this host if it has RDMA devices, else in the testbed
 #   make unit         unit tests only (host; integration tests deselected)
 #   make integration  boot the SoftRoCE testbed once and run tests/integration inside it
+#   make ends         the oldest and newest release (bullseye: Python 3.9, rdma-core 33, kernel
+#                     5.10; sid): the unit suite under each one's Python, chrooted, and the smoke
+#                     of every command and the data path booted on each one's kernel and root
+#   make matrix       the smoke on every release (bullseye bookworm trixie sid) and its table
 #   make capture      refresh tests/fixtures/captured from the testbed (sysfs tree, netlink)
 #   make deps / venv  the Debian packages / .venv (re-made when pyproject.toml changes)
 
@@ -13,10 +18,13 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 TESTBED := tests/testbed/testbed
 
-.PHONY: demo test unit integration deps venv capture bench lint
+OLDEST := bullseye
+NEWEST := sid
+
+.PHONY: demo test unit integration ends matrix deps venv capture bench lint
 .NOTPARALLEL:
 
-test: deps venv unit integration
+test: deps venv unit integration ends
 
 demo: venv
 	@if [ -n "$$(ls -A /sys/class/infiniband 2>/dev/null)" ]; then \
@@ -31,6 +39,14 @@ unit: venv
 
 integration: venv
 	$(TESTBED) suite
+
+ends: deps
+	$(TESTBED) --release $(OLDEST) unit
+	$(TESTBED) --release $(NEWEST) unit
+	$(TESTBED) matrix $(OLDEST) $(NEWEST)
+
+matrix: deps
+	$(TESTBED) matrix
 
 deps:
 	$(TESTBED) deps

@@ -1,0 +1,429 @@
+"""The release smoke: every ibtool command and the data path once, on a real kernel, checked
+against that release's own iproute2 `rdma` and sysfs.
+
+Runs inside the testbed guest (`testbed [--release NAME] smoke`), with the ibtool that the
+README's install commands put into .venv, as an operator would run it: one process per
+command. Writes OUT/smoke.json (release facts and one row per check: PASS or FAIL, seconds,
+what was wrong) and prints a line per check. Exit 0 when every check passed.
+
+On the host, `smoke.py --table DIR...` prints the release x check table of several runs.
+Standard library only: it must run on every release's Python from 3.9.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+IBTOOL = str(REPO / ".venv" / "bin" / "ibtool")
+SYS_IB = Path("/sys/class/infiniband")
+OPS = ("send", "write", "write_imm", "read", "fetch_add", "cmp_swap", "ud_send")
+PING_PORT = 18621
+# Under TCG a fresh Python process takes 1-12 s depending on the kernel (5.10's 9p root is
+# the slowest): generous bounds, the check fails only when a command hangs.
+TIMEOUT = 240
+
+
+class Failed(Exception):
+    pass
+
+
+def run(argv: list[str], timeout: float = TIMEOUT, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise Failed(f"{' '.join(argv[:4])} exit {proc.returncode}: {last_line(proc.stderr)}")
+    return proc
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def ibtool(*args: str, timeout: float = TIMEOUT, check: bool = True) -> subprocess.CompletedProcess:
+    return run([IBTOOL, *args], timeout, check)
+
+
+def ibtool_json(*args: str, timeout: float = TIMEOUT):
+    return json.loads(ibtool("-j", *args, timeout=timeout).stdout)
+
+
+def rdma_json(*args: str):
+    return json.loads(run(["rdma", "-j", *args]).stdout or "[]")
+
+
+def expect(ok: bool, what: str) -> None:
+    if not ok:
+        raise Failed(what)
+
+
+def wait_for(predicate, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise Failed(f"timed out waiting for {what}")
+
+
+def topology() -> dict[str, str]:
+    return {k[len("IBTOOL_TB_") :].lower(): v for k, v in os.environ.items() if k.startswith("IBTOOL_TB_")}
+
+
+# -- the checks: each returns a short detail for the report or raises Failed -------------------
+
+
+def check_version(tb):
+    out = ibtool("--version").stdout.strip()
+    expect(out.startswith("ibtool "), f"--version printed {out!r}")
+    return out
+
+
+def check_plugins(tb):
+    names = {p["name"] for p in ibtool_json("plugins")}
+    want = {"devices", "ports", "gids", "counters", "res", "system", "monitor", "loopback", "ping"}
+    expect(want <= names, f"plugins missing: {sorted(want - names)}")
+    return f"{len(names)} plugins"
+
+
+def check_dev(tb):
+    ours = {d["ifname"]: d for d in ibtool_json("dev")}
+    theirs = {d["ifname"]: d for d in rdma_json("dev", "show")}
+    expect(set(ours) == set(theirs), f"devices {sorted(ours)} vs rdma {sorted(theirs)}")
+    for name, d in theirs.items():
+        expect(ours[name]["node_guid"] == d["node_guid"], f"{name} node_guid differs from rdma")
+    return ", ".join(sorted(ours))
+
+
+def check_dev_details(tb):
+    dev = next(d for d in ibtool_json("-d", "dev") if d["ifname"] == tb["device"])
+    caps = dev.get("caps") or dev
+    expect(caps.get("max_qp"), f"no verbs capabilities in dev -d: {sorted(dev)}")
+    return f"max_qp {caps['max_qp']}"
+
+
+def check_port(tb):
+    ours = {f"{p['ifname']}/{p['port']}": p for p in ibtool_json("port")}
+    theirs = {f"{p['ifname']}/{p['port']}": p for p in rdma_json("link", "show")}
+    expect(set(ours) == set(theirs), f"ports {sorted(ours)} vs rdma {sorted(theirs)}")
+    for key, p in theirs.items():
+        for field in ("state", "physical_state"):
+            rdma_value = p.get(field)
+            # iproute2 names phys state 5 LINK_UP like us; older ones print the same words.
+            expect(
+                str(ours[key][field]).replace("_", "").upper()
+                == str(rdma_value).replace("_", "").upper(),
+                f"{key} {field} {ours[key][field]} vs rdma {rdma_value}",
+            )
+    return ", ".join(f"{k} {p['state']}" for k, p in sorted(ours.items()))
+
+
+def check_port_details(tb):
+    port = next(p for p in ibtool_json("-d", "port") if p["ifname"] == tb["device"])
+    expect(port.get("active_mtu"), f"no active_mtu in port -d: {sorted(port)}")
+    return f"active_mtu {port['active_mtu']}"
+
+
+def check_gids(tb):
+    gids = ibtool_json("gids", tb["device"])
+    index = int(tb["ipv4_gid_index"])
+    row = next((g for g in gids if g["index"] == index), None)
+    expect(row is not None and row["ip"] == tb["ipv4"], f"GID {index} is not {tb['ipv4']}: {row}")
+    sysfs = (SYS_IB / tb["device"] / "ports/1/gids" / str(index)).read_text().strip()
+    expect(row["gid"] == sysfs, f"GID {index} {row['gid']} vs sysfs {sysfs}")
+    return f"{len(gids)} GIDs on {tb['device']}"
+
+
+def check_gids_best(tb):
+    out = ibtool("gids", "--best", tb["netdev"]).stdout.strip()
+    expect(out == tb["ipv4_gid_index"], f"--best {tb['netdev']} = {out}, want {tb['ipv4_gid_index']}")
+    return f"{tb['netdev']} -> {out}"
+
+
+def check_counters(tb):
+    ours = {c["counter"] for c in ibtool_json("counters", f"{tb['device']}/1")}
+    stats = rdma_json("statistic", "show", "link", f"{tb['device']}/1")
+    theirs = {k for s in stats for k in s if k not in ("ifname", "port")}
+    theirs |= {c for s in stats for c in (s.get("counters") or {})}  # newer iproute2 nests them
+    missing = theirs - ours
+    expect(not missing, f"counters rdma shows but ibtool does not: {sorted(missing)}")
+    return f"{len(ours)} counters"
+
+
+def check_counters_errors(tb):
+    proc = ibtool("counters", "--errors", check=False)
+    expect(proc.returncode in (0, 1), f"exit {proc.returncode}: {last_line(proc.stderr)}")
+    return f"exit {proc.returncode}"
+
+
+def check_res(tb):
+    ours = {s["ifname"]: s for s in ibtool_json("res")}
+    theirs = {s["ifname"]: s for s in rdma_json("res", "show")}
+    expect(set(ours) == set(theirs), f"devices {sorted(ours)} vs rdma {sorted(theirs)}")
+    for name, s in theirs.items():
+        for key in ("pd", "cq", "qp", "mr"):
+            if key in s:
+                expect(ours[name].get(key) == s[key], f"{name} {key} {ours[name].get(key)} vs rdma {s[key]}")
+    return ", ".join(f"{n} qp {s.get('qp')}" for n, s in sorted(ours.items()))
+
+
+def check_res_qp(tb):
+    ours = sorted((q["ifname"], q["lqpn"]) for q in ibtool_json("res", "qp"))
+    theirs = sorted((q["ifname"], q["lqpn"]) for q in rdma_json("res", "show", "qp"))
+    expect(ours == theirs, f"QPs {ours} vs rdma {theirs}")
+    return f"{len(ours)} QPs"
+
+
+def rdma_system() -> dict:
+    """`rdma system show`: JSON where iproute2 prints it (5.10's prints text only under -j:
+    "netns shared"), else its words in pairs."""
+    out = run(["rdma", "-j", "system", "show"]).stdout
+    try:
+        theirs = json.loads(out)
+        return theirs[0] if isinstance(theirs, list) else theirs
+    except ValueError:
+        words = run(["rdma", "system", "show"]).stdout.split()
+        return dict(zip(words[::2], words[1::2]))
+
+
+def check_system(tb):
+    ours = ibtool_json("system")
+    theirs = rdma_system()
+    expect(ours.get("netns") == theirs.get("netns"), f"netns {ours.get('netns')} vs rdma {theirs.get('netns')}")
+    return " ".join(f"{k} {v}" for k, v in ours.items() if v is not None and not isinstance(v, (dict, list)))
+
+
+SPARE, SPARE_PEER, NEW = "smk0", "smk1", "rxe9"
+
+
+def check_link(tb):
+    run(["ip", "link", "add", SPARE, "type", "veth", "peer", "name", SPARE_PEER])
+    try:
+        run(["ip", "link", "set", SPARE, "up"])
+        run(["ip", "link", "set", SPARE_PEER, "up"])
+        ibtool("link", "add", NEW, "type", "rxe", "netdev", SPARE)
+        links = {link["ifname"]: link for link in rdma_json("link", "show")}
+        expect(NEW in links and links[NEW].get("netdev") == SPARE, f"rdma link show lacks {NEW} on {SPARE}")
+        ibtool("link", "delete", NEW)
+        wait_for(lambda: not (SYS_IB / NEW).exists(), f"{NEW} to go", timeout=60)
+        expect(NEW not in {link["ifname"] for link in rdma_json("link", "show")}, f"{NEW} still listed")
+    finally:
+        if (SYS_IB / NEW).exists():
+            run(["rdma", "link", "delete", NEW], check=False)
+        run(["ip", "link", "delete", SPARE], check=False)
+    return f"{NEW} on {SPARE} added and deleted"
+
+
+def check_monitor(tb):
+    peer = tb["peer_netdev"]
+    proc = subprocess.Popen(
+        [IBTOOL, "-j", "monitor", "--interval", "0.5", "--timeout", "200"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # The guest runs this script as a background job of a non-interactive shell, which
+        # starts with SIGINT ignored, and children inherit that: give Ctrl-C back, as a
+        # terminal would deliver it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        # Ready once it has printed its first poll (or nothing yet): give a new process time to
+        # start under emulation, then flip the peer's link and wait for both changes.
+        time.sleep(15 if "5.10" not in platform.release() else 40)
+        expect(proc.poll() is None, f"monitor exited {proc.returncode}: {last_line(proc.stderr.read())}")
+        run(["ip", "link", "set", peer, "down"])
+        time.sleep(5)
+        run(["ip", "link", "set", peer, "up"])
+        wait_for(lambda: (SYS_IB / tb["peer_device"] / "ports/1/state").read_text().find("ACTIVE") >= 0,
+                 f"{tb['peer_device']} ACTIVE again")
+        time.sleep(5)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+    events = [json.loads(line) for line in out.splitlines() if line.strip()]
+    states = [e.get("state") for e in events if e.get("ifname") == tb["peer_device"] and e.get("state")]
+    expect("DOWN" in states and "ACTIVE" in states,
+           f"no DOWN and ACTIVE events for {tb['peer_device']}: {states}; {last_line(err)}")
+    expect(proc.returncode == 130, f"monitor exit {proc.returncode} on SIGINT, want 130")
+    sources = sorted({e.get("source") for e in events})
+    return f"{len(events)} events ({', '.join(map(str, sources))})"
+
+
+def loopback_report(tb):
+    if "loopback" not in CACHE:
+        proc = ibtool("-j", "loopback", f"{tb['device']}/1", "--iters", "5", "--size", "4096", check=False)
+        try:
+            CACHE["loopback"] = json.loads(proc.stdout)
+        except ValueError:
+            raise Failed(f"loopback exit {proc.returncode}: {last_line(proc.stderr)}") from None
+    return CACHE["loopback"]
+
+
+CACHE: dict = {}
+
+
+def check_loopback_op(op):
+    def check(tb):
+        results = {r["op"]: r for r in loopback_report(tb)["results"]}
+        r = results.get(op)
+        expect(r is not None, f"no {op} result")
+        expect(r["status"] == "PASS", f"{op} {r['status']}: {r.get('error')}")
+        return f"p50 {r.get('lat_p50_us')} us"
+
+    check.__name__ = f"loopback {op}"
+    return check
+
+
+def check_ping(mode):
+    def check(tb):
+        server = subprocess.Popen(
+            [IBTOOL, "ping", "--server", "--port", str(PING_PORT)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+
+            def listening() -> bool:
+                if server.poll() is not None:
+                    raise Failed(f"ping server exit {server.returncode}: {last_line(server.stderr.read())}")
+                with socket.socket() as s:
+                    return s.connect_ex(("127.0.0.1", PING_PORT)) == 0
+
+            wait_for(listening, "the ping server", timeout=180)
+            report = ibtool_json("ping", "127.0.0.1", "--port", str(PING_PORT), "-c", "20", "-i", "0",
+                                 "--mode", mode)
+            expect((report["sent"], report["received"]) == (20, 20),
+                   f"{report['received']}/{report['sent']} replies")
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.communicate()
+        rtt = report.get("rtt_us") or report.get("rtt") or {}
+        median = rtt.get("median") if isinstance(rtt, dict) else None
+        return f"20/20, median {median} us" if median is not None else "20/20"
+
+    check.__name__ = f"ping {mode}"
+    return check
+
+
+CHECKS = [
+    ("--version", check_version),
+    ("plugins", check_plugins),
+    ("dev", check_dev),
+    ("dev -d", check_dev_details),
+    ("port", check_port),
+    ("port -d", check_port_details),
+    ("gids", check_gids),
+    ("gids --best", check_gids_best),
+    ("counters", check_counters),
+    ("counters --errors", check_counters_errors),
+    ("res", check_res),
+    ("res qp", check_res_qp),
+    ("system", check_system),
+    ("link add/delete", check_link),
+    ("monitor", check_monitor),
+    *((f"loopback {op}", check_loopback_op(op)) for op in OPS),
+    ("ping send", check_ping("send")),
+    ("ping write-imm", check_ping("write-imm")),
+]
+
+
+def release_facts() -> dict[str, str]:
+    facts = {"kernel": platform.release(), "python": platform.python_version()}
+    try:
+        with open("/etc/os-release") as f:
+            os_release = dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line)
+        facts["os"] = os_release.get("PRETTY_NAME", "").strip('"')
+    except OSError:
+        pass
+    for package in ("rdma-core", "iproute2"):
+        proc = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True)
+        facts[package] = proc.stdout.strip() if proc.returncode == 0 else "?"
+    return facts
+
+
+def smoke(out: Path) -> int:
+    tb = topology()
+    report = {"release": os.environ.get("IBTOOL_TB_RELEASE", ""), **release_facts(), "checks": []}
+    print(f"smoke on {report.get('os')} kernel {report['kernel']} Python {report['python']} "
+          f"rdma-core {report['rdma-core']}", flush=True)
+    t_all = time.monotonic()
+    for name, check in CHECKS:
+        t0 = time.monotonic()
+        try:
+            status, detail = "PASS", check(tb)
+        except Failed as e:
+            status, detail = "FAIL", str(e)
+        except Exception as e:  # a smoke check must report, never stop the others
+            status, detail = "FAIL", f"{type(e).__name__}: {e}"
+        seconds = round(time.monotonic() - t0, 1)
+        report["checks"].append({"check": name, "status": status, "seconds": seconds, "detail": detail})
+        print(f"{status:4}  {name:18} {seconds:6.1f} s  {detail}", flush=True)
+    report["seconds"] = round(time.monotonic() - t_all, 1)
+    (out / "smoke.json").write_text(json.dumps(report, indent=2) + "\n")
+    failed = [c["check"] for c in report["checks"] if c["status"] != "PASS"]
+    print(f"{len(report['checks']) - len(failed)}/{len(report['checks'])} passed in {report['seconds']} s"
+          + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
+    return 1 if failed else 0
+
+
+def table(paths: list[str]) -> int:
+    """The release x check table of several smoke runs (each DIR holds a smoke.json, or the
+    file itself); a run that left no smoke.json is a column of its own error."""
+    runs = []
+    for p in paths:
+        path = Path(p)
+        path = path / "smoke.json" if path.is_dir() else path
+        try:
+            runs.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as e:
+            runs.append({"release": path.parent.name, "checks": [], "error": str(e)})
+    names = list(dict.fromkeys(c["check"] for r in runs for c in r["checks"])) or [n for n, _ in CHECKS]
+    head = ["check"] + [r.get("release") or r.get("os", "?") for r in runs]
+    rows = [
+        ["kernel", *(r.get("kernel", "?") for r in runs)],
+        ["python", *(r.get("python", "?") for r in runs)],
+        ["rdma-core", *(r.get("rdma-core", "?").split("-")[0] for r in runs)],
+        ["iproute2", *(r.get("iproute2", "?").split("-")[0] for r in runs)],
+    ]
+    for name in names:
+        row = [name]
+        for r in runs:
+            c = next((c for c in r["checks"] if c["check"] == name), None)
+            row.append(c["status"] if c else "-")
+        rows.append(row)
+    rows.append(["smoke seconds", *(str(r.get("seconds", "-")) for r in runs)])
+    widths = [max(len(str(row[i])) for row in [head, *rows]) for i in range(len(head))]
+    for row in [head, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+    bad = [(r.get("release"), c["check"], c["detail"]) for r in runs for c in r["checks"] if c["status"] != "PASS"]
+    for release, check, detail in bad:
+        print(f"{release}: {check}: {detail}")
+    for r in runs:
+        if r.get("error"):
+            print(f"{r['release']}: no smoke report ({r['error']})")
+    return 1 if bad or any(r.get("error") for r in runs) else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--table":
+        sys.exit(table(sys.argv[2:]))
+    sys.exit(smoke(Path(os.environ.get("IBTOOL_TB_OUT", "."))))
