@@ -128,7 +128,7 @@ def in_place(cq, pv):
     CQ.poll builds a 13-field WC object per completion, measured at ~14 us under the QEMU
     testbed, twice per ping round trip; these calls cost ~1-2 us each there.
     """
-    return cq if isinstance(cq, pv.cq.CQEX) else PlainCQ(cq)
+    return cq if pv.cqex and isinstance(cq, pv.cq.CQEX) else PlainCQ(cq)
 
 
 def poll_failed(rc: int) -> IbtoolError:

@@ -15,9 +15,9 @@ import random
 from dataclasses import dataclass
 from errno import ETIMEDOUT
 
-from ibtool.errors import IbtoolError, PermissionDeniedError, UnsupportedError
+from ibtool.errors import IbtoolError, PermissionDeniedError
 from ibtool.model import LinkLayer
-from ibtool.sources.verbs import PYVERBS_HINT
+from ibtool.sources.verbs import pyverbs
 
 GRH_SIZE = 40  # UD receives carry the GRH (or, for RoCE v2 over IPv4, the IP header) first
 DEFAULT_QKEY = 0x11111111  # bit 31 clear: not a controlled Q_Key
@@ -26,31 +26,6 @@ ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_ATOMI
 ACCESS_ALL_REMOTE = (
     ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC
 )
-
-
-def pyverbs():
-    """The pyverbs modules, or an UnsupportedError saying how to get them."""
-    try:
-        import pyverbs.enums as enums
-        from pyverbs import addr, cq, device, mr, pd, qp, wr
-        from pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError
-    except ImportError as e:
-        raise UnsupportedError(f"pyverbs is not available ({e})", PYVERBS_HINT) from None
-    return _PV(addr, cq, device, mr, pd, qp, wr, enums, PyverbsError, PyverbsRDMAError)
-
-
-@dataclass(frozen=True)
-class _PV:
-    addr: object
-    cq: object
-    device: object
-    mr: object
-    pd: object
-    qp: object
-    wr: object
-    e: object
-    Error: type
-    RDMAError: type
 
 
 @dataclass(frozen=True)
@@ -144,7 +119,7 @@ class Ladder(contextlib.AbstractContextManager):
             max_recv_sge=1,
             max_inline_data=max_inline,
         )
-        kind = {"rc": e.IBV_QPT_RC, "ud": e.IBV_QPT_UD}[qp_type]
+        kind = {"rc": e.ibv_qp_type.IBV_QPT_RC, "ud": e.ibv_qp_type.IBV_QPT_UD}[qp_type]
         init = self.pv.qp.QPInitAttr(qp_type=kind, scq=cq, rcq=cq, cap=cap, sq_sig_all=1)
         return self._own(
             self._verbs(lambda: self.pv.qp.QP(self.pd, init), f"create {qp_type.upper()} QP")
@@ -174,7 +149,9 @@ class Ladder(contextlib.AbstractContextManager):
     def connect_rc(self, qp, local_psn: int, peer: Peer, access: int, rd_atomic: int = 1) -> None:
         e = self.pv.e
         attr = self.pv.qp.QPAttr(
-            qp_state=e.IBV_QPS_INIT, cur_qp_state=e.IBV_QPS_RESET, port_num=self.port
+            qp_state=e.ibv_qp_state.IBV_QPS_INIT,
+            cur_qp_state=e.ibv_qp_state.IBV_QPS_RESET,
+            port_num=self.port,
         )
         attr.pkey_index = 0
         attr.qp_access_flags = access
@@ -215,7 +192,9 @@ class Ladder(contextlib.AbstractContextManager):
     def ready_ud(self, qp, psn: int, qkey: int = DEFAULT_QKEY) -> None:
         e = self.pv.e
         attr = self.pv.qp.QPAttr(
-            qp_state=e.IBV_QPS_INIT, cur_qp_state=e.IBV_QPS_RESET, port_num=self.port
+            qp_state=e.ibv_qp_state.IBV_QPS_INIT,
+            cur_qp_state=e.ibv_qp_state.IBV_QPS_RESET,
+            port_num=self.port,
         )
         attr.pkey_index = 0
         attr.qkey = qkey

@@ -89,7 +89,7 @@ class Loopback:
     def _build(self) -> None:
         lad, size = self.ladder, self.size
         self.wr = lad.pv.wr
-        self.e = lad.pv.e
+        self.wr_opcode = lad.pv.e.ibv_wr_opcode
         # The atomic target sits after `depth` payload slots, 8-byte aligned as atomics need.
         self.slot = (size + 7) // 8 * 8 * self.depth
         span = self.slot + ATOMIC_SLOT
@@ -140,7 +140,7 @@ class Loopback:
         self.mr_b.write(bytes(self.size), self.size, 0)
         self._recv(self.qp_b, self.mr_b, 0, self.size)
         self.mr_a.write(data, self.size, 0)
-        self.qp_a.post_send(self._send_wr(self.e.IBV_WR_SEND, self.mr_a, 0, self.size))
+        self.qp_a.post_send(self._send_wr(self.wr_opcode.IBV_WR_SEND, self.mr_a, 0, self.size))
         poll(self.cq_a, 1, deadline, "SEND")
         (wc,) = poll(self.cq_b, 1, deadline, "RECV")
         if wc.opcode != IBV_WC_RECV or wc.byte_len != self.size:
@@ -150,7 +150,7 @@ class Loopback:
     def write(self, i: int, deadline: float) -> None:
         data = pattern(i, self.size)
         self.mr_a.write(data, self.size, 0)
-        wr = self._send_wr(self.e.IBV_WR_RDMA_WRITE, self.mr_a, 0, self.size)
+        wr = self._send_wr(self.wr_opcode.IBV_WR_RDMA_WRITE, self.mr_a, 0, self.size)
         wr.set_wr_rdma(self.mr_b.rkey, self.mr_b.buf)
         self.qp_a.post_send(wr)
         poll(self.cq_a, 1, deadline, "RDMA WRITE")
@@ -161,9 +161,8 @@ class Loopback:
         self._recv(self.qp_b, self.mr_b, self.size, 0)  # consumed by the immediate
         self.mr_a.write(data, self.size, 0)
         # imm_data is __be32 and pyverbs passes it through: convert ourselves.
-        wr = self._send_wr(
-            self.e.IBV_WR_RDMA_WRITE_WITH_IMM, self.mr_a, 0, self.size, imm=socket.htonl(imm)
-        )
+        opcode = self.wr_opcode.IBV_WR_RDMA_WRITE_WITH_IMM
+        wr = self._send_wr(opcode, self.mr_a, 0, self.size, imm=socket.htonl(imm))
         wr.set_wr_rdma(self.mr_b.rkey, self.mr_b.buf)
         self.qp_a.post_send(wr)
         poll(self.cq_a, 1, deadline, "RDMA WRITE WITH IMM")
@@ -181,7 +180,7 @@ class Loopback:
         data = pattern(i, self.size)
         self.mr_b.write(data, self.size, 0)
         self.mr_a.write(bytes(self.size), self.size, 0)
-        wr = self._send_wr(self.e.IBV_WR_RDMA_READ, self.mr_a, 0, self.size)
+        wr = self._send_wr(self.wr_opcode.IBV_WR_RDMA_READ, self.mr_a, 0, self.size)
         wr.set_wr_rdma(self.mr_b.rkey, self.mr_b.buf)
         self.qp_a.post_send(wr)
         poll(self.cq_a, 1, deadline, "RDMA READ")
@@ -200,7 +199,7 @@ class Loopback:
         start, add = (i % 100 + 1) * 0x0101010101010101, 0x0101010101010101
         slot = self.slot
         self.mr_b.write(struct.pack("<Q", start), ATOMIC_SLOT, slot)
-        self._atomic(self.e.IBV_WR_ATOMIC_FETCH_AND_ADD, add, 0, deadline, "FETCH_AND_ADD")
+        self._atomic(self.wr_opcode.IBV_WR_ATOMIC_FETCH_AND_ADD, add, 0, deadline, "FETCH_AND_ADD")
         self._verify(self.mr_a, slot, struct.pack("<Q", start), "FETCH_AND_ADD original value")
         self._verify(self.mr_b, slot, struct.pack("<Q", start + add), "FETCH_AND_ADD result")
 
@@ -210,7 +209,7 @@ class Loopback:
         for compare, expect in ((old + 1, old), (old, new)):  # a miss, then a hit
             self.mr_b.write(struct.pack("<Q", old), ATOMIC_SLOT, slot)
             self._atomic(
-                self.e.IBV_WR_ATOMIC_CMP_AND_SWP, compare, new, deadline, "COMPARE_AND_SWAP"
+                self.wr_opcode.IBV_WR_ATOMIC_CMP_AND_SWP, compare, new, deadline, "COMPARE_AND_SWAP"
             )
             self._verify(self.mr_a, slot, struct.pack("<Q", old), "COMPARE_AND_SWAP original")
             self._verify(
@@ -237,7 +236,7 @@ class Loopback:
         recv_at = mtu_bytes
         self._recv(qp_r, mr, recv_at, GRH_SIZE + size)
         mr.write(data, size, 0)
-        wr = self._send_wr(self.e.IBV_WR_SEND, mr, 0, size)
+        wr = self._send_wr(self.wr_opcode.IBV_WR_SEND, mr, 0, size)
         wr.set_wr_ud(ah, qp_r.qp_num, 0x11111111)
         qp_s.post_send(wr)
         poll(cq_s, 1, deadline, "UD SEND")
@@ -257,10 +256,12 @@ class Loopback:
 
     def bandwidth(self, op: str, iters: int, deadline: float) -> float:
         """MB/s with up to `depth` operations in flight."""
-        e, size = self.e, self.size
-        opcode = {"send": e.IBV_WR_SEND, "write": e.IBV_WR_RDMA_WRITE, "read": e.IBV_WR_RDMA_READ}[
-            op
-        ]
+        wr_op, size = self.wr_opcode, self.size
+        opcode = {
+            "send": wr_op.IBV_WR_SEND,
+            "write": wr_op.IBV_WR_RDMA_WRITE,
+            "read": wr_op.IBV_WR_RDMA_READ,
+        }[op]
         local, remote = self.mr_a, self.mr_b
         posted = done = received = 0
         start = time.perf_counter()

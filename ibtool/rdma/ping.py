@@ -53,7 +53,8 @@ class Session:
         self.ladder, self.size, self.mode = ladder, size, mode
         self._objects: list = []
         self.cq = self._keep(_completion_queue(ladder, mode))
-        self.polled, self.poll_attr = in_place(self.cq, ladder.pv), ladder.pv.cq.PollCqAttr()
+        self.polled = in_place(self.cq, ladder.pv)
+        self.poll_attr = ladder.pv.cq.PollCqAttr() if ladder.pv.cqex else None
         self.mr = self._keep(ladder.pv.mr.MR(ladder.pd, size, _access(mode)))
         # Sends are unsignaled but every SIGNAL_EVERY-th: a completion per ping would cost a
         # poll round on the critical path. The queue has room for the unreaped ones.
@@ -61,7 +62,11 @@ class Session:
             max_send_wr=2 * SIGNAL_EVERY, max_recv_wr=2, max_send_sge=1, max_recv_sge=1
         )
         init = ladder.pv.qp.QPInitAttr(
-            qp_type=ladder.pv.e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, sq_sig_all=0
+            qp_type=ladder.pv.e.ibv_qp_type.IBV_QPT_RC,
+            scq=self.cq,
+            rcq=self.cq,
+            cap=cap,
+            sq_sig_all=0,
         )
         self.qp = self._keep(ladder.pv.qp.QP(ladder.pd, init))
         self.psn = new_psn()
@@ -113,29 +118,32 @@ class Session:
 
     def _build_wrs(self) -> None:
         # Built once and re-posted: object creation per ping would cost more than the wire.
-        wr, e = self.ladder.pv.wr, self.ladder.pv.e
+        wr, op = self.ladder.pv.wr, self.ladder.pv.e.ibv_wr_opcode
         sge = wr.SGE(self.mr.buf, self.size, self.mr.lkey)
         self.recv_wr = wr.RecvWR(wr_id=1, num_sge=1, sg=[sge])
         if self.mode == wire.Mode.WRITE_IMM:
             self.send_wr = wr.SendWR(
-                wr_id=2, opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1, sg=[sge]
+                wr_id=2, opcode=op.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1, sg=[sge]
             )
             self.send_wr.set_wr_rdma(self.peer.rkey, self.peer.addr)
         else:
-            self.send_wr = wr.SendWR(wr_id=2, opcode=e.IBV_WR_SEND, num_sge=1, sg=[sge])
+            self.send_wr = wr.SendWR(wr_id=2, opcode=op.IBV_WR_SEND, num_sge=1, sg=[sge])
         self.send_wr.send_flags = 0
         self._sends = 0
 
 
 def _completion_queue(ladder: Ladder, mode: wire.Mode):
-    """An extended CQ (read in place, see completions.in_place), or a plain one where the
-    provider has no ibv_create_cq_ex."""
+    """An extended CQ (read in place, see completions.in_place), or a plain one where pyverbs
+    or the provider has no extended CQ (ibv_create_cq_ex)."""
     pv = ladder.pv
-    flags = pv.e.IBV_WC_EX_WITH_IMM if mode == wire.Mode.WRITE_IMM else 0
-    try:
-        return pv.cq.CQEX(ladder.ctx, pv.cq.CqInitAttrEx(cqe=8, wc_flags=flags))
-    except pv.Error:
-        return ladder._verbs(lambda: pv.cq.CQ(ladder.ctx, 8), "create CQ")
+    if pv.cqex:
+        wc_ex = pv.e.ibv_create_cq_wc_flags
+        flags = wc_ex.IBV_WC_EX_WITH_IMM if mode == wire.Mode.WRITE_IMM else 0
+        try:
+            return pv.cq.CQEX(ladder.ctx, pv.cq.CqInitAttrEx(cqe=8, wc_flags=flags))
+        except pv.Error:
+            pass
+    return ladder._verbs(lambda: pv.cq.CQ(ladder.ctx, 8), "create CQ")
 
 
 # -- server ------------------------------------------------------------------------------

@@ -1,12 +1,31 @@
-"""Device and port facts through libibverbs (pyverbs), imported only when a command needs them.
+"""pyverbs: which one this host has, and device and port facts through it.
 
-pyverbs must match the system libibverbs, so it comes from the distribution (python3-pyverbs),
-never from PyPI: the PyPI build links to a newer rdma-core's private ABI and fails to import.
+Imported only when a command needs verbs. pyverbs must match the system libibverbs, so it comes
+from the distribution (python3-pyverbs), never from PyPI: the PyPI build links to a newer
+rdma-core's private ABI and fails to import.
+
+This is the one module that knows how pyverbs differs between releases (rdma-core 33 to 65):
+
+- the enum module is `pyverbs.enums` up to rdma-core 58 and `pyverbs.libibverbs_enums` from 50
+  (pyverbs/libibverbs_enums.pyx, "pyverbs: Fix runtime warnings in Fedora 39"; pyverbs/enums.pyx
+  went in 59, "pyverbs: Align code to support Cython 3.1.0 format"); the same for
+  `pyverbs.cm_enums` and `pyverbs.librdmacm_enums`;
+- built with Cython >= 3.1 (Debian's 65), the constants live only inside the enum classes
+  (`ibv_qp_type.IBV_QPT_RC`): the flat module names (`IBV_QPT_RC`) are gone. The classes exist
+  in every release (IntEnum from Cython 0.29, IntFlag from Cython 3), so ibtool uses nothing else;
+- `CMID.reject` exists from rdma-core 38 (pyverbs/cmid.pyx, "pyverbs: Add rdmacm reject support").
+
+Features are probed once and cached, never inferred from a version: `pyverbs.__version__`
+exists only from rdma-core 65.
 """
 
 from __future__ import annotations
 
 import errno as errno_mod
+import functools
+import importlib
+from dataclasses import dataclass
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from ibtool.errors import IbtoolError, PermissionDeniedError, UnsupportedError
@@ -15,6 +34,195 @@ PYVERBS_HINT = (
     "install the distribution's python3-pyverbs (Debian/Ubuntu: apt install python3-pyverbs; "
     "RHEL/Fedora: dnf install python3-pyverbs); in a venv, create it with --system-site-packages"
 )
+LIBIBVERBS_HINT = (
+    "install rdma-core's libraries of python3-pyverbs' own release (Debian/Ubuntu: apt install "
+    "python3-pyverbs ibverbs-providers rdma-core; RHEL/Fedora: dnf install python3-pyverbs "
+    "libibverbs rdma-core)"
+)
+RDMACM_HINT = (
+    "install the distribution's python3-pyverbs with librdmacm (Debian/Ubuntu: apt install "
+    "python3-pyverbs librdmacm1; RHEL/Fedora: dnf install python3-pyverbs librdmacm)"
+)
+UPGRADE_HINT = (
+    "ibtool needs the python3-pyverbs of rdma-core 33 or later: upgrade python3-pyverbs, "
+    "rdma-core and ibverbs-providers together"
+)
+
+# The classes the data path builds, by pyverbs module (all there since rdma-core 24).
+VERBS_CLASSES = {
+    "device": ("Context",),
+    "pd": ("PD",),
+    "cq": ("CQ",),
+    "mr": ("MR",),
+    "qp": ("QP", "QPAttr", "QPInitAttr", "QPCap"),
+    "wr": ("SendWR", "RecvWR", "SGE"),
+    "addr": ("AH", "AHAttr", "GlobalRoute", "GID"),
+}
+# The libibverbs enum classes, with the members the data path hands to pyverbs.
+VERBS_ENUMS = {
+    "ibv_qp_type": ("IBV_QPT_RC", "IBV_QPT_UD"),
+    "ibv_qp_state": ("IBV_QPS_RESET", "IBV_QPS_INIT"),
+    "ibv_wr_opcode": (
+        "IBV_WR_SEND",
+        "IBV_WR_RDMA_WRITE",
+        "IBV_WR_RDMA_WRITE_WITH_IMM",
+        "IBV_WR_RDMA_READ",
+        "IBV_WR_ATOMIC_FETCH_AND_ADD",
+        "IBV_WR_ATOMIC_CMP_AND_SWP",
+    ),
+    "ibv_create_cq_wc_flags": ("IBV_WC_EX_WITH_IMM",),
+}
+VERBS_ENUM_MODULES = ("pyverbs.libibverbs_enums", "pyverbs.enums")
+# What ping reads from an extended CQ in place (completions.in_place); without them, a plain CQ.
+CQEX_READS = ("start_poll", "end_poll", "status", "read_opcode", "read_imm_data", "read_vendor_err")
+
+CM_CLASSES = ("CMID", "CMEventChannel", "CMEvent", "AddrInfo", "ConnParam")
+CM_ENUMS = {
+    "rdma_port_space": ("RDMA_PS_TCP", "RDMA_PS_UDP"),
+    "rdma_cm_event_type": (
+        "RDMA_CM_EVENT_ADDR_RESOLVED",
+        "RDMA_CM_EVENT_ROUTE_RESOLVED",
+        "RDMA_CM_EVENT_CONNECT_REQUEST",
+        "RDMA_CM_EVENT_ESTABLISHED",
+        "RDMA_CM_EVENT_REJECTED",
+        "RDMA_CM_EVENT_DISCONNECTED",
+    ),
+}
+CM_ENUM_MODULES = ("pyverbs.librdmacm_enums", "pyverbs.cm_enums")
+
+
+@dataclass(frozen=True)
+class Pyverbs:
+    """pyverbs as the data path (ladder, loopback, ping) uses it."""
+
+    addr: ModuleType
+    cq: ModuleType
+    device: ModuleType
+    mr: ModuleType
+    pd: ModuleType
+    qp: ModuleType
+    wr: ModuleType
+    e: SimpleNamespace  # the VERBS_ENUMS classes only: e.ibv_qp_type.IBV_QPT_RC
+    Error: type
+    RDMAError: type
+    enums_module: str  # where `e` came from
+    cqex: bool  # extended CQs with the CQEX_READS (else ping polls a plain CQ)
+
+
+@dataclass(frozen=True)
+class RdmaCm:
+    """librdmacm's part of pyverbs."""
+
+    cmid: ModuleType
+    e: SimpleNamespace  # the CM_ENUMS classes only: e.rdma_port_space.RDMA_PS_TCP
+    enums_module: str
+    reject: bool  # CMID.reject
+
+
+@functools.cache
+def pyverbs() -> Pyverbs:
+    """pyverbs for the data path, loaded and probed once; an UnsupportedError naming what to
+    install when it is missing or too old."""
+    try:
+        modules = {name: importlib.import_module(f"pyverbs.{name}") for name in VERBS_CLASSES}
+        errors = importlib.import_module("pyverbs.pyverbs_error")
+    except ImportError as e:
+        raise _unavailable("pyverbs", e, PYVERBS_HINT) from None
+    for name, classes in VERBS_CLASSES.items():
+        _require(modules[name], classes)
+    enums_module, e = _enum_classes(VERBS_ENUM_MODULES, VERBS_ENUMS, "pyverbs", PYVERBS_HINT)
+    return Pyverbs(
+        **modules,
+        e=e,
+        Error=errors.PyverbsError,
+        RDMAError=errors.PyverbsRDMAError,
+        enums_module=enums_module,
+        cqex=_has_cqex(modules["cq"]),
+    )
+
+
+@functools.cache
+def rdmacm() -> RdmaCm:
+    """librdmacm's part of pyverbs, loaded and probed once."""
+    try:
+        importlib.import_module("pyverbs")
+    except ImportError as e:
+        raise _unavailable("pyverbs", e, PYVERBS_HINT) from None
+    what = "librdmacm's part of pyverbs"
+    try:
+        cmid = importlib.import_module("pyverbs.cmid")
+    except ImportError as e:
+        raise _unavailable(what, e, RDMACM_HINT) from None
+    _require(cmid, CM_CLASSES)
+    enums_module, e = _enum_classes(CM_ENUM_MODULES, CM_ENUMS, what, RDMACM_HINT)
+    return RdmaCm(cmid, e, enums_module, reject=hasattr(cmid.CMID, "reject"))
+
+
+def too_old(what: str, since: int | None = None) -> UnsupportedError:
+    """The error for a pyverbs that lacks `what` (present from rdma-core `since`)."""
+    release = f" (rdma-core {since} and later have it)" if since else ""
+    return UnsupportedError(f"this pyverbs has no {what}{release}", UPGRADE_HINT)
+
+
+def _unavailable(what: str, e: ImportError, hint: str) -> UnsupportedError:
+    text = str(e)
+    if "librdmacm" in text:
+        hint = RDMACM_HINT
+    elif ".so" in text or "undefined symbol" in text:
+        # The module is there; a library it links to is not, or is older than pyverbs.
+        hint = LIBIBVERBS_HINT
+    return UnsupportedError(f"{what} is not available ({e})", hint)
+
+
+def _require(module: ModuleType, names) -> None:
+    for name in names:
+        if not hasattr(module, name):
+            raise too_old(f"{module.__name__}.{name}")
+
+
+def _optional_module(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name != name:  # the package itself, or something the module imports
+            raise
+        return None
+
+
+def _enum_classes(candidates, wanted, what: str, hint: str) -> tuple[str, SimpleNamespace]:
+    """The first of the candidate enum modules that has every wanted member, and the wanted
+    classes from it."""
+    lacking = None
+    for name in candidates:
+        try:
+            module = _optional_module(name)
+        except ImportError as e:
+            raise _unavailable(what, e, hint) from None
+        if module is None:
+            continue
+        missing = [
+            f"{cls}.{member}"
+            for cls, members in wanted.items()
+            for member in members
+            if not hasattr(getattr(module, cls, None), member)
+        ]
+        if not missing:
+            return name, SimpleNamespace(**{cls: getattr(module, cls) for cls in wanted})
+        lacking = lacking or f"{name}.{missing[0]}"
+    if lacking:
+        raise too_old(lacking)
+    raise UnsupportedError(f"{what} has none of the modules {', '.join(candidates)}", hint)
+
+
+def _has_cqex(cq: ModuleType) -> bool:
+    cqex = getattr(cq, "CQEX", None)
+    return (
+        cqex is not None
+        and hasattr(cq, "CqInitAttrEx")
+        and hasattr(cq, "PollCqAttr")
+        and all(hasattr(cqex, name) for name in CQEX_READS)
+    )
+
 
 IBV_MTU_BYTES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
 IBV_WIDTH = {1: 1, 2: 4, 4: 8, 8: 12, 16: 2}
@@ -72,11 +280,12 @@ DEVICE_CAP_FLAGS = {
 
 
 def _import_pyverbs():
+    # Only what device and port queries need: `dev -d` works whatever the enum modules are.
     try:
         from pyverbs.device import Context
         from pyverbs.pyverbs_error import PyverbsError
     except ImportError as e:
-        raise UnsupportedError(f"pyverbs is not available ({e})", PYVERBS_HINT) from None
+        raise _unavailable("pyverbs", e, PYVERBS_HINT) from None
     return Context, PyverbsError
 
 

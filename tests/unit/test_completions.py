@@ -58,7 +58,8 @@ class FakeCQ:
         return 1, [SimpleNamespace(**self.pending.pop(0))]
 
 
-PV = SimpleNamespace(cq=SimpleNamespace(CQEX=FakeCQEX, PollCqAttr=object))
+PV = SimpleNamespace(cq=SimpleNamespace(CQEX=FakeCQEX, PollCqAttr=object), cqex=True)
+NO_CQEX = SimpleNamespace(cq=SimpleNamespace(), cqex=False)  # a pyverbs without extended CQs
 
 
 def wc(status=0, opcode=RECV, imm_data=0, vendor_err=0):
@@ -100,6 +101,7 @@ def test_an_extended_cq_is_used_as_it_is_a_plain_one_through_plaincq():
     cqex, cq = FakeCQEX([]), FakeCQ([])
     assert in_place(cqex, PV) is cqex
     assert isinstance(in_place(cq, PV), PlainCQ)
+    assert isinstance(in_place(cq, NO_CQEX), PlainCQ)
 
 
 @pytest.mark.parametrize("make", [FakeCQ, FakeCQEX], ids=["cq", "cqex"])
