@@ -106,3 +106,19 @@ def empty_root(tmp_path) -> Ibtool:
 def captured_rxe() -> Ibtool:
     """rxe0 on veth0 as the testbed's kernel showed it (tests/testbed/guest.sh topology)."""
     return _ibtool_on(sysfs_trees.CAPTURED_RXE)
+
+
+@pytest.fixture
+def fake_pyverbs(monkeypatch):
+    """Install a fake pyverbs of one release's layout (tests/unit/pyverbs_fakes.py):
+    `fabric = fake_pyverbs("rdma-core-65")`; the probe cache is cleared before and after."""
+    from ibtool.sources import verbs
+    from tests.unit import pyverbs_fakes
+
+    def clear():
+        verbs.pyverbs.cache_clear()
+        verbs.rdmacm.cache_clear()
+
+    clear()
+    yield lambda layout, **options: pyverbs_fakes.install(monkeypatch, layout, **options)
+    clear()
