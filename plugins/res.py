@@ -189,12 +189,22 @@ FIELDS_OF = {
     "ctx": CTX_FIELDS,
     "srq": SRQ_FIELDS,
 }
+
+
+def _count(name: str) -> render.Field:
+    # A count the kernel does not give is unknown, never 0.
+    return render.Field(name, lambda s: s[2].get(name), header=name.upper(), always=True)
+
+
 SUMMARY_FIELDS = [
     render.Field("ifindex", lambda s: s[1], in_text=False),
     render.Field("ifname", lambda s: s[0], header="DEV"),
-    # then one key per resource type the kernel counts: pd, cq, qp, cm_id, mr, ctx, srq
-    *(render.Field(name, lambda s, n=name: s[2].get(n), header=name.upper()) for name in OBJECTS),
+    # then one key per resource type the kernel counts, in its order (nldev.c fill_res_info)
+    *(_count(name) for name in ("pd", "cq", "qp", "cm_id", "mr", "ctx", "srq")),
 ]
+# Types the summary gained after the others, and from which release (nldev.c fill_res_info
+# names "srq" since the change that added RDMA_NLDEV_CMD_RES_SRQ_GET).
+COUNTED_SINCE = {"srq": ("SRQs are counted", "5.13")}
 
 
 def _ps(value) -> str:
@@ -417,13 +427,26 @@ def _vanished(nl, index: int) -> bool:
     return False
 
 
+# What each dump lists, for the line saying the kernel lacks it.
+LISTED = {
+    "qp": "QPs are listed",
+    "cm_id": "CM IDs are listed",
+    "cq": "CQs are listed",
+    "mr": "MRs are listed",
+    "pd": "PDs are listed",
+    "ctx": "contexts are listed",
+    "srq": "SRQs are listed",
+}
+
+
 def _unsupported(kind: str, e: IbtoolError) -> UnsupportedError:
     from ibtool.sources.netlink import attrs as A
+    from ibtool.sources.netlink.errors import missing_command
 
-    command = A.COMMANDS[A.RESOURCE_COMMANDS[kind]]
-    return UnsupportedError(
-        f"this kernel does not list {kind} objects ({command}: {e.message})",
-        f"it needs Linux {A.RESOURCE_SINCE[kind]} or later; rdma res show {kind} fails alike",
+    return missing_command(
+        A.RESOURCE_COMMANDS[kind],
+        LISTED[kind],
+        "ibtool -d system lists the RDMA netlink commands this kernel has",
         errno=e.errno,
     )
 
@@ -446,6 +469,10 @@ def read_objects(nl, kind: str, devices, port: int | None, details: bool, warn) 
             if e.errno != errno.EOPNOTSUPP and _vanished(nl, index):
                 warn(f"{name} disappeared while its {kind} objects were read")
                 continue
+            if e.errno == errno.ENODEV:
+                raise
+            # A kernel without the command answers EINVAL before looking at the request
+            # (netlink.c rdma_nl_rcv_msg); the device is still there, so that is the cause.
             raise _unsupported(kind, e) from e
         # rdma lists the objects not bound to a port first: keep that order.
         objects = records.resources(kind, replies, **options)
@@ -529,26 +556,31 @@ def run(inv: Invocation) -> None:
 
 
 def _show_summaries(inv: Invocation, summaries) -> None:
-    names = list(dict.fromkeys(n for s in summaries for n in s[2]))
+    counted = list(dict.fromkeys(n for s in summaries for n in s[2]))
+    # The types `res OBJECT` lists that this kernel does not count: unknown (null), not absent,
+    # and said once on stderr.
+    known = [f.key for f in SUMMARY_FIELDS[2:]]
+    uncounted = [n for n in known if n not in counted] if summaries else []
+    if uncounted:
+        inv.warn(_uncounted(uncounted))
     fields = SUMMARY_FIELDS[:2] + [
-        next((f for f in SUMMARY_FIELDS if f.key == n), None)
-        or render.Field(n, lambda s, n=n: s[2].get(n), header=n.upper())
-        for n in names
+        next((f for f in SUMMARY_FIELDS if f.key == n), None) or _count(n)
+        for n in counted + uncounted
     ]
     if inv.json:
-        inv.emit_json(
-            [
-                {
-                    f.key: v
-                    for f in render.selected(fields, inv.details)
-                    if (v := f.get(s)) is not None
-                }
-                for s in summaries
-            ]
-        )
+        inv.emit_json([render.record_json(s, fields, inv.details) for s in summaries])
     elif summaries:
         for line in render.table(summaries, [f for f in fields if f.in_text], inv.details):
             inv.print(line)
+
+
+def _uncounted(names: list[str]) -> str:
+    since = COUNTED_SINCE.get(names[0]) if len(names) == 1 else None
+    said = f" ({since[0]} from Linux {since[1]})" if since else ""
+    return (
+        f"this kernel's RDMA_NLDEV_CMD_RES_GET does not count {', '.join(names)}{said}: "
+        "shown as unknown"
+    )
 
 
 @hookimpl

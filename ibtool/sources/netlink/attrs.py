@@ -68,28 +68,55 @@ COMMANDS: dict[int, str] = {
     value: name for name, value in globals().items() if name.startswith("RDMA_NLDEV_CMD_")
 }
 
-# The first release with the command, where an iproute2 header sync names it exactly
-# (reference, section 1.2); the others are only known approximately and are left out.
+# The first mainline release with the command: exact where an iproute2 header sync names the
+# release, otherwise the release whose merge window took the patches from linux-rdma (GET and
+# PORT_GET came with the first rdma tool, iproute2 4.13; the RES_*_GET_RAW series was posted in
+# June 2020, RES_CTX_GET and RES_SRQ_GET in April 2021, STAT_GET_STATUS in October 2021,
+# RES_SRQ_GET_RAW in October 2023). MONITOR is no request: SYS_ATTRIBUTE_SINCE has its mode.
 COMMAND_SINCE: dict[int, str] = {
+    RDMA_NLDEV_CMD_GET: "4.13",
     RDMA_NLDEV_CMD_NEWLINK: "5.1",
     RDMA_NLDEV_CMD_DELLINK: "5.1",
+    RDMA_NLDEV_CMD_PORT_GET: "4.13",
     RDMA_NLDEV_CMD_SYS_GET: "5.2",
     RDMA_NLDEV_CMD_SYS_SET: "5.2",
     RDMA_NLDEV_CMD_RES_GET: "4.16",
     RDMA_NLDEV_CMD_RES_QP_GET: "4.16",
+    RDMA_NLDEV_CMD_RES_CM_ID_GET: "4.17",
+    RDMA_NLDEV_CMD_RES_CQ_GET: "4.17",
+    RDMA_NLDEV_CMD_RES_MR_GET: "4.17",
+    RDMA_NLDEV_CMD_RES_PD_GET: "4.17",
     RDMA_NLDEV_CMD_GET_CHARDEV: "5.3",
     RDMA_NLDEV_CMD_STAT_SET: "5.3",
     RDMA_NLDEV_CMD_STAT_GET: "5.3",
     RDMA_NLDEV_CMD_STAT_DEL: "5.3",
+    RDMA_NLDEV_CMD_RES_QP_GET_RAW: "5.9",
+    RDMA_NLDEV_CMD_RES_CQ_GET_RAW: "5.9",
+    RDMA_NLDEV_CMD_RES_MR_GET_RAW: "5.9",
+    RDMA_NLDEV_CMD_RES_CTX_GET: "5.13",
+    RDMA_NLDEV_CMD_RES_SRQ_GET: "5.13",
+    RDMA_NLDEV_CMD_STAT_GET_STATUS: "5.16",
+    RDMA_NLDEV_CMD_RES_SRQ_GET_RAW: "6.7",
     RDMA_NLDEV_CMD_NEWDEV: "6.11",
     RDMA_NLDEV_CMD_DELDEV: "6.11",
     RDMA_NLDEV_CMD_FRMR_POOLS_GET: "7.0",
     RDMA_NLDEV_CMD_FRMR_POOLS_SET: "7.0",
 }
 
-# `rdma res show OBJECT` -> the dump that lists those objects, and the release that added it
-# (QP: header sync "4.16.0-rc2+"; the others from header-sync dates, so approximate: CQ, MR,
-# PD, CM ID about 4.17, CTX and SRQ about 5.13).
+# SYS_GET reports each system setting the kernel has (nldev.c nldev_sys_get_doit), so its
+# attributes say what the kernel can do. Copy-on-fork was posted in April 2021, the privileged
+# QKEY mode in 2023 (distribution kernels carried it back: Debian 12's 6.1 reports it, see
+# tests/fixtures/captured/netlink/sys_get.bin); MONITOR_MODE (1 whenever the kernel sends
+# RDMA_NLDEV_CMD_MONITOR events to RDMA_NL_GROUP_NOTIFY) came with those events, "headers from
+# 6.12-rc1" in iproute2.
+SYS_ATTRIBUTE_SINCE: dict[str, str] = {
+    "RDMA_NLDEV_SYS_ATTR_NETNS_MODE": "5.2",
+    "RDMA_NLDEV_SYS_ATTR_COPY_ON_FORK": "5.13",
+    "RDMA_NLDEV_SYS_ATTR_PRIVILEGED_QKEY_MODE": "6.7",
+    "RDMA_NLDEV_SYS_ATTR_MONITOR_MODE": "6.12",
+}
+
+# `rdma res show OBJECT` -> the dump that lists those objects (COMMAND_SINCE has its release).
 RESOURCE_COMMANDS: dict[str, int] = {
     "qp": RDMA_NLDEV_CMD_RES_QP_GET,
     "cm_id": RDMA_NLDEV_CMD_RES_CM_ID_GET,
@@ -99,14 +126,15 @@ RESOURCE_COMMANDS: dict[str, int] = {
     "ctx": RDMA_NLDEV_CMD_RES_CTX_GET,
     "srq": RDMA_NLDEV_CMD_RES_SRQ_GET,
 }
-RESOURCE_SINCE: dict[str, str] = {
-    "qp": "4.16",
-    "cm_id": "4.17",
-    "cq": "4.17",
-    "mr": "4.17",
-    "pd": "4.17",
-    "ctx": "5.13",
-    "srq": "5.13",
+# The attribute that names one object of a kind in a RES_*_GET doit (nldev.c fill_entries .id).
+RESOURCE_IDS: dict[str, str] = {
+    "qp": "RDMA_NLDEV_ATTR_RES_LQPN",
+    "cm_id": "RDMA_NLDEV_ATTR_RES_CM_IDN",
+    "cq": "RDMA_NLDEV_ATTR_RES_CQN",
+    "mr": "RDMA_NLDEV_ATTR_RES_MRN",
+    "pd": "RDMA_NLDEV_ATTR_RES_PDN",
+    "ctx": "RDMA_NLDEV_ATTR_RES_CTXN",
+    "srq": "RDMA_NLDEV_ATTR_RES_SRQN",
 }
 
 # What the RDMA_NL_ADMIN_PERM commands do, for the message when CAP_NET_ADMIN is missing.

@@ -38,6 +38,33 @@ def socket_error(e: OSError) -> IbtoolError:
     return IbtoolError(f"cannot open an RDMA netlink socket: {e.strerror}", errno=e.errno)
 
 
+def not_in_kernel(
+    name: str,
+    since: str | None = None,
+    serves: str | None = None,
+    hint: str | None = None,
+    *,
+    errno: int | None = None,
+) -> UnsupportedError:
+    """The one line for a kernel without an NLDEV command or attribute, named as the uapi names
+    it: "this kernel has no RDMA_NLDEV_CMD_RES_CTX_GET (contexts are listed from Linux 5.13)".
+    `serves` says what it is for; `since` is its first mainline release."""
+    if since and serves:
+        said = f" ({serves} from Linux {since})"
+    elif since:
+        said = f" (Linux {since} and later)"
+    else:
+        said = ""
+    return UnsupportedError(f"this kernel has no {name}{said}", hint, errno=errno)
+
+
+def missing_command(
+    command: int, serves: str | None = None, hint: str | None = None, *, errno: int | None = None
+) -> UnsupportedError:
+    name = A.COMMANDS.get(command, f"NLDEV command {command}")
+    return not_in_kernel(name, A.COMMAND_SINCE.get(command), serves, hint, errno=errno)
+
+
 def kernel_error(
     command: int, code: int, detail: str | None = None, *, with_attributes: bool = False
 ) -> IbtoolError:

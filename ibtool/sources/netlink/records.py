@@ -137,12 +137,14 @@ def hw_counter_status(reply: Reply) -> list[HwCounterStatus]:
     return counters
 
 
-def resource_summary(reply: Reply) -> dict[str, int]:
-    """A RES_GET reply: resource type ("pd", "cq", "qp", ...) -> how many exist now."""
+def resource_summary(reply: Reply) -> dict[str, int | None]:
+    """A RES_GET reply: resource type ("pd", "cq", "qp", ...) -> how many exist now. A type
+    the kernel does not count is not in it (srq before 5.13: nldev.c fill_res_info names the
+    types it counts); a count it left out is None, never 0."""
     summary = {}
     for entry in reply.get("RDMA_NLDEV_ATTR_RES_SUMMARY", []):
         name = _required(entry, "RDMA_NLDEV_ATTR_RES_SUMMARY_ENTRY_NAME", "a resource summary")
-        summary[name] = entry.get("RDMA_NLDEV_ATTR_RES_SUMMARY_ENTRY_CURR", 0)
+        summary[name] = entry.get("RDMA_NLDEV_ATTR_RES_SUMMARY_ENTRY_CURR")
     return summary
 
 
