@@ -322,6 +322,16 @@ class _NetlinkCounters:
         try:
             status = records.hw_counter_status(self.client.hw_counter_status(index, port))
             optional = {c.name for c in status if c.optional}
+        except UnsupportedError:
+            # STAT_GET answered for this port, so it has driver counters and EINVAL means the
+            # command is missing; optional counters came with it: the ones shown are all hw.
+            from ibtool.sources.netlink import attrs as A
+            from ibtool.sources.netlink.errors import missing_command
+
+            missing = missing_command(
+                A.RDMA_NLDEV_CMD_STAT_GET_STATUS, "optional counters are listed"
+            )
+            self.host.note(f"{device}/{port}: which counters are optional is unknown: {missing}")
         except IbtoolError as e:
             self.host.note(f"{device}/{port}: which counters are optional is unknown: {e.message}")
         return [

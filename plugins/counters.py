@@ -9,7 +9,7 @@ import time
 
 from ibtool import counterinfo, hookimpl, render
 from ibtool.commands import Invocation, selector
-from ibtool.errors import NotFoundError, UsageError
+from ibtool.errors import NotFoundError, UnsupportedError, UsageError
 from ibtool.model import CounterSample, HwCounterStatus
 from ibtool.rates import counter_rate, is_saturated
 
@@ -161,14 +161,29 @@ def _ports(inv: Invocation, sel: str | None) -> list[tuple[str, int]]:
 
 
 def _status(nl, indexes, device: str, port: int) -> list[HwCounterStatus]:
+    """Every driver counter of the port with its index; [] for a port without any."""
+    from ibtool.sources.netlink import attrs as A
     from ibtool.sources.netlink import records
+    from ibtool.sources.netlink.errors import missing_command
 
     if device not in indexes:
         raise NotFoundError(
             f"RDMA netlink does not show {device}",
             "in exclusive netns mode a device answers only in its own network namespace",
         )
-    return records.hw_counter_status(nl.hw_counter_status(indexes[device], port))
+    try:
+        return records.hw_counter_status(nl.hw_counter_status(indexes[device], port))
+    except UnsupportedError as e:
+        # EINVAL: a kernel without the command (netlink.c rdma_nl_rcv_msg), or a port without
+        # driver counters (nldev.c nldev_stat_get_counter_status_doit). STAT_GET, which every
+        # kernel with optional counters has, answers for a port with counters.
+        try:
+            nl.hw_counters(indexes[device], port)
+        except UnsupportedError:
+            return []
+        raise missing_command(
+            A.RDMA_NLDEV_CMD_STAT_GET_STATUS, "optional counters are listed", errno=e.errno
+        ) from e
 
 
 def _names(words: list[str]) -> list[str]:
