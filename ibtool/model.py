@@ -236,6 +236,20 @@ class RdmaSystem:
     copy_on_fork: bool | None = None
 
 
+@dataclass(frozen=True)
+class NetlinkFeature:
+    """Whether the running kernel has an NLDEV command or SYS_GET attribute, as asked of it.
+
+    supported None: it could not be asked (no device to ask about, ...); `note` says why.
+    """
+
+    key: str  # "res-ctx-get", "privileged-qkey-mode": the uapi name, lowercase, dashed
+    netlink: str  # the uapi name: RDMA_NLDEV_CMD_RES_CTX_GET, RDMA_NLDEV_SYS_ATTR_...
+    supported: bool | None
+    since: str | None = None  # the first mainline release with it
+    note: str | None = None
+
+
 # -- RDMA resource tracking (RDMA_NLDEV_CMD_RES_*_GET) --------------------------------------------
 # Names are the words `rdma res show` prints; a number an enum does not know stays an int.
 

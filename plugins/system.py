@@ -1,12 +1,17 @@
 """`ibtool system`: the kernel's system-wide RDMA settings over netlink: show (SYS_GET) and
-set (SYS_SET, which needs CAP_NET_ADMIN)."""
+set (SYS_SET, which needs CAP_NET_ADMIN); with -d, also the RDMA netlink features the kernel
+has, asked of it command by command."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from ibtool import hookimpl, render
 from ibtool.commands import Invocation
 from ibtool.errors import UnsupportedError, UsageError
-from ibtool.model import RdmaSystem
+
+if TYPE_CHECKING:
+    from ibtool.model import NetlinkFeature, RdmaSystem
 
 
 def _on_off(value: bool) -> str:
@@ -37,11 +42,34 @@ def _configure(parser) -> None:
     parser.add_argument("words", nargs="*", metavar="show | set NAME VALUE")
 
 
-def read_system() -> RdmaSystem:
+# What each setting is for, when the kernel lacks it.
+SERVES = {"privileged-qkey": "the privileged QKEY mode is settable"}
+
+
+def _yes_no(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+# -d: one row per feature; in JSON, "features" maps each feature's key to these.
+FEATURE_FIELDS = [
+    render.Field("netlink", lambda f: f.netlink, header="FEATURE"),
+    render.Field("supported", lambda f: f.supported, header="SUPPORTED", text=_yes_no, always=True),
+    render.Field("since", lambda f: f.since, header="SINCE"),
+    render.Field("note", lambda f: f.note, header="NOTE"),
+]
+
+
+def read_system(details: bool = False) -> tuple[RdmaSystem, list[NetlinkFeature] | None]:
+    """The settings, and with `details` the features the kernel has (else None)."""
     from ibtool.sources.netlink import NldevClient, records
 
     with NldevClient() as nl:
-        return records.rdma_system(nl.system())
+        reply = nl.system()
+        if not details:
+            return records.rdma_system(reply), None
+        from ibtool.sources.netlink import features
+
+        return records.rdma_system(reply), features.probe(nl, reply)
 
 
 def change_setting(name: str, value: str) -> None:
@@ -56,7 +84,25 @@ def change_setting(name: str, value: str) -> None:
         try:
             nl.set_system(attribute, values[value])
         except UnsupportedError as e:
+            if _lacks(nl, attribute):
+                from ibtool.sources.netlink import attrs as A
+                from ibtool.sources.netlink.errors import not_in_kernel
+
+                since = A.SYS_ATTRIBUTE_SINCE.get(attribute)
+                raise not_in_kernel(attribute, since, SERVES.get(name), errno=e.errno) from e
             raise UnsupportedError(f"cannot set {name}: {e.message}", e.hint, errno=e.errno) from e
+
+
+def _lacks(nl, attribute: str) -> bool:
+    """Whether SYS_GET, which reports every setting the kernel has, leaves `attribute` out:
+    then that is why SYS_SET refused it (a kernel older than the attribute rejects it as an
+    unknown attribute type, nldev.c parses SYS_SET strictly)."""
+    from ibtool.errors import IbtoolError
+
+    try:
+        return attribute not in nl.system()
+    except IbtoolError:
+        return False
 
 
 def run(inv: Invocation) -> None:
@@ -73,11 +119,18 @@ def run(inv: Invocation) -> None:
     if action == "set":
         change_setting(*words)
         return
-    system = read_system()
+    system, features = read_system(inv.details)
     if inv.json:
-        inv.emit_json(render.record_json(system, FIELDS, inv.details))
-    else:
-        inv.print(render.record_line(system, FIELDS, inv.details))
+        out = render.record_json(system, FIELDS, inv.details)
+        if features is not None:
+            out["features"] = {f.key: render.record_json(f, FEATURE_FIELDS, True) for f in features}
+        inv.emit_json(out)
+        return
+    inv.print(render.record_line(system, FIELDS, inv.details))
+    if features is not None:
+        inv.print()
+        for line in render.table(features, FEATURE_FIELDS, True):
+            inv.print(line)
 
 
 @hookimpl
@@ -85,6 +138,7 @@ def ibtool_register_commands(cli):
     cli.add(
         "system",
         run,
-        help="the kernel's RDMA settings: netns mode, copy-on-fork, privileged QKEY",
+        help="the kernel's RDMA settings: netns mode, copy-on-fork, privileged QKEY; -d: the "
+        "RDMA netlink features it has",
         configure=_configure,
     )

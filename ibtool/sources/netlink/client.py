@@ -101,6 +101,11 @@ def open_socket() -> socket.socket:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, A.NETLINK_RDMA)
     except OSError as e:
         raise socket_error(e) from e
+    return with_acks(sock)
+
+
+def with_acks(sock: socket.socket) -> socket.socket:
+    """`sock` asking for extended, capped acks where the kernel offers them."""
     for option in (A.NETLINK_CAP_ACK, A.NETLINK_EXT_ACK):
         try:
             sock.setsockopt(A.SOL_NETLINK, option, 1)
