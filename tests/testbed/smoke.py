@@ -6,6 +6,7 @@ README's install commands put into .venv, as an operator would run it: one proce
 command. Writes OUT/smoke.json (release facts and one row per check: PASS or FAIL, seconds,
 what was wrong) and prints a line per check. Exit 0 when every check passed.
 
+`smoke.py CHECK...` runs only those (a name, or its first word: `loopback`, `ping`).
 On the host, `smoke.py --table DIR...` prints the release x check table of several runs.
 Standard library only: it must run on every release's Python from 3.9.
 """
@@ -15,10 +16,12 @@ from __future__ import annotations
 import json
 import os
 import platform
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,7 +39,9 @@ class Failed(Exception):
     pass
 
 
-def run(argv: list[str], timeout: float = TIMEOUT, check: bool = True) -> subprocess.CompletedProcess:
+def run(
+    argv: list[str], timeout: float = TIMEOUT, check: bool = True
+) -> subprocess.CompletedProcess:
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise Failed(f"{' '.join(argv[:4])} exit {proc.returncode}: {last_line(proc.stderr)}")
@@ -75,7 +80,11 @@ def wait_for(predicate, what: str, timeout: float = 120) -> None:
 
 
 def topology() -> dict[str, str]:
-    return {k[len("IBTOOL_TB_") :].lower(): v for k, v in os.environ.items() if k.startswith("IBTOOL_TB_")}
+    return {
+        k[len("IBTOOL_TB_") :].lower(): v
+        for k, v in os.environ.items()
+        if k.startswith("IBTOOL_TB_")
+    }
 
 
 # -- the checks: each returns a short detail for the report or raises Failed -------------------
@@ -144,7 +153,9 @@ def check_gids(tb):
 
 def check_gids_best(tb):
     out = ibtool("gids", "--best", tb["netdev"]).stdout.strip()
-    expect(out == tb["ipv4_gid_index"], f"--best {tb['netdev']} = {out}, want {tb['ipv4_gid_index']}")
+    expect(
+        out == tb["ipv4_gid_index"], f"--best {tb['netdev']} = {out}, want {tb['ipv4_gid_index']}"
+    )
     return f"{tb['netdev']} -> {out}"
 
 
@@ -171,7 +182,10 @@ def check_res(tb):
     for name, s in theirs.items():
         for key in ("pd", "cq", "qp", "mr"):
             if key in s:
-                expect(ours[name].get(key) == s[key], f"{name} {key} {ours[name].get(key)} vs rdma {s[key]}")
+                expect(
+                    ours[name].get(key) == s[key],
+                    f"{name} {key} {ours[name].get(key)} vs rdma {s[key]}",
+                )
     return ", ".join(f"{n} qp {s.get('qp')}" for n, s in sorted(ours.items()))
 
 
@@ -197,8 +211,13 @@ def rdma_system() -> dict:
 def check_system(tb):
     ours = ibtool_json("system")
     theirs = rdma_system()
-    expect(ours.get("netns") == theirs.get("netns"), f"netns {ours.get('netns')} vs rdma {theirs.get('netns')}")
-    return " ".join(f"{k} {v}" for k, v in ours.items() if v is not None and not isinstance(v, (dict, list)))
+    expect(
+        ours.get("netns") == theirs.get("netns"),
+        f"netns {ours.get('netns')} vs rdma {theirs.get('netns')}",
+    )
+    return " ".join(
+        f"{k} {v}" for k, v in ours.items() if v is not None and not isinstance(v, (dict, list))
+    )
 
 
 SPARE, SPARE_PEER, NEW = "smk0", "smk1", "rxe9"
@@ -211,10 +230,15 @@ def check_link(tb):
         run(["ip", "link", "set", SPARE_PEER, "up"])
         ibtool("link", "add", NEW, "type", "rxe", "netdev", SPARE)
         links = {link["ifname"]: link for link in rdma_json("link", "show")}
-        expect(NEW in links and links[NEW].get("netdev") == SPARE, f"rdma link show lacks {NEW} on {SPARE}")
+        expect(
+            NEW in links and links[NEW].get("netdev") == SPARE,
+            f"rdma link show lacks {NEW} on {SPARE}",
+        )
         ibtool("link", "delete", NEW)
         wait_for(lambda: not (SYS_IB / NEW).exists(), f"{NEW} to go", timeout=60)
-        expect(NEW not in {link["ifname"] for link in rdma_json("link", "show")}, f"{NEW} still listed")
+        expect(
+            NEW not in {link["ifname"] for link in rdma_json("link", "show")}, f"{NEW} still listed"
+        )
     finally:
         if (SYS_IB / NEW).exists():
             run(["rdma", "link", "delete", NEW], check=False)
@@ -223,9 +247,12 @@ def check_link(tb):
 
 
 def check_monitor(tb):
-    peer = tb["peer_netdev"]
+    """`ibtool -j monitor` sees the peer port go DOWN and come back ACTIVE (kernel events on
+    6.12+, polling before), and ends with 130 on SIGINT. The link is flapped again until the
+    DOWN is seen: a new process under emulation may not have taken its first look yet."""
+    peer, device = tb["peer_netdev"], tb["peer_device"]
     proc = subprocess.Popen(
-        [IBTOOL, "-j", "monitor", "--interval", "0.5", "--timeout", "200"],
+        [IBTOOL, "-j", "monitor", "--interval", "0.5", "--timeout", "400"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -235,36 +262,58 @@ def check_monitor(tb):
         # terminal would deliver it.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    events: list[dict] = []
+
+    def saw(state: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            if any(e.get("ifname") == device and e.get("state") == state for e in events):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or proc.poll() is not None:
+                return False
+            try:
+                events.append(json.loads(lines.get(timeout=min(left, 1.0))))
+            except queue.Empty:
+                pass
+
+    def port_active() -> bool:
+        return "ACTIVE" in (SYS_IB / device / "ports/1/state").read_text()
+
     try:
-        # Ready once it has printed its first poll (or nothing yet): give a new process time to
-        # start under emulation, then flip the peer's link and wait for both changes.
-        time.sleep(15 if "5.10" not in platform.release() else 40)
-        expect(proc.poll() is None, f"monitor exited {proc.returncode}: {last_line(proc.stderr.read())}")
-        run(["ip", "link", "set", peer, "down"])
-        time.sleep(5)
-        run(["ip", "link", "set", peer, "up"])
-        wait_for(lambda: (SYS_IB / tb["peer_device"] / "ports/1/state").read_text().find("ACTIVE") >= 0,
-                 f"{tb['peer_device']} ACTIVE again")
-        time.sleep(5)
+        for _ in range(4):
+            run(["ip", "link", "set", peer, "down"])
+            down = saw("DOWN", 45)
+            run(["ip", "link", "set", peer, "up"])
+            wait_for(port_active, f"{device} ACTIVE again")
+            if down:
+                expect(saw("ACTIVE", 60), f"no ACTIVE event for {device} after the DOWN")
+                break
+        else:
+            raise Failed(f"no DOWN event for {device} after 4 flaps of {peer}: {events}")
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
         try:
-            out, err = proc.communicate(timeout=60)
+            _, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-    events = [json.loads(line) for line in out.splitlines() if line.strip()]
-    states = [e.get("state") for e in events if e.get("ifname") == tb["peer_device"] and e.get("state")]
-    expect("DOWN" in states and "ACTIVE" in states,
-           f"no DOWN and ACTIVE events for {tb['peer_device']}: {states}; {last_line(err)}")
-    expect(proc.returncode == 130, f"monitor exit {proc.returncode} on SIGINT, want 130")
-    sources = sorted({e.get("source") for e in events})
-    return f"{len(events)} events ({', '.join(map(str, sources))})"
+            _, err = proc.communicate()
+    expect(
+        proc.returncode == 130,
+        f"monitor exit {proc.returncode} on SIGINT, want 130: {last_line(err)}",
+    )
+    sources = sorted({str(e.get("source")) for e in events})
+    return f"{len(events)} events ({', '.join(sources)})"
 
 
 def loopback_report(tb):
     if "loopback" not in CACHE:
-        proc = ibtool("-j", "loopback", f"{tb['device']}/1", "--iters", "5", "--size", "4096", check=False)
+        proc = ibtool(
+            "-j", "loopback", f"{tb['device']}/1", "--iters", "5", "--size", "4096", check=False
+        )
         try:
             CACHE["loopback"] = json.loads(proc.stdout)
         except ValueError:
@@ -300,15 +349,20 @@ def check_ping(mode):
 
             def listening() -> bool:
                 if server.poll() is not None:
-                    raise Failed(f"ping server exit {server.returncode}: {last_line(server.stderr.read())}")
+                    raise Failed(
+                        f"ping server exit {server.returncode}: {last_line(server.stderr.read())}"
+                    )
                 with socket.socket() as s:
                     return s.connect_ex(("127.0.0.1", PING_PORT)) == 0
 
             wait_for(listening, "the ping server", timeout=180)
-            report = ibtool_json("ping", "127.0.0.1", "--port", str(PING_PORT), "-c", "20", "-i", "0",
-                                 "--mode", mode)
-            expect((report["sent"], report["received"]) == (20, 20),
-                   f"{report['received']}/{report['sent']} replies")
+            report = ibtool_json(
+                "ping", "127.0.0.1", "--port", str(PING_PORT), "-c", "20", "-i", "0", "--mode", mode
+            )
+            expect(
+                (report["sent"], report["received"]) == (20, 20),
+                f"{report['received']}/{report['sent']} replies",
+            )
         finally:
             os.killpg(server.pid, signal.SIGTERM)
             try:
@@ -355,18 +409,24 @@ def release_facts() -> dict[str, str]:
     except OSError:
         pass
     for package in ("rdma-core", "iproute2"):
-        proc = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True)
+        proc = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True
+        )
         facts[package] = proc.stdout.strip() if proc.returncode == 0 else "?"
     return facts
 
 
-def smoke(out: Path) -> int:
+def smoke(out: Path, only: list[str]) -> int:
     tb = topology()
+    checks = [(n, c) for n, c in CHECKS if not only or n in only or n.split()[0] in only]
     report = {"release": os.environ.get("IBTOOL_TB_RELEASE", ""), **release_facts(), "checks": []}
-    print(f"smoke on {report.get('os')} kernel {report['kernel']} Python {report['python']} "
-          f"rdma-core {report['rdma-core']}", flush=True)
+    print(
+        f"smoke on {report.get('os')} kernel {report['kernel']} Python {report['python']} "
+        f"rdma-core {report['rdma-core']}",
+        flush=True,
+    )
     t_all = time.monotonic()
-    for name, check in CHECKS:
+    for name, check in checks:
         t0 = time.monotonic()
         try:
             status, detail = "PASS", check(tb)
@@ -375,13 +435,19 @@ def smoke(out: Path) -> int:
         except Exception as e:  # a smoke check must report, never stop the others
             status, detail = "FAIL", f"{type(e).__name__}: {e}"
         seconds = round(time.monotonic() - t0, 1)
-        report["checks"].append({"check": name, "status": status, "seconds": seconds, "detail": detail})
+        report["checks"].append(
+            {"check": name, "status": status, "seconds": seconds, "detail": detail}
+        )
         print(f"{status:4}  {name:18} {seconds:6.1f} s  {detail}", flush=True)
     report["seconds"] = round(time.monotonic() - t_all, 1)
     (out / "smoke.json").write_text(json.dumps(report, indent=2) + "\n")
     failed = [c["check"] for c in report["checks"] if c["status"] != "PASS"]
-    print(f"{len(report['checks']) - len(failed)}/{len(report['checks'])} passed in {report['seconds']} s"
-          + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
+    total = len(report["checks"])
+    print(
+        f"{total - len(failed)}/{total} passed in {report['seconds']} s"
+        + (f"; failed: {', '.join(failed)}" if failed else ""),
+        flush=True,
+    )
     return 1 if failed else 0
 
 
@@ -396,7 +462,9 @@ def table(paths: list[str]) -> int:
             runs.append(json.loads(path.read_text()))
         except (OSError, ValueError) as e:
             runs.append({"release": path.parent.name, "checks": [], "error": str(e)})
-    names = list(dict.fromkeys(c["check"] for r in runs for c in r["checks"])) or [n for n, _ in CHECKS]
+    names = list(dict.fromkeys(c["check"] for r in runs for c in r["checks"])) or [
+        n for n, _ in CHECKS
+    ]
     head = ["check"] + [r.get("release") or r.get("os", "?") for r in runs]
     rows = [
         ["kernel", *(r.get("kernel", "?") for r in runs)],
@@ -414,7 +482,12 @@ def table(paths: list[str]) -> int:
     widths = [max(len(str(row[i])) for row in [head, *rows]) for i in range(len(head))]
     for row in [head, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
-    bad = [(r.get("release"), c["check"], c["detail"]) for r in runs for c in r["checks"] if c["status"] != "PASS"]
+    bad = [
+        (r.get("release"), c["check"], c["detail"])
+        for r in runs
+        for c in r["checks"]
+        if c["status"] != "PASS"
+    ]
     for release, check, detail in bad:
         print(f"{release}: {check}: {detail}")
     for r in runs:
@@ -426,4 +499,4 @@ def table(paths: list[str]) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--table":
         sys.exit(table(sys.argv[2:]))
-    sys.exit(smoke(Path(os.environ.get("IBTOOL_TB_OUT", "."))))
+    sys.exit(smoke(Path(os.environ.get("IBTOOL_TB_OUT", ".")), sys.argv[1:]))
