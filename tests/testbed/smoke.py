@@ -220,6 +220,18 @@ def check_system(tb):
     )
 
 
+def check_system_features(tb):
+    """system -d asks the kernel for every RDMA netlink feature: report what this one lacks
+    (None is a feature that could not be probed)."""
+    features = ibtool_json("-d", "system").get("features") or {}
+    expect(features, "system -d reported no features")
+    expect(features.get("res-get", {}).get("supported"), "RES_GET reported missing")
+    lacking = sorted(k for k, f in features.items() if not f.get("supported"))
+    return f"{len(features) - len(lacking)}/{len(features)}; lacks " + (
+        ", ".join(lacking) or "none"
+    )
+
+
 SPARE, SPARE_PEER, NEW = "smk0", "smk1", "rxe9"
 
 
@@ -392,6 +404,7 @@ CHECKS = [
     ("res", check_res),
     ("res qp", check_res_qp),
     ("system", check_system),
+    ("system -d", check_system_features),
     ("link add/delete", check_link),
     ("monitor", check_monitor),
     *((f"loopback {op}", check_loopback_op(op)) for op in OPS),
