@@ -232,6 +232,25 @@ def check_system_features(tb):
     )
 
 
+def check_missing_or_works(argv, netlink: str, since: str):
+    """A command that needs a newer kernel's netlink command: exit 0 where the kernel has it,
+    else exit 6 (unsupported) with one line naming the command and the release adding it."""
+
+    def check(tb):
+        proc = ibtool(*(a.replace("DEV", tb["device"]) for a in argv), check=False)
+        if proc.returncode == 0:
+            return "exit 0 (the kernel has it)"
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        expect(proc.returncode == 6, f"exit {proc.returncode}: {last_line(proc.stderr)}")
+        expect(
+            len(lines) == 1 and netlink in lines[0] and since in lines[0],
+            f"not one line naming {netlink} and {since}: {proc.stderr.strip()[:300]}",
+        )
+        return f"exit 6: {lines[0][len('ibtool: error: ') :][:90]}"
+
+    return check
+
+
 SPARE, SPARE_PEER, NEW = "smk0", "smk1", "rxe9"
 
 
@@ -403,6 +422,14 @@ CHECKS = [
     ("counters --errors", check_counters_errors),
     ("res", check_res),
     ("res qp", check_res_qp),
+    ("res ctx", check_missing_or_works(["res", "ctx"], "RDMA_NLDEV_CMD_RES_CTX_GET", "5.13")),
+    ("res srq", check_missing_or_works(["res", "srq"], "RDMA_NLDEV_CMD_RES_SRQ_GET", "5.13")),
+    (
+        "counters optional",
+        check_missing_or_works(
+            ["counters", "optional", "DEV/1"], "RDMA_NLDEV_CMD_STAT_GET_STATUS", "5.16"
+        ),
+    ),
     ("system", check_system),
     ("system -d", check_system_features),
     ("link add/delete", check_link),
