@@ -30,7 +30,10 @@ def main() -> int:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _stop)
 
-    import pyverbs.enums as e
+    try:  # rdma-core 50 and later; 59 dropped pyverbs.enums, and 65 (Cython 3.1) flat names
+        from pyverbs.libibverbs_enums import ibv_access_flags, ibv_qp_type
+    except ImportError:  # rdma-core 33 to 49: the same classes in pyverbs.enums
+        from pyverbs.enums import ibv_access_flags, ibv_qp_type
     from pyverbs.cq import CQ
     from pyverbs.device import Context
     from pyverbs.mr import MR
@@ -48,7 +51,13 @@ def main() -> int:
         ctx = keep(Context(name=args.device))
         pd = keep(PD(ctx))
         cq = keep(CQ(ctx, 64))
-        keep(MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE))
+        keep(
+            MR(
+                pd,
+                4096,
+                ibv_access_flags.IBV_ACCESS_LOCAL_WRITE | ibv_access_flags.IBV_ACCESS_REMOTE_WRITE,
+            )
+        )
         srq = keep(SRQ(pd, SrqInitAttr(SrqAttr(max_wr=4, max_sge=1))))
 
         def qp(kind, attr=None, with_srq=False):
@@ -60,10 +69,10 @@ def main() -> int:
             return keep(QP(pd, init, attr) if attr is not None else QP(pd, init))
 
         lqpns = {
-            "ud_rts": qp(e.IBV_QPT_UD, QPAttr(port_num=1)).qp_num,
-            "rc_init": qp(e.IBV_QPT_RC, QPAttr(port_num=1)).qp_num,
-            "rc_srq": qp(e.IBV_QPT_RC, with_srq=True).qp_num,
-            "rc_reset": [qp(e.IBV_QPT_RC).qp_num for _ in range(args.rc)],
+            "ud_rts": qp(ibv_qp_type.IBV_QPT_UD, QPAttr(port_num=1)).qp_num,
+            "rc_init": qp(ibv_qp_type.IBV_QPT_RC, QPAttr(port_num=1)).qp_num,
+            "rc_srq": qp(ibv_qp_type.IBV_QPT_RC, with_srq=True).qp_num,
+            "rc_reset": [qp(ibv_qp_type.IBV_QPT_RC).qp_num for _ in range(args.rc)],
         }
         print(json.dumps({"pid": os.getpid(), "device": args.device, "lqpns": lqpns}), flush=True)
         sys.stdin.read()
