@@ -313,6 +313,7 @@ def check_monitor(tb):
     def port_active() -> bool:
         return "ACTIVE" in (SYS_IB / device / "ports/1/state").read_text()
 
+    err = ""
     try:
         for _ in range(4):
             run(["ip", "link", "set", peer, "down"])
@@ -324,20 +325,29 @@ def check_monitor(tb):
                 break
         else:
             raise Failed(f"no DOWN event for {device} after 4 flaps of {peer}: {events}")
+    except Failed as e:
+        raise Failed(f"{e}; monitor exit {proc.poll()}: {last_line(err or _stop(proc))}") from None
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-        try:
-            _, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            _, err = proc.communicate()
+        err = err or _stop(proc)
     expect(
         proc.returncode == 130,
         f"monitor exit {proc.returncode} on SIGINT, want 130: {last_line(err)}",
     )
     sources = sorted({str(e.get("source")) for e in events})
     return f"{len(events)} events ({', '.join(sources)})"
+
+
+def _stop(proc) -> str:
+    """SIGINT (then SIGKILL after 60 s) to a process started in its own session; its stderr."""
+    if proc.returncode is not None:
+        return ""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        return proc.communicate(timeout=60)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.communicate()[1]
 
 
 def loopback_report(tb):
