@@ -251,7 +251,7 @@ def check_missing_or_works(argv, netlink: str, since: str):
     return check
 
 
-SPARE, SPARE_PEER, NEW = "smk0", "smk1", "rxe9"
+SPARE, SPARE_PEER, NEW, MONITORED = "smk0", "smk1", "rxe9", "rxe8"
 
 
 def check_link(tb):
@@ -278,12 +278,13 @@ def check_link(tb):
 
 
 def check_monitor(tb):
-    """`ibtool -j monitor` sees the peer port go DOWN and come back ACTIVE (kernel events on
-    6.12+, polling before), and ends with 130 on SIGINT. The link is flapped again until the
-    DOWN is seen: a new process under emulation may not have taken its first look yet."""
+    """`ibtool -j monitor` sees an rxe device come and go (kernel events on 6.12+, polling
+    before), the peer port go DOWN and come back ACTIVE where the kernel shows that in sysfs,
+    and ends with 130 on SIGINT. The device is added again until its event is seen: a new
+    process under emulation may not have taken its first look yet."""
     peer, device = tb["peer_netdev"], tb["peer_device"]
     proc = subprocess.Popen(
-        [IBTOOL, "-j", "monitor", "--interval", "0.5", "--timeout", "400"],
+        [IBTOOL, "-j", "monitor", "--interval", "0.5", "--timeout", "600"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -297,10 +298,10 @@ def check_monitor(tb):
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     events: list[dict] = []
 
-    def saw(state: str, timeout: float) -> bool:
+    def saw(match, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while True:
-            if any(e.get("ifname") == device and e.get("state") == state for e in events):
+            if any(match(e) for e in events):
                 return True
             left = deadline - time.monotonic()
             if left <= 0 or proc.poll() is not None:
@@ -310,31 +311,53 @@ def check_monitor(tb):
             except queue.Empty:
                 pass
 
-    def port_active() -> bool:
-        return "ACTIVE" in (SYS_IB / device / "ports/1/state").read_text()
+    def event(name: str, ifname: str, **fields):
+        return lambda e: (
+            (e.get("event"), e.get("ifname")) == (name, ifname)
+            and all(e.get(k) == v for k, v in fields.items())
+        )
 
+    def port_state(state: str) -> bool:
+        return state in (SYS_IB / device / "ports/1/state").read_text()
+
+    notes = []
     err = ""
+    run(["ip", "link", "add", SPARE, "type", "veth", "peer", "name", SPARE_PEER])
     try:
+        run(["ip", "link", "set", SPARE, "up"])
         for _ in range(4):
-            run(["ip", "link", "set", peer, "down"])
-            down = saw("DOWN", 45)
-            run(["ip", "link", "set", peer, "up"])
-            wait_for(port_active, f"{device} ACTIVE again")
-            if down:
-                expect(saw("ACTIVE", 60), f"no ACTIVE event for {device} after the DOWN")
+            run(["rdma", "link", "add", MONITORED, "type", "rxe", "netdev", SPARE])
+            added = saw(event("register", MONITORED), 45)
+            run(["rdma", "link", "delete", MONITORED])
+            if added:
+                expect(saw(event("unregister", MONITORED), 60), f"no unregister of {MONITORED}")
                 break
         else:
-            raise Failed(f"no DOWN event for {device} after 4 flaps of {peer}: {events}")
+            raise Failed(f"no register event for {MONITORED} after adding it 4 times: {events}")
+        run(["ip", "link", "set", peer, "down"])
+        try:
+            wait_for(lambda: port_state("DOWN"), f"{device} DOWN", timeout=20)
+        except Failed:
+            notes.append(f"{device} stays ACTIVE with {peer} down on this kernel")
+        else:
+            expect(saw(event("port_state", device, state="DOWN"), 45), f"no DOWN of {device}")
+        run(["ip", "link", "set", peer, "up"])
+        wait_for(lambda: port_state("ACTIVE"), f"{device} ACTIVE again")
+        if not notes:
+            expect(saw(event("port_state", device, state="ACTIVE"), 60), f"no ACTIVE of {device}")
     except Failed as e:
         raise Failed(f"{e}; monitor exit {proc.poll()}: {last_line(err or _stop(proc))}") from None
     finally:
         err = err or _stop(proc)
+        if (SYS_IB / MONITORED).exists():
+            run(["rdma", "link", "delete", MONITORED], check=False)
+        run(["ip", "link", "delete", SPARE], check=False)
     expect(
         proc.returncode == 130,
         f"monitor exit {proc.returncode} on SIGINT, want 130: {last_line(err)}",
     )
     sources = sorted({str(e.get("source")) for e in events})
-    return f"{len(events)} events ({', '.join(sources)})"
+    return f"{len(events)} events ({', '.join(sources)})" + "".join(f"; {n}" for n in notes)
 
 
 def _stop(proc) -> str:
