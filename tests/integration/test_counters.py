@@ -97,8 +97,20 @@ def test_rate_sees_traffic_while_it_flows():
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    sent = "/sys/class/infiniband/rxe0/ports/1/hw_counters/sent_pkts"
+
+    def packets() -> int:
+        with open(sent) as f:
+            return int(f.read())
+
     try:
-        time.sleep(8)  # interpreter start and QP setup under emulation
+        # Measure once the load moves packets (interpreter start and QP set-up take 5-30 s
+        # under emulation, longer when the host is busy), not after a fixed sleep.
+        before = packets()
+        deadline = time.monotonic() + 120
+        while packets() - before < 1000 and time.monotonic() < deadline:
+            assert load.poll() is None, "the loopback load ended early"
+            time.sleep(0.5)
         rows = json.loads(ibtool("-j", "counters", "rxe0/1", "--rate", "--interval", "2").stdout)
     finally:
         load.terminate()
