@@ -1,7 +1,7 @@
 """The NLDEV vocabulary: commands and the one attribute table, with the uapi's ids and names.
 
 Ids are written out, never counted: `enum rdma_nldev_attr` aliases PAD to 0, and kernel
-releases have reused and renamed entries (reference, sections 1.2, 1.3 and 7). Names are the
+releases have reused and renamed entries (include/uapi/rdma/rdma_netlink.h history). Names are the
 uapi's, verbatim, including the three that break its pattern (RDMA_NLDEV_SYS_ATTR_*,
 RDMA_NLDEV_NET_NS_FD). The kernel parses every nest against the same policy as the top level,
 so this one table describes attributes at every depth. No pyroute2 here: this module is cheap.
