@@ -3,7 +3,8 @@
 Every object goes onto one ExitStack the moment it exists, so `close()` (or leaving the
 `with` block by any path: exception, timeout, Ctrl-C, SIGTERM turned into an exception)
 destroys them in reverse order: QPs and AHs before MRs and CQs, those before the PD and
-the context. pyverbs' defaults that bite are set explicitly here (rdma-core pyverbs/qp.pyx, addr.pyx):
+the context. pyverbs' defaults that bite are set explicitly here (rdma-core pyverbs/qp.pyx,
+addr.pyx):
 QPInitAttr defaults to UD, GlobalRoute.hop_limit to 1, QPAttr leaves access flags, rd_atomic,
 timeout and retry counts at 0 although to_rtr/to_rts put them in the modify mask.
 """

@@ -2,7 +2,8 @@
 
 Every value that cannot be read or parsed becomes None plus one warning; one bad file or device
 never hides the others. Formats are those of drivers/infiniband/core/sysfs.c (and
-Documentation/ABI/stable/sysfs-class-infiniband): "N: text" enums, hex LIDs, two generations of rate strings, zero GIDs in empty slots.
+Documentation/ABI/stable/sysfs-class-infiniband): "N: text" enums, hex LIDs, two generations
+of rate strings, zero GIDs in empty slots.
 """
 
 from __future__ import annotations
