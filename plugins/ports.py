@@ -181,7 +181,9 @@ def _add_error(e: IbtoolError, nl, name: str, link_type: str, netdev: str) -> Ib
         return IbtoolError(
             f"an RDMA device named {name} exists already", "choose another name", errno=e.errno
         )
-    if e.errno == errno.EPERM and _has_cap_net_admin():
+    from ibtool.sources.netlink.features import has_cap_net_admin
+
+    if e.errno == errno.EPERM and has_cap_net_admin():
         # rxe_newlink: "rxe creation allowed on top of a real device only"
         return IbtoolError(
             f"the {link_type} driver refused {netdev}: Operation not permitted",
@@ -214,15 +216,6 @@ def _device_on(nl, netdev: str) -> str | None:
     except (IbtoolError, KeyError):
         pass
     return None
-
-
-def _has_cap_net_admin() -> bool:
-    try:
-        with open("/proc/self/status") as f:
-            caps = next(line for line in f if line.startswith("CapEff:"))
-    except (OSError, StopIteration):
-        return False
-    return bool(int(caps.split()[1], 16) >> 12 & 1)  # CAP_NET_ADMIN is capability 12
 
 
 def _link_delete(words: list[str]) -> None:

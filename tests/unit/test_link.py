@@ -13,6 +13,7 @@ from ibtool_plugins import ports
 from ibtool.errors import ExitCode
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client
+from ibtool.sources.netlink import features as netlink_features
 from tests.unit.test_netlink_client import FakeKernel
 from tests.unit.test_netlink_codec import ack
 from tests.unit.test_netlink_golden import replay
@@ -153,7 +154,7 @@ def test_a_kernel_before_5_1_says_so(cli, kernel, monkeypatch):
 
 
 def test_without_cap_net_admin(cli, kernel, monkeypatch):
-    monkeypatch.setattr(ports, "_has_cap_net_admin", lambda: False)
+    monkeypatch.setattr(netlink_features, "has_cap_net_admin", lambda: False)
     kernel.link = errno.EPERM
     for argv in (["add", "rxe9", "type", "rxe", "netdev", "veth2"], ["delete", "rxe1"]):
         result = cli("link", *argv)
@@ -162,7 +163,7 @@ def test_without_cap_net_admin(cli, kernel, monkeypatch):
 
 
 def test_rxe_refusing_a_vlan_device_is_not_called_a_missing_capability(cli, kernel, monkeypatch):
-    monkeypatch.setattr(ports, "_has_cap_net_admin", lambda: True)
+    monkeypatch.setattr(netlink_features, "has_cap_net_admin", lambda: True)
     kernel.link = errno.EPERM
     result = cli("link", "add", "rxe9", "type", "rxe", "netdev", "veth0.100")
     assert result.code == ExitCode.FAILED
