@@ -24,10 +24,16 @@ def _family_rank(g: Gid) -> int:
 
 
 def as_ip(text: str) -> str | None:
+    """The address as GIDs show it: an IPv4-mapped IPv6 address (::ffff:a.b.c.d) is its IPv4
+    address, as the kernel's RoCE GID of an IPv4 address is (infiniband/core/roce_gid_mgmt.c).
+    """
     try:
-        return str(ipaddress.ip_address(text))
+        addr = ipaddress.ip_address(text)
     except ValueError:
         return None
+    if addr.version == 6 and addr.ipv4_mapped is not None:
+        return str(addr.ipv4_mapped)
+    return str(addr)
 
 
 def best_gid(

@@ -8,7 +8,6 @@ time, so a peer that sends garbage, stalls or disconnects costs one log line, no
 from __future__ import annotations
 
 import enum
-import ipaddress
 import socket
 import struct
 import time
@@ -58,10 +57,6 @@ class Endpoint:
     rkey: int
     size: int
     mode: Mode
-
-    @property
-    def gid_text(self) -> str:
-        return str(ipaddress.IPv6Address(self.gid))
 
     def validate(self) -> Endpoint:
         if not 2 <= self.qpn < 1 << 24:

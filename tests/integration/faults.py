@@ -64,7 +64,8 @@ def gid_table(device: str, port: int = 1) -> dict[int, tuple[str, str | None, st
 
 def ipv4_gid(address: str) -> str:
     """The IPv4-mapped GID of an address, as sysfs writes it."""
-    return ipaddress.IPv6Address(f"::ffff:{address}").exploded
+    h = ipaddress.IPv6Address(f"::ffff:{address}").packed.hex()  # not .exploded: 3.13+ dots it
+    return ":".join(h[i : i + 4] for i in range(0, 32, 4))
 
 
 def devices(topo: dict) -> dict[str, str]:

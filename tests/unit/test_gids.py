@@ -172,6 +172,8 @@ def test_netdev_filter_takes_the_vlan_netdev(mlx5_roce):
 
 def test_ip_filter_matches_the_address_however_it_is_written(mlx5_roce):
     assert indexes(mlx5_roce("-j", "gids", "--ip", "192.168.10.1")) == [2, 3]
+    assert indexes(mlx5_roce("-j", "gids", "--ip", "::ffff:192.168.10.1")) == [2, 3]
+    assert indexes(mlx5_roce("-j", "gids", "--ip", "::FFFF:c0a8:a01")) == [2, 3]
     assert indexes(mlx5_roce("-j", "gids", "--ip", "2001:0db8:10:0::0001")) == [4, 5]
     assert mlx5_roce("-j", "gids", "--ip", "192.168.10.99").json == []
 
