@@ -222,3 +222,8 @@ def is_error(name: str, source: str) -> bool:
     if i is not None:
         return i.kind == "error"
     return any(word in name for word in ("err", "drop", "discard", "timeout", "retry"))
+
+
+def is_saturated(value: int | None, width: int | None) -> bool:
+    """At the maximum of its width: a PMA counter stops there until it is cleared."""
+    return value is not None and width is not None and value >= (1 << width) - 1

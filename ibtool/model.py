@@ -193,8 +193,8 @@ class CounterSample:
     # "pma" (IB PortCounters in counters/), "hw" (driver hw_counters/) or "optional" (an
     # enabled optional driver counter, which only netlink shows)
     source: str
-    width: int | None = None  # bits, where the hardware counter is narrower than 64
-    scale: int = 1  # PMA data counters count 4-octet words: value * scale is bytes
+    width: int | None = None  # PMA counters: bits (4 to 64); they saturate at all ones
+    scale: int = 1  # PMA data counters count 4-octet words: value * scale is bytes (exact)
     via: str = "sysfs"  # where the value was read: "sysfs" or "netlink"
 
 

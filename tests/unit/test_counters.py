@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from ibtool.model import CounterSample
-from ibtool.rates import counter_rate
+from ibtool.rates import counter_rate, is_saturated
+
+U32_MAX = (1 << 32) - 1
+U64_MAX = (1 << 64) - 1
 
 
 def sample(name, value, source="hw", width=None, scale=1):
@@ -87,3 +90,49 @@ def test_a_counter_that_went_back_was_reset(name):
 
 def test_unreadable_sample_has_no_rate():
     assert counter_rate(sample("x", None), sample("x", 3), 1.0) == (None, "unknown")
+
+
+# -- reset, not wrap; saturation ----------------------------------------------------------------
+
+
+def test_a_pma_counter_that_went_down_was_reset():
+    # procfs mlx5_0 port_xmit_data, then the device re-created
+    old = sample("port_xmit_data", 2880761508848, "pma", 64, 4)
+    assert counter_rate(old, sample("port_xmit_data", 1203, "pma", 64, 4), 1.0) == (None, "reset")
+
+
+def test_a_32_bit_pma_counter_near_its_maximum_that_went_down_was_reset_not_wrapped():
+    old = sample("port_xmit_packets", U32_MAX - 10, "pma", 32)
+    assert counter_rate(old, sample("port_xmit_packets", 5, "pma", 32), 1.0) == (None, "reset")
+
+
+def test_a_saturated_error_counter_that_went_down_was_cleared():
+    old, new = sample("symbol_error", 65535, "pma", 16), sample("symbol_error", 0, "pma", 16)
+    assert counter_rate(old, new, 1.0) == (None, "reset")
+
+
+def test_a_mlx5_q_counter_that_dropped_far_was_reset_not_wrapped():
+    # procfs mlx5_0 hw_counters/rx_read_requests, then the count of a re-created device
+    old, new = sample("rx_read_requests", 175528982), sample("rx_read_requests", 41)
+    assert counter_rate(old, new, 1.0) == (None, "reset")
+
+
+def test_a_32_bit_reading_then_a_64_bit_one_is_a_rate():
+    # a noietf table passing 2^32: the first sample could not tell it was 64-bit
+    old = sample("port_rcv_data", U32_MAX - 999, "pma", 32, 4)
+    new = sample("port_rcv_data", U32_MAX + 1001, "pma", 64, 4)
+    assert counter_rate(old, new, 2.0) == (4000.0, None)
+
+
+def test_a_pma_counter_reaching_its_maximum_has_no_rate():
+    # node_exporter mlx4_0 port_xmit_wait: 4294967295
+    old, new = (
+        sample("port_xmit_wait", 3599, "pma", 32),
+        sample("port_xmit_wait", U32_MAX, "pma", 32),
+    )
+    assert counter_rate(old, new, 1.0) == (None, "saturated")
+
+
+def test_a_64_bit_counter_is_saturated_only_at_2_64_minus_1():
+    assert not is_saturated(sample("port_xmit_data", U32_MAX, "pma", 64, 4))
+    assert is_saturated(sample("port_xmit_data", U64_MAX, "pma", 64, 4))
