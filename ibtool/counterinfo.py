@@ -1,12 +1,14 @@
 """What each counter means, what usually raises it, how wide it is: one table for every face.
 
-PMA widths and meanings are IBTA PortCounters as the kernel exposes them (reference 3.4);
+PMA widths and meanings are the IBTA PortCounters and PortCountersExtended attributes as
+include/rdma/ib_pma.h lays them out and drivers/infiniband/core/sysfs.c prints them;
 hw_counters names are the drivers' (mlx5 Q counters, rxe). Descriptions say what an operator
 checks first; they are experience, not specification.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -15,7 +17,10 @@ class CounterInfo:
     kind: str  # "error", "data" (bytes), "packets", "event"
     description: str
     causes: str = ""
-    width: int | None = None  # PMA basic-table width in bits (saturating)
+    # PMA: bits in PortCounters (PortCountersExtended for the counters only it has); PMA
+    # counters saturate at all ones. The data and packet counters are 64 bits wide in the
+    # extended tables: see pma_width.
+    width: int | None = None
 
 
 PMA: dict[str, CounterInfo] = {
@@ -92,14 +97,32 @@ PMA: dict[str, CounterInfo] = {
         "congestion: a slow receiver or an oversubscribed switch path",
         32,
     ),
-    "unicast_xmit_packets": CounterInfo("packets", "unicast packets sent"),
-    "unicast_rcv_packets": CounterInfo("packets", "unicast packets received"),
-    "multicast_xmit_packets": CounterInfo("packets", "multicast packets sent"),
-    "multicast_rcv_packets": CounterInfo("packets", "multicast packets received"),
+    "unicast_xmit_packets": CounterInfo("packets", "unicast packets sent", "", 64),
+    "unicast_rcv_packets": CounterInfo("packets", "unicast packets received", "", 64),
+    "multicast_xmit_packets": CounterInfo("packets", "multicast packets sent", "", 64),
+    "multicast_rcv_packets": CounterInfo("packets", "multicast packets received", "", 64),
 }
 
-# Extended PortCounters (64-bit): present when the unicast/multicast files exist.
+# The data and packet counters: 32 bits in PortCounters, 64 in PortCountersExtended. sysfs.c
+# picks one table per port from the PMA's ClassPortInfo (get_counter_table): pma_group (all
+# 32-bit), pma_group_ext (IB_PMA_CLASS_CAP_EXT_WIDTH: 64-bit, and the unicast/multicast
+# counters) or pma_group_noietf (IB_PMA_CLASS_CAP_EXT_WIDTH_NOIETF: 64-bit, no unicast/multicast).
 PMA_EXTENDED = ("port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets")
+_U32_MAX = (1 << 32) - 1
+
+# counters_ext/ of kernels before 4.5 with Mellanox OFED (mainline sysfs.c had the 32-bit table
+# only; prometheus/procfs reads these names as its "legacy" counters): the 64-bit counters under
+# names of their own, shown under the names counters/ has for them since 4.5.
+COUNTERS_EXT = {
+    "port_xmit_data_64": "port_xmit_data",
+    "port_rcv_data_64": "port_rcv_data",
+    "port_xmit_packets_64": "port_xmit_packets",
+    "port_rcv_packets_64": "port_rcv_packets",
+    "port_unicast_xmit_packets": "unicast_xmit_packets",
+    "port_unicast_rcv_packets": "unicast_rcv_packets",
+    "port_multicast_xmit_packets": "multicast_xmit_packets",
+    "port_multicast_rcv_packets": "multicast_rcv_packets",
+}
 
 HW: dict[str, CounterInfo] = {
     # mlx5 Q counters (32-bit in hardware: they wrap)
@@ -222,6 +245,23 @@ def is_error(name: str, source: str) -> bool:
     if i is not None:
         return i.kind == "error"
     return any(word in name for word in ("err", "drop", "discard", "timeout", "retry"))
+
+
+def pma_table_is_wide(values: Mapping[str, int | None]) -> bool:
+    """Whether a port's counters/ (name -> value) is one of the 64-bit tables: the one with the
+    unicast counters, or one whose data or packet counter is above 2^32-1, which no 32-bit
+    counter can be (pma_group_noietf has nothing else to tell it by)."""
+    return "unicast_xmit_packets" in values or any(
+        (values.get(name) or 0) > _U32_MAX for name in PMA_EXTENDED
+    )
+
+
+def pma_width(name: str, wide: bool) -> int | None:
+    """Bits of PMA counter `name` in a port's counters/, `wide` as pma_table_is_wide says."""
+    if wide and name in PMA_EXTENDED:
+        return 64
+    i = PMA.get(name)
+    return i.width if i is not None else None
 
 
 def is_saturated(value: int | None, width: int | None) -> bool:

@@ -87,6 +87,11 @@ def hfi1_opa(tmp_path) -> Ibtool:
 
 
 @pytest.fixture
+def mlx4_ofed_ib(tmp_path) -> Ibtool:
+    return _tree("mlx4_ofed_ib", tmp_path)
+
+
+@pytest.fixture
 def broken_device(tmp_path) -> Ibtool:
     return _tree("broken_device", tmp_path)
 

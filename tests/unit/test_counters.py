@@ -1,11 +1,19 @@
-"""ibtool counters on fixture trees, and rates from two samples: wraps, saturation, resets."""
+"""ibtool counters on fixture trees, and rates from two samples: wraps, saturation, resets.
+
+Values marked "procfs" or "node_exporter" are those of real adapters in the sysfs fixtures of
+prometheus/procfs (testdata/fixtures.ttar) and prometheus/node_exporter (collector/fixtures).
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from ibtool import counterinfo
 from ibtool.model import CounterSample
 from ibtool.rates import counter_rate, is_saturated
+from ibtool.sources.sysfs import SysfsSource
 
 U32_MAX = (1 << 32) - 1
 U64_MAX = (1 << 64) - 1
@@ -13,6 +21,44 @@ U64_MAX = (1 << 64) - 1
 
 def sample(name, value, source="hw", width=None, scale=1):
     return CounterSample("mlx5_0", 1, name, value, source, width, scale)
+
+
+def counter_file(ibtool, device: str, port: int, name: str, directory="counters") -> Path:
+    return ibtool.root / "sys/class/infiniband" / device / "ports" / str(port) / directory / name
+
+
+def write(path: Path, value) -> None:
+    path.write_text(f"{value}\n", encoding="utf-8")
+
+
+def by_name(result) -> dict:
+    return {row["counter"]: row for row in result.json}
+
+
+def samples_of(ibtool, device: str, port: int) -> dict[str, CounterSample]:
+    return {s.name: s for s in SysfsSource(str(ibtool.root)).counters(device, port)}
+
+
+class Clock:
+    """`time` for the counters plugin: sleep() lets the counters move, then the time passes."""
+
+    def __init__(self, between):
+        self.now, self.between = 1000.0, between
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.between()
+        self.now += seconds
+
+
+@pytest.fixture
+def between_samples(monkeypatch):
+    """between_samples(change): --rate runs change() between its two samples, 1 s apart."""
+    from ibtool_plugins import counters
+
+    return lambda change: monkeypatch.setattr(counters, "time", Clock(change))
 
 
 def test_pma_data_counters_are_shown_in_bytes(mlx5_ib_hca):
@@ -90,6 +136,176 @@ def test_a_counter_that_went_back_was_reset(name):
 
 def test_unreadable_sample_has_no_rate():
     assert counter_rate(sample("x", None), sample("x", 3), 1.0) == (None, "unknown")
+
+
+# -- widths: IBTA PortCounters ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, width",
+    [
+        ("symbol_error", 16),
+        ("port_rcv_errors", 16),
+        ("port_rcv_remote_physical_errors", 16),
+        ("port_rcv_switch_relay_errors", 16),
+        ("port_xmit_discards", 16),
+        ("VL15_dropped", 16),
+        ("link_downed", 8),
+        ("link_error_recovery", 8),
+        ("port_xmit_constraint_errors", 8),
+        ("port_rcv_constraint_errors", 8),
+        ("local_link_integrity_errors", 4),
+        ("excessive_buffer_overrun_errors", 4),
+        ("port_xmit_data", 32),
+        ("port_rcv_data", 32),
+        ("port_xmit_packets", 32),
+        ("port_rcv_packets", 32),
+        ("port_xmit_wait", 32),
+        ("unicast_xmit_packets", 64),
+        ("multicast_rcv_packets", 64),
+    ],
+)
+def test_pma_counter_widths_are_the_ibta_ones(name, width):
+    assert counterinfo.pma_width(name, wide=False) == width
+
+
+@pytest.mark.parametrize("name", counterinfo.PMA_EXTENDED)
+def test_data_and_packet_counters_of_an_extended_table_are_64_bit(name):
+    assert counterinfo.pma_width(name, wide=True) == 64
+    assert counterinfo.pma_width("port_xmit_wait", wide=True) == 32  # PortCounters only
+
+
+def test_a_counter_is_saturated_at_the_maximum_of_its_own_width(mlx5_ib_hca):
+    values = {
+        "symbol_error": 65535,
+        "port_rcv_errors": 65534,
+        "link_downed": 255,
+        "link_error_recovery": 254,
+        "local_link_integrity_errors": 15,
+        "excessive_buffer_overrun_errors": 14,
+        "port_xmit_constraint_errors": 255,
+        "VL15_dropped": 65535,
+    }
+    for name, value in values.items():
+        write(counter_file(mlx5_ib_hca, "mlx5_0", 1, name), value)
+    rows = by_name(mlx5_ib_hca("-j", "counters", "mlx5_0/1"))
+    assert {name: rows[name]["saturated"] for name in values} == {
+        "symbol_error": True,
+        "port_rcv_errors": False,
+        "link_downed": True,
+        "link_error_recovery": False,
+        "local_link_integrity_errors": True,
+        "excessive_buffer_overrun_errors": False,
+        "port_xmit_constraint_errors": True,
+        "VL15_dropped": True,
+    }
+
+
+# -- 64-bit data and packet counters -----------------------------------------------------------
+
+
+def test_a_data_counter_above_2_32_without_the_unicast_files_is_64_bit(hfi1_opa):
+    # procfs hfi1_0: no unicast/multicast files, port_rcv_data 345091702026 words
+    r = hfi1_opa("-j", "counters", "hfi1_0/1")
+    assert r.code == 0 and r.warnings == []
+    rows = by_name(r)
+    assert rows["port_rcv_data"]["value"] == 345091702026 * 4
+    assert not any(row["saturated"] for row in r.json)
+    samples = samples_of(hfi1_opa, "hfi1_0", 1)
+    # the kernel shows one table per port: the packet counters (below 2^32) are 64-bit too
+    assert [samples[n].width for n in counterinfo.PMA_EXTENDED] == [64, 64, 64, 64]
+    assert (samples["symbol_error"].width, samples["port_xmit_wait"].width) == (16, 32)
+
+
+def test_one_data_counter_above_2_32_makes_the_port_table_64_bit(hfi1_opa):
+    write(counter_file(hfi1_opa, "hfi1_0", 1, "port_xmit_packets"), U32_MAX)
+    s = samples_of(hfi1_opa, "hfi1_0", 1)["port_xmit_packets"]
+    assert (s.width, is_saturated(s)) == (64, False)
+
+
+def test_without_proof_of_64_bits_a_data_counter_at_2_32_minus_1_is_saturated(hfi1_opa):
+    for name in counterinfo.PMA_EXTENDED:
+        write(counter_file(hfi1_opa, "hfi1_0", 1, name), 1000)
+    write(counter_file(hfi1_opa, "hfi1_0", 1, "port_xmit_data"), U32_MAX)
+    rows = by_name(hfi1_opa("-j", "counters", "hfi1_0/1"))
+    assert rows["port_xmit_data"]["saturated"] is True
+
+
+def test_rate_of_a_data_counter_above_2_32_is_its_throughput(hfi1_opa, between_samples):
+    f = counter_file(hfi1_opa, "hfi1_0", 1, "port_xmit_data")
+    between_samples(lambda: write(f, 273558326543 + 250_000_000))
+    r = hfi1_opa("-j", "counters", "hfi1_0/1", "--rate")
+    row = by_name(r)["port_xmit_data"]
+    assert (row["rate_per_sec"], row["note"], row["saturated"]) == (1e9, None, False)
+
+
+def test_data_counters_in_bytes_stay_exact_above_2_64(mlx5_ib_hca):
+    write(counter_file(mlx5_ib_hca, "mlx5_0", 1, "port_rcv_data"), U64_MAX)
+    row = by_name(mlx5_ib_hca("-j", "counters", "mlx5_0/1"))["port_rcv_data"]
+    assert row["value"] == U64_MAX * 4 and row["saturated"] is True  # 64 bits, all ones
+    assert "73786976294838206460" in mlx5_ib_hca("counters", "mlx5_0/1").out
+
+
+# -- counters_ext (Mellanox OFED before 4.5) ----------------------------------------------------
+
+
+def test_counters_ext_gives_the_64_bit_values_under_the_counters_names(mlx4_ofed_ib):
+    r = mlx4_ofed_ib("-j", "counters", "mlx4_0/1")
+    assert r.code == 0 and r.warnings == []
+    names = [row["counter"] for row in r.json]
+    assert len(names) == len(set(names)) and {row["source"] for row in r.json} == {"pma"}
+    assert not [n for n in names if n.endswith("_64") or n.startswith(("port_uni", "port_multi"))]
+    rows = by_name(r)
+    # counters/port_xmit_data is stuck at 2^32-1; counters_ext/port_xmit_data_64 (procfs) wins
+    assert counter_file(mlx4_ofed_ib, "mlx4_0", 1, "port_xmit_data").read_text() == "4294967295\n"
+    assert (rows["port_xmit_data"]["value"], rows["port_xmit_data"]["saturated"]) == (
+        26509113295 * 4,
+        False,
+    )
+    assert rows["port_rcv_data"]["value"] == 2221223609 * 4
+    assert rows["port_xmit_wait"]["value"] == 3599  # counters/ only
+    # node_exporter's counters_ext/port_unicast_xmit_packets and port_multicast_rcv_packets
+    assert (rows["unicast_xmit_packets"]["value"], rows["multicast_rcv_packets"]["value"]) == (
+        61239,
+        93,
+    )
+    widths = {n: s.width for n, s in samples_of(mlx4_ofed_ib, "mlx4_0", 1).items()}
+    assert widths["port_xmit_data"] == widths["unicast_xmit_packets"] == 64
+
+
+def test_counters_ext_rates_are_those_of_the_64_bit_counters(mlx4_ofed_ib, between_samples):
+    f = counter_file(mlx4_ofed_ib, "mlx4_0", 1, "port_xmit_data_64", "counters_ext")
+    between_samples(lambda: write(f, 26509113295 + 1_000_000))
+    row = by_name(mlx4_ofed_ib("-j", "counters", "mlx4_0/1", "--rate"))["port_xmit_data"]
+    assert (row["rate_per_sec"], row["note"]) == (4e6, None)
+
+
+def test_a_64_bit_counters_table_wins_over_counters_ext(mlx4_ofed_ib):
+    # node_exporter's mlx4_0 has both: counters/ with the unicast files (64-bit) and
+    # port_rcv_packets 6825908347, counters_ext/port_rcv_packets_64 reading 0
+    extended = {
+        "port_rcv_packets": 6825908347,
+        "unicast_xmit_packets": 61239,
+        "unicast_rcv_packets": 61148,
+        "multicast_xmit_packets": 16,
+        "multicast_rcv_packets": 93,
+    }
+    for name, value in extended.items():
+        write(counter_file(mlx4_ofed_ib, "mlx4_0", 1, name), value)
+    write(counter_file(mlx4_ofed_ib, "mlx4_0", 1, "port_rcv_packets_64", "counters_ext"), 0)
+    s = samples_of(mlx4_ofed_ib, "mlx4_0", 1)["port_rcv_packets"]
+    assert (s.value, s.width) == (6825908347, 64)
+
+
+def test_an_unavailable_counters_ext_file_leaves_its_counter_unknown(mlx4_ofed_ib):
+    f = counter_file(mlx4_ofed_ib, "mlx4_0", 1, "port_xmit_data_64", "counters_ext")
+    write(f, "N/A (no PMA)")
+    r = mlx4_ofed_ib("-j", "counters", "mlx4_0/1")
+    assert by_name(r)["port_xmit_data"]["value"] is None  # not the 32-bit 2^32-1
+    assert r.warnings == [
+        "ibtool: warning: mlx4_0/1: 1 PMA counters unavailable "
+        "(counters_ext/port_xmit_data_64: N/A (no PMA))"
+    ]
 
 
 # -- reset, not wrap; saturation ----------------------------------------------------------------
