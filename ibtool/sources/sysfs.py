@@ -390,16 +390,35 @@ class SysfsSource:
             if name == "lifespan":
                 continue
             path = os.path.join(directory, name)
-            value = self.parsed(path, lambda t, p=path: self._counter_value(p, t))
+            text = self.read(path)
+            value = None if text is None else self._counter_value(path, text)
             samples.append(CounterSample(device, port, name, value, "hw"))
         return samples
 
     def _counter_value(self, path: str, text: str) -> int | None:
-        try:
-            return int(text)
-        except ValueError:
-            self.warn(f"{self._rel(path)}: malformed value {text!r}")
-            return None
+        """The count a counter file holds (the kernel prints %u or %llu); None for anything else,
+        which is warned about once per file: a negative number or text that is not a number."""
+        digits = text.strip()
+        if _DIGITS.fullmatch(digits):
+            value = int(digits)
+            if value < 1 << 64:
+                return value
+            self._counter_warning(path, f"value {digits} is above 2^64-1")
+        elif digits.startswith("-") and _DIGITS.fullmatch(digits[1:]):
+            self._counter_warning(path, f"negative value {digits}")
+        else:
+            self._counter_warning(path, f"malformed value {text!r}")
+        return None
+
+    def _counter_warning(self, path: str, problem: str) -> None:
+        # Once per file, whatever it holds next time: --watch reads every counter again.
+        warned = self.__dict__.setdefault("_warned_counter_files", set())
+        if path not in warned:
+            warned.add(path)
+            self.warn(f"{self._rel(path)}: {problem}")
+
+
+_DIGITS = re.compile(r"[0-9]+")  # not int()'s grammar: no sign, "_", or non-ASCII digits
 
 
 def _scale(name: str) -> int:

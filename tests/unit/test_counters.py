@@ -352,3 +352,47 @@ def test_a_pma_counter_reaching_its_maximum_has_no_rate():
 def test_a_64_bit_counter_is_saturated_only_at_2_64_minus_1():
     assert not is_saturated(sample("port_xmit_data", U32_MAX, "pma", 64, 4))
     assert is_saturated(sample("port_xmit_data", U64_MAX, "pma", 64, 4))
+
+
+# -- values that are not counts -----------------------------------------------------------------
+
+
+def test_a_negative_counter_is_warned_about_and_unknown(mlx5_ib_hca):
+    write(counter_file(mlx5_ib_hca, "mlx5_0", 1, "port_xmit_discards"), -1)
+    write(counter_file(mlx5_ib_hca, "mlx5_0", 1, "out_of_buffer", "hw_counters"), -3)
+    r = mlx5_ib_hca("-j", "counters", "mlx5_0/1")
+    assert r.code == 0
+    assert r.warnings == [
+        "ibtool: warning: mlx5_0/ports/1/counters/port_xmit_discards: negative value -1",
+        "ibtool: warning: mlx5_0/ports/1/hw_counters/out_of_buffer: negative value -3",
+    ]
+    rows = by_name(r)
+    assert rows["port_xmit_discards"]["value"] is None and rows["out_of_buffer"]["value"] is None
+    assert rows["link_downed"]["value"] == 1 and rows["rx_write_requests"]["value"] == 811234
+    errors = mlx5_ib_hca("-j", "counters", "mlx5_0/1", "--errors").json
+    assert [row["counter"] for row in errors] == ["link_downed"]
+
+
+@pytest.mark.parametrize("text", ["12abc", "1_000", "+5", "\u0663", "0x10", "1.5", ""])
+def test_a_malformed_counter_warns_once_naming_the_file(mlx5_ib_hca, between_samples, text):
+    f = counter_file(mlx5_ib_hca, "mlx5_0", 1, "out_of_buffer", "hw_counters")
+    write(f, text)
+    between_samples(lambda: write(f, text + "?"))  # still no count, and not the same text
+    r = mlx5_ib_hca("-j", "counters", "mlx5_0/1", "--rate")
+    assert r.code == 0
+    assert r.warnings == [
+        f"ibtool: warning: mlx5_0/ports/1/hw_counters/out_of_buffer: malformed value {text!r}"
+    ]
+    rows = by_name(r)
+    assert (rows["out_of_buffer"]["value"], rows["out_of_buffer"]["note"]) == (None, "unknown")
+    assert rows["port_xmit_data"]["value"] == 4873402938521 * 4 and len(rows) > 30
+
+
+def test_a_count_above_2_64_minus_1_is_no_sysfs_counter(mlx5_ib_hca):
+    write(counter_file(mlx5_ib_hca, "mlx5_0", 1, "symbol_error"), 1 << 64)
+    r = mlx5_ib_hca("-j", "counters", "mlx5_0/1")
+    assert by_name(r)["symbol_error"]["value"] is None
+    assert r.warnings == [
+        "ibtool: warning: mlx5_0/ports/1/counters/symbol_error: "
+        "value 18446744073709551616 is above 2^64-1"
+    ]
