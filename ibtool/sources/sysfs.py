@@ -87,6 +87,7 @@ class SysfsSource:
         self.class_dir = os.path.join(root, "sys", "class", "infiniband")
         self.warn: Warn = warn or (lambda message: None)
         self._vlans: dict[str, tuple[int, str]] | None = None
+        self._warned_counter_files: set[str] = set()
 
     # -- raw reads ---------------------------------------------------------------------------
 
@@ -412,9 +413,8 @@ class SysfsSource:
 
     def _counter_warning(self, path: str, problem: str) -> None:
         # Once per file, whatever it holds next time: --watch reads every counter again.
-        warned = self.__dict__.setdefault("_warned_counter_files", set())
-        if path not in warned:
-            warned.add(path)
+        if path not in self._warned_counter_files:
+            self._warned_counter_files.add(path)
             self.warn(f"{self._rel(path)}: {problem}")
 
 
