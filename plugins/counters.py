@@ -132,9 +132,9 @@ def _keep(rows, errors_only: bool):
 def _emit(inv: Invocation, rows, with_rate: bool) -> None:
     fields = FIELDS + (RATE_FIELDS if with_rate else [])
     if inv.json:
-        inv.emit_json([render.record_json(r, fields, True) for r in rows])
+        inv.emit_json([render.record_json(r, fields, inv.details) for r in rows])
     else:
-        for line in render.table(rows, fields, True):
+        for line in render.table(rows, fields, inv.details):
             inv.print(line)
     inv.out.flush()
 

@@ -76,6 +76,13 @@ def test_pma_data_counters_are_shown_in_bytes(mlx5_ib_hca):
     assert rows["symbol_error"]["error"] is True and rows["symbol_error"]["saturated"] is False
 
 
+def test_where_a_value_was_read_is_a_detail(mlx5_ib_hca):
+    assert all("via" not in row for row in mlx5_ib_hca("-j", "counters").json)
+    assert {row["via"] for row in mlx5_ib_hca("-d", "-j", "counters").json} == {"sysfs"}
+    assert "VIA" not in mlx5_ib_hca("counters").out.splitlines()[0]
+    assert mlx5_ib_hca("-d", "counters").out.splitlines()[0].split()[-1] == "VIA"
+
+
 def test_errors_shows_only_nonzero_error_counters(mlx5_ib_hca):
     r = mlx5_ib_hca("-j", "counters", "--errors")
     assert r.code == 0 and r.json
