@@ -13,7 +13,7 @@ from typing import TextIO
 
 from ibtool import __version__, render
 from ibtool.commands import CommandRegistry, Invocation
-from ibtool.errors import ExitCode, IbtoolError, UsageError
+from ibtool.errors import ExitCode, IbtoolError, OutputError, Terminated, UsageError
 
 PROG = "ibtool"
 
@@ -132,15 +132,67 @@ def _plugins_command(registry: CommandRegistry, plugins) -> None:
     registry.current_plugin = None
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+def _terminate(signum, frame):
+    raise Terminated
 
 
 def _unwind_on_sigterm():
     """SIGTERM unwinds like Ctrl-C, so every QP, CQ, MR and PD is destroyed on the way out."""
     if threading.current_thread() is not threading.main_thread():
         return None
-    return signal.signal(signal.SIGTERM, _raise_interrupt)
+    return signal.signal(signal.SIGTERM, _terminate)
+
+
+class _Stdout:
+    """main()'s standard output: whatever the stream, a write or flush that fails is an
+    OutputError, so that it is told from a broken socket and from a bug."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self.stream = stream  # None: Python found descriptor 1 closed at startup (`>&-`)
+
+    def _failed(self, e: Exception) -> OutputError:
+        if isinstance(e, BrokenPipeError):
+            return OutputError("its reader went away", broken_pipe=True)
+        if isinstance(e, OSError):
+            return OutputError(e.strerror or str(e))
+        return OutputError("it is closed")
+
+    def write(self, text: str) -> int:
+        if self.stream is None:
+            raise OutputError("it is closed")
+        try:
+            return self.stream.write(text)
+        except OSError as e:
+            raise self._failed(e) from None
+        except ValueError as e:  # a closed file object; an encoding error is not ours to say
+            if not getattr(self.stream, "closed", False):
+                raise
+            raise self._failed(e) from None
+
+    def flush(self) -> None:
+        if self.stream is None or getattr(self.stream, "closed", False):
+            return  # nothing was written to it, or write() said so already
+        try:
+            self.stream.flush()
+        except OSError as e:
+            raise self._failed(e) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def _discard(stream: TextIO | None) -> None:
+    """Point the stream's descriptor at /dev/null: what it still buffers cannot be written, and
+    the interpreter's last flush at exit must not fail on it again."""
+    try:
+        fd = stream.fileno()  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def main(
@@ -151,8 +203,21 @@ def main(
     stderr: TextIO | None = None,
 ) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    out = stdout or sys.stdout
+    out = _Stdout(stdout if stdout is not None else sys.stdout)
     err = stderr or sys.stderr
+    try:
+        code = _main(argv, plugins, out, err)
+        out.flush()
+        return code
+    except OutputError as e:
+        _discard(out.stream)
+        if e.broken_pipe:
+            return ExitCode.OK  # `ibtool gids | head`: the reader left; say nothing more.
+        err.write(f"{PROG}: error: cannot write standard output: {e.reason}\n")
+        return ExitCode.IO_ERROR
+
+
+def _main(argv: list[str], plugins: Iterable[object], out: _Stdout, err: TextIO) -> int:
     warn = _Warnings(err)
     debug = "--debug" in argv
     leading = argv[: next((i for i, a in enumerate(argv) if a[:1] != "-"), len(argv))]
@@ -194,7 +259,6 @@ def main(
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-        out.flush()
         return ExitCode.OK if code is None else int(code)
     except IbtoolError as e:
         if debug:
@@ -202,14 +266,14 @@ def main(
         hint = f" (hint: {e.hint})" if e.hint else ""
         err.write(f"{PROG}: error: {e.message}{hint}\n")
         return e.exit_code
+    except Terminated:
+        err.write(f"{PROG}: terminated\n")
+        return ExitCode.TERMINATED
     except KeyboardInterrupt:
         err.write(f"{PROG}: interrupted\n")
         return ExitCode.INTERRUPTED
-    except BrokenPipeError:
-        # `ibtool gids | head`: the reader left; say nothing more.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return ExitCode.OK
+    except OutputError:
+        raise  # main() says it
     except Exception as e:
         if debug:
             traceback.print_exc(file=err)

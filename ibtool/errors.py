@@ -16,8 +16,10 @@ class ExitCode(enum.IntEnum):
     PERMISSION = 5  # the kernel refused: a capability or file permission is missing
     UNSUPPORTED = 6  # a library or kernel feature the command needs is missing
     DATA_ERROR = 7  # malformed input the command cannot work around
-    INTERNAL = 70  # a bug in ibtool (EX_SOFTWARE)
-    INTERRUPTED = 130  # Ctrl-C
+    INTERNAL = 70  # a bug in ibtool (EX_SOFTWARE, sysexits.h)
+    IO_ERROR = 74  # standard output could not be written (EX_IOERR, sysexits.h)
+    INTERRUPTED = 130  # Ctrl-C (SIGINT): 128 + 2, as a shell reports a process it killed
+    TERMINATED = 143  # SIGTERM: 128 + 15
 
 
 class IbtoolError(Exception):
@@ -56,3 +58,20 @@ class DataError(IbtoolError):
 
 class CommandFailed(IbtoolError):
     """The command worked but the answer is negative; the exit code is FAILED."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so that it unwinds like Ctrl-C (every QP, CQ, MR
+    and PD destroyed on the way out); the exit code is TERMINATED, not INTERRUPTED."""
+
+
+class OutputError(Exception):
+    """Standard output cannot be written (no space left, closed, an I/O error); `broken_pipe`
+    when its reader went away, which is a quiet exit.
+
+    Not an IbtoolError: the handlers of a command's own errors must not take it for one."""
+
+    def __init__(self, reason: str, *, broken_pipe: bool = False):
+        super().__init__(reason)
+        self.reason = reason
+        self.broken_pipe = broken_pipe

@@ -271,7 +271,8 @@ def run(inv: Invocation) -> None:
                 inv.print()
             before, t0 = after, t1
     except KeyboardInterrupt:
-        return
+        inv.out.flush()  # the rates shown stay; main() gives the signal's exit code (ibtool(8))
+        raise
 
 
 @hookimpl

@@ -51,6 +51,11 @@ def run(inv: Invocation) -> int:
     from ibtool.rdma import loopback  # pyverbs is imported only here
 
     args = inv.args
+    if inv.root != "/":
+        raise UsageError(
+            "ibtool loopback uses this host's RDMA devices through verbs; "
+            "--root trees hold only sysfs"
+        )
     ops = loopback.OPS if args.ops == "all" else tuple(o.strip() for o in args.ops.split(","))
     unknown = [o for o in ops if o not in loopback.OPS]
     if unknown:

@@ -6,7 +6,7 @@ import argparse
 
 from ibtool import hookimpl
 from ibtool.commands import Invocation
-from ibtool.errors import CommandFailed, UsageError
+from ibtool.errors import CommandFailed, IbtoolError, Terminated, UsageError
 from ibtool.host import parse_selector
 from ibtool.model import PortState
 
@@ -72,26 +72,36 @@ def run(inv: Invocation) -> int:
     from ibtool.rdma import ping, wire  # pyverbs is imported only here
 
     args = inv.args
+    if inv.root != "/":
+        raise UsageError(
+            "ibtool ping uses this host's RDMA devices through verbs; --root trees hold only sysfs"
+        )
     if not 1 <= args.size <= ping.MAX_PING_SIZE:
         raise UsageError(f"-s {args.size}: size must be 1..{ping.MAX_PING_SIZE}")
     if args.interval < 0 or (args.count is not None and args.count < 1):
         raise UsageError("-i must be >= 0 and -c >= 1")
+    tcp_port = ping.DEFAULT_PORT if args.port is None else args.port
+    if not 1 <= tcp_port <= 65535:
+        raise UsageError(
+            f"--port {tcp_port}: a TCP port is 1..65535",
+            f"leave --port out for the default, {ping.DEFAULT_PORT}",
+        )
+    if args.server and args.host:
+        raise UsageError("--server takes no HOST", "use --bind ADDR to choose an address")
+    if not args.server and not args.host:
+        raise UsageError("ping needs a HOST, or --server")
     device, port = _pick_port(inv)
     gid_index = args.gid_index
     if gid_index is None:
         gid_index = inv.host.roce_gid_index(device, port)
-    tcp_port = args.port or ping.DEFAULT_PORT
     if args.server:
-        if args.host:
-            raise UsageError("--server takes no HOST", "use --bind ADDR to choose an address")
         log = _server_log(inv)
         try:
             ping.serve(device, port, gid_index, args.bind, tcp_port, log, args.max_clients)
         except KeyboardInterrupt:
             log("server stopped")
+            raise  # main() says so and exits 130 (SIGINT) or 143 (SIGTERM)
         return 0
-    if not args.host:
-        raise UsageError("ping needs a HOST, or --server")
     return _client(inv, ping, wire, device, port, gid_index, tcp_port)
 
 
@@ -112,6 +122,8 @@ def _client(inv, ping, wire, device, port, gid_index, tcp_port) -> int:
     args = inv.args
     mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
     stats, rtts, replies = ping.PingStats(), [], []
+    interrupted: KeyboardInterrupt | None = None
+    failure: IbtoolError | None = None
     with Ladder(device, port, gid_index) as ladder:
         client = ping.Client(ladder, args.host, tcp_port, args.size, mode, args.timeout)
         try:
@@ -131,36 +143,44 @@ def _client(inv, ping, wire, device, port, gid_index, tcp_port) -> int:
                 replies.append({"seq": seq, "error": reason})
                 inv.warn(f"seq={seq} lost: {reason}")
 
-            interrupted = False
             try:
                 ping.run_client(
                     client, args.count, args.interval, args.deadline, on_reply, on_loss, stats, rtts
                 )
-            except KeyboardInterrupt:
-                interrupted = True  # Ctrl-C: the summary still comes
+            except KeyboardInterrupt as e:
+                interrupted = e  # Ctrl-C or SIGTERM: the summary still comes
+            except IbtoolError as e:
+                if not stats.sent:
+                    raise  # the first exchange failed: the error is the whole story
+                failure = e  # the summary of the pings done, then the error (main() says it)
         finally:
             client.close()
-    _summary(inv, args.host, stats, stats.summary(rtts), replies)
+    _summary(inv, args.host, stats, stats.summary(rtts), replies, failure)
+    if failure is not None:
+        raise failure
+    if isinstance(interrupted, Terminated):
+        raise interrupted
     if interrupted and stats.sent == 0:
         return 130
     incomplete = args.count is not None and stats.received < args.count and not interrupted
     return 1 if stats.received == 0 or incomplete else 0
 
 
-def _summary(inv, host, stats, rtt, replies) -> None:
+def _summary(inv, host, stats, rtt, replies, failure=None) -> None:
     loss = 100.0 * (stats.sent - stats.received) / stats.sent if stats.sent else 0.0
     if inv.json:
-        inv.emit_json(
-            {
-                "host": host,
-                "sent": stats.sent,
-                "received": stats.received,
-                "loss_pct": round(loss, 1),
-                "time_ms": round(stats.elapsed * 1000),
-                "rtt_us": {k: (round(v, 1) if v is not None else None) for k, v in rtt.items()},
-                "replies": replies,
-            }
-        )
+        report = {
+            "host": host,
+            "sent": stats.sent,
+            "received": stats.received,
+            "loss_pct": round(loss, 1),
+            "time_ms": round(stats.elapsed * 1000),
+            "rtt_us": {k: (round(v, 1) if v is not None else None) for k, v in rtt.items()},
+            "replies": replies,
+        }
+        if failure is not None:
+            report["error"] = failure.message  # what ended the run, as on standard error
+        inv.emit_json(report)
         return
     inv.print(f"--- {host} ibtool ping statistics ---")
     inv.print(

@@ -8,6 +8,8 @@ their CQ while connected, as ibv_rc_pingpong does by default: latency, not CPU, 
 
 from __future__ import annotations
 
+import errno
+import os
 import select
 import socket
 import time
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from errno import ENOENT
 
-from ibtool.errors import IbtoolError
+from ibtool.errors import IbtoolError, PermissionDeniedError, UsageError
 from ibtool.rdma import wire
 from ibtool.rdma.completions import CompletionError, CompletionTimeout, in_place, poll_failed
 from ibtool.rdma.ladder import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, Ladder, Peer, new_psn
@@ -159,16 +161,9 @@ def serve(
     max_clients: int | None = None,
 ) -> None:
     """Serve clients one after another until interrupted (or `max_clients` were served)."""
-    with (
-        Ladder(device, port, gid_index) as ladder,
-        socket.create_server(
-            (bind, tcp_port),
-            family=socket.AF_INET6 if ":" in bind else socket.AF_INET,
-            reuse_port=False,
-        ) as listener,
-    ):
+    with listen(bind, tcp_port) as listener, Ladder(device, port, gid_index) as ladder:
         log(
-            f"listening on {bind or '*'}:{tcp_port}, {device}/{port}"
+            f"listening on {bind or '*'}:{listener.getsockname()[1]}, {device}/{port}"
             + (f" gid {gid_index}" if gid_index is not None else "")
         )
         served = 0
@@ -185,6 +180,42 @@ def serve(
                 except IbtoolError as e:
                     log(f"client {peer} dropped: {e.message}")
                     _try_send(conn, wire.encode_error(e.message))
+
+
+def listen(bind: str, tcp_port: int) -> socket.socket:
+    """The server's TCP socket, listening; why there is none as an error with a hint."""
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    where = f"{bind or '*'}:{tcp_port}"
+    if bind:
+        try:
+            socket.getaddrinfo(bind, tcp_port, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+        except socket.gaierror as e:
+            raise UsageError(
+                f"--bind {bind}: not an address ({e.strerror})",
+                "give an address of this host, or leave --bind out to listen on all of them",
+            ) from None
+    try:
+        return socket.create_server((bind, tcp_port), family=family, reuse_port=False)
+    except OSError as e:
+        # create_server's text names the address as a tuple: say it from the errno instead.
+        reason = os.strerror(e.errno) if e.errno and e.errno > 0 else str(e)
+        if e.errno == errno.EADDRINUSE:
+            raise IbtoolError(
+                f"cannot listen on {where}: {reason}",
+                "another program has the port, perhaps another `ibtool ping --server` "
+                "(`ss -ltnp` shows which): stop it, or give both sides another --port",
+            ) from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise UsageError(
+                f"--bind {bind}: not an address of this host",
+                "give one of this host's addresses (`ip address`), or leave --bind out",
+            ) from None
+        if e.errno in (errno.EACCES, errno.EPERM):
+            raise PermissionDeniedError(
+                f"cannot listen on {where}: {reason}",
+                "a port below 1024 needs CAP_NET_BIND_SERVICE: give both sides another --port",
+            ) from None
+        raise IbtoolError(f"cannot listen on {where}: {reason}") from None
 
 
 def _try_send(conn: socket.socket, data: bytes) -> None:
@@ -214,7 +245,7 @@ def _serve_client(ladder: Ladder, conn: socket.socket, log: Log, peer: str) -> i
                 session.connect(remote)
                 session.post_recv()
                 session.post_recv()
-                conn.sendall(wire.encode_endpoint(session.endpoint()))
+                wire.send(conn, wire.encode_endpoint(session.endpoint()))
                 wire.receive(conn, HANDSHAKE_TIMEOUT, wire.MessageType.READY)
             except (wire.PeerError, CompletionError) as e:
                 log(f"client {peer}: connection not ready: {e.message}")
@@ -226,7 +257,7 @@ def _serve_client(ladder: Ladder, conn: socket.socket, log: Log, peer: str) -> i
                 # Our side cannot connect now (e.g. the link is down): tell the client, which
                 # retries later over the same TCP connection.
                 log(f"client {peer}: cannot connect: {e.message}")
-                conn.sendall(wire.encode_error(e.message))
+                wire.send(conn, wire.encode_error(e.message))
                 remote = _next_endpoint(conn, RECONNECT_WAIT)
                 continue
             log(
@@ -324,6 +355,7 @@ class Client:
         self, ladder: Ladder, host: str, tcp_port: int, size: int, mode: wire.Mode, timeout: float
     ):
         self.ladder, self.size, self.mode, self.timeout = ladder, size, mode, timeout
+        self.server = f"{host}:{tcp_port}"
         try:
             self.conn = socket.create_connection((host, tcp_port), timeout=HANDSHAKE_TIMEOUT)
         except OSError as e:
@@ -346,20 +378,31 @@ class Client:
             self.session = None
         session = Session(self.ladder, self.size, self.mode)
         try:
-            self.conn.sendall(wire.encode_endpoint(session.endpoint()))
+            wire.send(self.conn, wire.encode_endpoint(session.endpoint()))
             remote = wire.receive(self.conn, HANDSHAKE_TIMEOUT, wire.MessageType.ENDPOINT)
             if remote.mode != self.mode:
                 raise wire.ProtocolError(f"server answered in mode {remote.mode.name}")
             try:
                 session.connect(remote)
             except IbtoolError as e:
-                self.conn.sendall(wire.encode_error(e.message))  # the server waits for a retry
+                wire.send(self.conn, wire.encode_error(e.message))  # the server waits for a retry
                 raise
-            self.conn.sendall(wire.encode(wire.MessageType.READY))
-        except BaseException:
+            wire.send(self.conn, wire.encode(wire.MessageType.READY))
+        except BaseException as e:
             session.close()
+            if isinstance(e, wire.ProtocolError) and e.hint is None:
+                e.hint = self._hint(e)
             raise
         self.session = session
+
+    def _hint(self, e: wire.ProtocolError) -> str | None:
+        if isinstance(e, wire.PeerError):
+            return None  # the server's own reason: the session is retried
+        if isinstance(e, wire.ConnectionLost):
+            return (
+                f"the ping server at {self.server} stopped or dropped this client; its log says why"
+            )
+        return f"is what listens at {self.server} an `ibtool ping --server` of this version?"
 
     def ping(self, seq: int) -> float:
         """One round trip; its RTT in microseconds.
@@ -438,6 +481,7 @@ def run_client(
                 rtt = client.ping(seq)
             except IbtoolError as e:
                 if isinstance(e, wire.ProtocolError) and not isinstance(e, wire.PeerError):
+                    stats.sent -= 1  # it ends the run before this ping went out
                     raise
                 stats.errors += 1
                 on_loss(seq, e.message)

@@ -3,6 +3,8 @@
 A message is an 8-byte header (magic, version, type, payload length) and a fixed-layout
 payload, all big-endian. Every field is validated before use; reads are bounded in size and
 time, so a peer that sends garbage, stalls or disconnects costs one log line, nothing more.
+The one text a peer sends, an ERROR's reason, is made printable (printable()) before anything
+shows it: it reaches the operator's terminal and the server's log.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import enum
 import socket
 import struct
 import time
+import unicodedata
 from dataclasses import dataclass
 
-from ibtool.errors import DataError
+from ibtool.errors import DataError, ExitCode
 
 MAGIC = b"IBTP"
 VERSION = 1
@@ -21,6 +24,10 @@ HEADER = struct.Struct("!4sBBH")
 MAX_PAYLOAD = 1024
 _ENDPOINT = struct.Struct("!IIHB16sQIIB")  # qpn psn lid mtu gid addr rkey size mode
 MAX_BUFFER = 1 << 30  # no ping needs more than 1 GiB registered
+MAX_TEXT = 200  # characters of a peer's text shown, after escaping
+# Control (C0, DEL, C1: ESC and CSI start terminal escape sequences), format (bidi overrides,
+# zero-width), surrogate, and line and paragraph separator characters.
+_UNPRINTABLE = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
 
 
 class MessageType(enum.IntEnum):
@@ -38,7 +45,14 @@ class ProtocolError(DataError):
     """The peer broke the protocol: the connection is dropped."""
 
 
-class PeerClosed(ProtocolError):
+class ConnectionLost(ProtocolError):
+    """The connection broke (reset by the peer, or another socket error): the peer is gone,
+    which is a failure to reach it (exit 1), not a broken protocol."""
+
+    exit_code = ExitCode.FAILED
+
+
+class PeerClosed(ConnectionLost):
     """The peer closed the connection."""
 
 
@@ -78,6 +92,21 @@ class Endpoint:
         if not isinstance(self.mode, Mode):
             raise ProtocolError(f"unknown mode {self.mode}")
         return self
+
+
+def printable(text: str, limit: int = MAX_TEXT) -> str:
+    """A peer's text made safe to print: each control, format or separator character written
+    as its Python escape (\\x1b, \\n, \\u202e), so the text can neither drive the terminal nor
+    start a line of its own; cut to `limit` characters, the cut marked with "..."."""
+    pieces, size = [], 0
+    for ch in text:
+        if unicodedata.category(ch) in _UNPRINTABLE:
+            ch = ch.encode("unicode_escape").decode("ascii")
+        if size + len(ch) > limit:
+            return "".join(pieces) + "..."
+        pieces.append(ch)
+        size += len(ch)
+    return "".join(pieces)
 
 
 def encode(mtype: MessageType, payload: bytes = b"") -> bytes:
@@ -127,7 +156,7 @@ def decode_payload(kind: MessageType, payload: bytes):
         if payload:
             raise ProtocolError("READY carries no payload")
         return None
-    return payload.decode("utf-8", errors="replace")  # ERROR
+    return printable(payload.decode("utf-8", errors="replace"))  # ERROR
 
 
 def decode(data: bytes):
@@ -151,10 +180,26 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
             chunk = sock.recv(n - len(buf))
         except socket.timeout:  # TimeoutError only from 3.10
             raise ProtocolError("peer too slow: handshake timed out") from None
+        except OSError as e:
+            raise _lost(e) from None
         if not chunk:
             raise PeerClosed("peer closed the connection")
         buf += chunk
     return bytes(buf)
+
+
+def _lost(e: OSError) -> ConnectionLost:
+    if isinstance(e, ConnectionResetError):
+        return ConnectionLost("peer reset the connection")
+    return ConnectionLost(f"connection lost: {e.strerror or e}")
+
+
+def send(sock: socket.socket, data: bytes) -> None:
+    """sendall, a broken connection (reset, EPIPE) raised as ConnectionLost."""
+    try:
+        sock.sendall(data)
+    except OSError as e:
+        raise _lost(e) from None
 
 
 def receive(sock: socket.socket, timeout: float, expect: MessageType | None = None):

@@ -1,15 +1,24 @@
 """ibtool ping between processes on the live kernel: replies, a server serving clients in turn,
-faults (netem loss, link down and back), garbage peers, and nothing left behind."""
+faults (netem loss, link down and back), garbage peers, and nothing left behind; its edges: a
+port taken, peers that reset, hang or send escape sequences, and signals to either side."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
+import signal
 import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
+import unicodedata
 
 import pytest
+
+from ibtool.rdma import wire
 
 pytestmark = pytest.mark.integration
 PORT = 18600
@@ -152,3 +161,276 @@ def test_no_server_is_a_clear_error():
     proc = ibtool("ping", "127.0.0.1", "--port", str(PORT + 1), "-c", "1", timeout=60)
     assert proc.returncode == 1
     assert "cannot reach the ping server" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# -- edges: a port taken, peers that reset, hang or send escape sequences, signals ----------------
+#
+# What each prints and exits with is in ibtool-ping(8) (OUTPUT, EXIT STATUS) and ibtool(8).
+
+# ESC sequences that recolour and retitle the terminal, a line forged after a newline, a carriage
+# return, a bidi override, a C1 CSI (0x9b) clearing the screen, then far too much.
+EVIL = "\x1b[31mred\x1b]0;owned\x07\nibtool: error: forged\r\u202eevil\x9b2J" + "x" * 2000
+EVIL_SHOWN = "\\x1b[31mred\\x1b]0;owned\\x07\\nibtool: error: forged\\r\\u202eevil\\x9b2Jxxx"
+SIGNALS = [
+    (signal.SIGINT, 130, "ibtool: interrupted\n"),
+    (signal.SIGTERM, 143, "ibtool: terminated\n"),
+]
+
+
+def user_objects(kind: str) -> list[dict]:
+    """`rdma res show KIND` entries owned by a process (kernel objects have no pid)."""
+    out = subprocess.run(
+        ["rdma", "-j", "res", "show", kind], capture_output=True, text=True, check=True
+    ).stdout
+    return [o for o in json.loads(out or "[]") if "pid" in o]
+
+
+def nothing_left() -> bool:
+    return not user_objects("qp") and not user_objects("mr")
+
+
+def unsafe(text: str) -> set[str]:
+    """The characters of `text` that could drive a terminal or start a line, but newlines."""
+    return {c for c in text if c != "\n" and unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")}
+
+
+def _sigint_default() -> None:
+    # A non-interactive shell's background job starts with SIGINT ignored and children inherit
+    # it (Python then installs no KeyboardInterrupt handler): give Ctrl-C back, as a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+class Running:
+    """An ibtool process and the lines of its standard output as they come (a reader thread)."""
+
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ibtool", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_sigint_default,
+        )
+        self.lines: list[str] = []
+        self._eof = False
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self._eof = True
+            self._changed.notify_all()
+
+    def wait_for_lines(self, enough, timeout: float = 60) -> list[str]:
+        """Its lines once `enough(lines)` says so."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not enough(self.lines):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._eof:
+                    raise AssertionError(f"got {self.lines}, exit {self.proc.poll()}")
+                self._changed.wait(min(left, 1.0))
+            return list(self.lines)
+
+    def finish(self, sig: int | None = None, timeout: float = 120) -> tuple[int, str, str]:
+        """Signal it (or not) and wait: exit status, all its standard output, its stderr."""
+        try:
+            if sig is not None:
+                self.proc.send_signal(sig)
+            rc = self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(30)
+        return rc, "".join(self.lines), self.proc.stderr.read()
+
+
+def replies(lines: list[str]) -> int:
+    return sum(" bytes from 127.0.0.1: seq=" in line for line in lines)
+
+
+@pytest.fixture
+def running():
+    """Start ibtool processes; whatever still runs at the end is stopped (SIGTERM, then
+    SIGKILL after 30 s)."""
+    started: list[Running] = []
+
+    def start(*args: str) -> Running:
+        started.append(Running(*args))
+        return started[-1]
+
+    yield start
+    for r in started:
+        r.finish(signal.SIGTERM if r.proc.poll() is None else None, timeout=30)
+
+
+def start_server(running) -> Running:
+    server = running("ping", "--server", "--port", str(PORT))
+    server.wait_for_lines(lambda lines: lines, timeout=60)
+    assert server.lines[0].startswith(f"listening on *:{PORT}, "), server.lines
+    return server
+
+
+class Peer(threading.Thread):
+    """A TCP server on 127.0.0.1 for one client, doing `behave(conn)` with it, then closing."""
+
+    def __init__(self, behave):
+        super().__init__(daemon=True)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.behave = behave
+
+    def run(self) -> None:
+        with self.listener:
+            conn, _ = self.listener.accept()
+            with conn:
+                self.behave(conn)
+
+    def __enter__(self) -> Peer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.join(60)
+
+
+def _resets(conn: socket.socket) -> None:
+    wire.receive(conn, 30, wire.MessageType.ENDPOINT)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close: RST
+
+
+def _sends_escapes(conn: socket.socket) -> None:
+    wire.receive(conn, 30, wire.MessageType.ENDPOINT)
+    conn.sendall(wire.encode_error(EVIL))
+    conn.settimeout(60)
+    conn.recv(1)  # until the client leaves
+
+
+def ping_peer(peer: Peer) -> subprocess.CompletedProcess:
+    return ibtool("ping", "127.0.0.1", "--port", str(peer.port), "-c", "1", timeout=120)
+
+
+def test_server_on_a_port_already_taken_is_one_line_and_exit_1(wait_for):
+    with socket.create_server(("", PORT + 2)):
+        proc = ibtool("ping", "--server", "--port", str(PORT + 2), timeout=60)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == (
+        f"ibtool: error: cannot listen on *:{PORT + 2}: Address already in use (hint: another "
+        "program has the port, perhaps another `ibtool ping --server` (`ss -ltnp` shows "
+        "which): stop it, or give both sides another --port)\n"
+    )
+    wait_for(nothing_left, "no QP or MR of the server")
+
+
+def test_client_against_a_peer_that_resets_is_one_line_and_exit_1(wait_for):
+    with Peer(_resets) as peer:
+        proc = ping_peer(peer)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.startswith("PING 127.0.0.1 over ") and proc.stdout.count("\n") == 1
+    assert proc.stderr == (
+        "ibtool: error: peer reset the connection (hint: the ping server at "
+        f"127.0.0.1:{peer.port} stopped or dropped this client; its log says why)\n"
+    )
+    wait_for(nothing_left, "the client's QP and MR to be destroyed")
+
+
+def test_client_against_a_peer_that_hangs_gives_up_after_the_handshake_timeout(wait_for):
+    leave = threading.Event()
+    with Peer(lambda conn: leave.wait(120)) as peer:
+        t0 = time.monotonic()
+        proc = ping_peer(peer)
+        took = time.monotonic() - t0
+        leave.set()
+    assert proc.returncode == 7, proc.stderr
+    assert proc.stderr == (
+        "ibtool: error: peer too slow: handshake timed out (hint: is what listens at "
+        f"127.0.0.1:{peer.port} an `ibtool ping --server` of this version?)\n"
+    )
+    assert 4 < took < 100, took  # the handshake's 5 s (ping.HANDSHAKE_TIMEOUT), not forever
+    wait_for(nothing_left, "the client's QP and MR to be destroyed")
+
+
+def test_client_shows_a_peers_escape_sequences_escaped():
+    with Peer(_sends_escapes) as peer:
+        proc = ping_peer(peer)
+    assert proc.returncode == 1  # no reply
+    assert unsafe(proc.stdout) == set() and unsafe(proc.stderr) == set()
+    (line,) = proc.stderr.splitlines()  # one line: the newline the peer sent is not one
+    assert line.startswith("ibtool: warning: seq=1 lost: peer says: " + EVIL_SHOWN)
+    assert line.endswith("...")
+    assert "1 sent, 0 received, 100% loss" in proc.stdout
+
+
+def test_server_logs_a_clients_escape_sequences_escaped(running, testbed, wait_for):
+    server = start_server(running)
+    gid = ipaddress.IPv6Address("::ffff:" + testbed["ipv4"]).packed  # rxe0's own address
+    endpoint = wire.Endpoint(0x99, 1, 0, 3, gid, 0x1000, 1, 64, wire.Mode.SEND)
+    with socket.create_connection(("127.0.0.1", PORT), timeout=30) as c:
+        c.sendall(wire.encode_endpoint(endpoint))
+        wire.receive(c, 30, wire.MessageType.ENDPOINT)  # its QP is ready for ours
+        c.sendall(wire.encode_error(EVIL))  # instead of READY
+    lines = server.wait_for_lines(lambda lines: " done: 0 pings answered" in "".join(lines))
+    assert all(unsafe(line) == set() for line in lines)
+    (not_ready,) = [line for line in lines if "connection not ready" in line]
+    assert re.fullmatch(
+        r"client 127\.0\.0\.1:\d+: connection not ready: peer says: "
+        + re.escape(EVIL_SHOWN)
+        + r"x*\.\.\.\n",
+        not_ready,
+    )
+    rc, _, err = server.finish(signal.SIGTERM)
+    assert (rc, err) == (143, "ibtool: terminated\n")
+    wait_for(nothing_left, "the server's QP and MR to be destroyed")
+
+
+@pytest.mark.parametrize("sig, code, said", SIGNALS, ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_server_mid_run(running, wait_for, sig, code, said):
+    server = start_server(running)
+    client = running("ping", "127.0.0.1", "--port", str(PORT), "-i", "0.2", "-W", "1")
+    client.wait_for_lines(lambda lines: replies(lines) >= 3)
+    rc, out, err = server.finish(sig)
+    assert (rc, err) == (code, said)
+    assert out.splitlines()[-1] == "server stopped"
+    # The client loses the next ping, cannot rebuild its QP with a server that is gone, and
+    # ends: the statistics, then the error.
+    rc, out, err = client.finish(timeout=180)
+    assert rc == 1, err
+    lines = out.splitlines()
+    assert lines[-3] == "--- 127.0.0.1 ibtool ping statistics ---", out
+    assert re.fullmatch(r"\d+ sent, \d+ received, \d+% loss, time \d+ ms", lines[-2])
+    assert lines[-1].startswith("rtt min/avg/median/max/mdev = ")
+    assert re.search(
+        r"ibtool: error: peer (closed|reset) the connection \(hint: the ping server at "
+        + re.escape(f"127.0.0.1:{PORT} stopped or dropped this client; its log says why)\n")
+        + r"\Z",
+        err,
+    ), err
+    assert "Traceback" not in err
+    wait_for(nothing_left, "every QP and MR to be destroyed")
+
+
+@pytest.mark.parametrize(
+    "sig, code, said",
+    [(signal.SIGINT, 0, ""), (signal.SIGTERM, 143, "ibtool: terminated\n")],
+    ids=["SIGINT", "SIGTERM"],
+)
+def test_a_signal_to_the_client_mid_run_prints_the_statistics(running, wait_for, sig, code, said):
+    server = start_server(running)
+    client = running("ping", "127.0.0.1", "--port", str(PORT), "-i", "0.2")
+    client.wait_for_lines(lambda lines: replies(lines) >= 3)
+    rc, out, err = client.finish(sig)
+    assert (rc, err) == (code, said)  # Ctrl-C after replies: 0, as ping(8)
+    lines = out.splitlines()
+    assert lines[-3] == "--- 127.0.0.1 ibtool ping statistics ---", out
+    m = re.fullmatch(r"(\d+) sent, (\d+) received, \d+% loss, time \d+ ms", lines[-2])
+    assert m and int(m[2]) >= 3 and int(m[1]) - int(m[2]) in (0, 1)  # one may be in flight
+    assert lines[-1].startswith("rtt min/avg/median/max/mdev = ")
+    server.wait_for_lines(lambda lines: " done: " in "".join(lines))  # the server goes on
+    wait_for(nothing_left, "the QPs and MRs of the client and of its session to be destroyed")
+    assert server.proc.poll() is None

@@ -17,6 +17,7 @@ if str(REPO) not in sys.path:  # `pytest` (not `python -m pytest`) does not put 
 
 from ibtool.cli import main  # noqa: E402
 from tests.fixtures import sysfs_trees  # noqa: E402
+from tests.unit.fake_host import read_sysfs_from  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,14 @@ def empty_root(tmp_path) -> Ibtool:
 def captured_rxe() -> Ibtool:
     """rxe0 on veth0 as the testbed's kernel showed it (tests/testbed/guest.sh topology)."""
     return _ibtool_on(sysfs_trees.CAPTURED_RXE)
+
+
+@pytest.fixture
+def live_roce(tmp_path, monkeypatch) -> Ibtool:
+    """ibtool on the live host whose sysfs is the mlx5_roce tree (mlx5_0/1, RoCE v2 GID 3), for
+    loopback and ping, which refuse --root; with fake_pyverbs for their verbs."""
+    read_sysfs_from(monkeypatch, sysfs_trees.build("mlx5_roce", tmp_path))
+    return lambda *argv: run_cli(list(argv))
 
 
 @pytest.fixture

@@ -128,7 +128,7 @@ GRH_SIZE = 40
 WR = IBV_ENUMS["ibv_wr_opcode"]
 WC = IBV_ENUMS["ibv_wc_opcode"]
 ACCESS_REMOTE_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_ATOMIC = 2, 4, 8
-WC_REM_INV_REQ_ERR, WC_REM_ACCESS_ERR = 9, 10
+WC_REM_INV_REQ_ERR, WC_REM_ACCESS_ERR, WC_RETRY_EXC_ERR = 9, 10, 12
 
 
 # -- the device ------------------------------------------------------------------------------
@@ -425,7 +425,10 @@ class FakeQP(_Closable):
             peer = self.fabric.qps[qpn]
             assert qkey == peer.attr.qkey
         else:
-            peer = self.fabric.qps[self.attr.dest_qp_num]
+            peer = self.fabric.qps.get(self.attr.dest_qp_num)
+            if peer is None:  # destroyed: no ACK ever comes, the RC retries run out
+                self.scq.push(_wc(wr_id=wr.wr_id, status=WC_RETRY_EXC_ERR))
+                return
         status, wc_opcode = self._execute(opcode, wr, sge, peer)
         if status or self.sq_sig_all or wr.send_flags & 2:
             self.scq.push(_wc(wr_id=wr.wr_id, status=status, opcode=wc_opcode))

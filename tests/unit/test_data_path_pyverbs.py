@@ -22,10 +22,10 @@ ROCE_GID = "0000:0000:0000:0000:0000:ffff:c0a8:0a01"  # GID 3 of the mlx5_roce t
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_loopback_passes_every_operation(release, fake_pyverbs, mlx5_roce):
+def test_loopback_passes_every_operation(release, fake_pyverbs, live_roce):
     fabric = fake_pyverbs(release)
     fabric.add_port("mlx5_0", 1, link_layer=2, gids={3: ROCE_GID})
-    r = mlx5_roce("-j", "loopback", "mlx5_0/1", "--iters", "3", "--size", "256")
+    r = live_roce("-j", "loopback", "mlx5_0/1", "--iters", "3", "--size", "256")
     assert r.code == 0, r.err
     assert r.json["gid_index"] == 3
     assert [(x["op"], x["status"], x["error"]) for x in r.json["results"]] == [
@@ -34,9 +34,9 @@ def test_loopback_passes_every_operation(release, fake_pyverbs, mlx5_roce):
     assert all(x["bw_MBps"] > 0 for x in r.json["results"] if x["op"] in ("send", "write", "read"))
 
 
-def test_loopback_without_pyverbs_exits_unsupported_with_the_hint(fake_pyverbs, mlx5_roce):
+def test_loopback_without_pyverbs_exits_unsupported_with_the_hint(fake_pyverbs, live_roce):
     fake_pyverbs(None)
-    r = mlx5_roce("loopback", "mlx5_0/1", "--iters", "1")
+    r = live_roce("loopback", "mlx5_0/1", "--iters", "1")
     assert r.code == 6
     assert "pyverbs is not available" in r.err
     assert "apt install python3-pyverbs" in r.err

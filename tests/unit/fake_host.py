@@ -1,0 +1,70 @@
+"""ibtool on a fake RDMA host: the mlx5_roce tree as the live host's sysfs, a fake pyverbs.
+
+`python -m tests.unit.fake_host [--serve PORT] ARGS...` runs ibtool's main() so in a process of
+its own, for the tests that signal one. With --serve PORT an `ibtool ping --server` first
+listens on 127.0.0.1:PORT in a thread of the same process: the fake device exists in one process
+only, so a client is pinged by a server beside it.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+ROCE_GID = "0000:0000:0000:0000:0000:ffff:c0a8:0a01"  # GID 3 of the mlx5_roce tree
+
+
+def read_sysfs_from(monkeypatch, root: Path) -> None:
+    """The live host (no --root) reads its sysfs from `root`, for the commands that refuse
+    --root because they open the host's verbs devices (loopback, ping; pyverbs_fakes fakes
+    those)."""
+    from ibtool.commands import Invocation
+    from ibtool.host import Host
+
+    def host(inv: Invocation) -> Host:
+        if inv._host is None:
+            inv._host = Host(root=str(root), warn=inv.warn, details=inv.details)
+        return inv._host
+
+    monkeypatch.setattr(Invocation, "host", property(host))
+
+
+def _serve(port: int) -> None:
+    from ibtool.rdma import ping
+
+    listening = threading.Event()
+
+    def log(line: str) -> None:
+        if line.startswith("listening on "):
+            listening.set()
+
+    server = threading.Thread(
+        target=ping.serve, args=("mlx5_0", 1, 3, "127.0.0.1", port, log), daemon=True
+    )
+    server.start()
+    if not listening.wait(30):
+        raise SystemExit("the in-process ping server did not listen within 30 s")
+
+
+def main(argv: list[str]) -> int:
+    import pytest
+
+    from ibtool.cli import main as ibtool
+    from tests.fixtures import sysfs_trees
+    from tests.unit import pyverbs_fakes
+
+    patch = pytest.MonkeyPatch()
+    fabric = pyverbs_fakes.install(patch, "rdma-core-65")
+    fabric.add_port("mlx5_0", 1, link_layer=2, gids={3: ROCE_GID})
+    with tempfile.TemporaryDirectory() as tmp:
+        read_sysfs_from(patch, sysfs_trees.build("mlx5_roce", Path(tmp)))
+        if argv[:1] == ["--serve"]:
+            _serve(int(argv[1]))
+            argv = argv[2:]
+        return ibtool(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
