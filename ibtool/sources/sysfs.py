@@ -310,12 +310,13 @@ class SysfsSource:
             ) from None
         if not entries:
             raise NoDevicesError(f"no RDMA devices (empty {self.class_dir})", NO_DEVICES_HINT)
+        entries.sort(key=lambda e: natural_key(e.name))  # warnings in order, whatever the fs
         names = [e.name for e in entries if self._is_device(e)]
         if not names:
             raise NoDevicesError(
                 f"no RDMA devices ({self.class_dir} holds no device)", NO_DEVICES_HINT
             )
-        return sorted(names, key=natural_key)
+        return names
 
     def _is_device(self, entry: os.DirEntry) -> bool:
         # sysfs makes every entry a link into devices/; captures may hold directories. Only

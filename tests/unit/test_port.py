@@ -377,8 +377,8 @@ def test_garbled_ports_are_unknown_and_the_sound_ones_complete(garbled_values):
         "rate 100 Gb/sec (4X EDR) netdev enp3s0f0",
     ]
     assert r.warnings == [
-        "ibtool: warning: notes: not a directory, not a device",
         "ibtool: warning: mlx4_1: dangling link, not a device",
+        "ibtool: warning: notes: not a directory, not a device",
         "ibtool: warning: mlx4_0/ports/1/state: '9: UNKNOWN' is not a port state the kernel "
         "defines",
         "ibtool: warning: mlx4_0/ports/1/phys_state: '99: <unknown>' is not a physical port "
