@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ibtool.errors import IbtoolError, NotFoundError, UsageError
-from ibtool.model import CounterSample, Device, Gid, LinkLayer, NodeType, Port
-from ibtool.sources.sysfs import SysfsSource
+from ibtool.model import CounterSample, Device, Gid, LinkLayer, Port
+from ibtool.sources.sysfs import PORT_DETAILS, PORT_FIELDS, PORT_NETDEV, SysfsSource
 
 
 def parse_selector(selector: str) -> tuple[str, int | None]:
@@ -55,17 +55,25 @@ class Host:
     # -- records -----------------------------------------------------------------------------
 
     def devices(self, selector: str | None = None) -> list[Device]:
-        devices = [self.sysfs.device(name) for name, _ in self.select(selector)]
+        devices = [
+            self.sysfs.device(name, details=self.details) for name, _ in self.select(selector)
+        ]
         if not self._merging():
             return devices
         with _NetlinkRecords(self) as nl:
             return [nl.merge_device(d) for d in devices]
 
-    def ports(self, selector: str | None = None) -> list[Port]:
+    def ports(
+        self, selector: str | None = None, fields: tuple[str, ...] | None = None
+    ) -> list[Port]:
+        """Ports with `fields` read from sysfs (default: what `port` shows, with -d the details
+        too); a command that shows less asks for less, and so warns only about what it shows."""
+        if fields is None:
+            fields = PORT_FIELDS + PORT_NETDEV + (PORT_DETAILS if self.details else ())
         ports = []
         for name, port in self.select(selector):
             numbers = [port] if port is not None else self.sysfs.port_numbers(name)
-            ports.extend(self._with_verbs(self.sysfs.port(name, p)) for p in numbers)
+            ports.extend(self._with_verbs(self.sysfs.port(name, p, fields)) for p in numbers)
         if not self._merging():
             return ports
         with _NetlinkRecords(self) as nl:
@@ -116,14 +124,14 @@ class Host:
             self.warn(message)
 
     def is_iwarp(self, device: str) -> bool:
-        return self.sysfs.node_type(device) == NodeType.RNIC
+        return self.sysfs.iwarp(device)
 
     def roce_gid_index(self, device: str, port: int) -> int | None:
         """The GID index the data path uses on a RoCE port (the `gids --best` rule), or None
         for an InfiniBand port, which is addressed by LID."""
         from ibtool.gidrule import best_gid
 
-        p = self.sysfs.port(device, port)
+        p = self.sysfs.port(device, port, ("link_layer", "netdev"))
         if p.link_layer != LinkLayer.ETHERNET:
             return None
         gids = list(self.sysfs.gids(device, port, p.link_layer))

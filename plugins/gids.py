@@ -19,6 +19,7 @@ FIELDS = [
     render.Field("ip", lambda g: g.ip, header="IP"),
 ]
 
+BEST_PORT_FIELDS = ("state", "link_layer", "netdev")
 TYPE_CHOICES = {"ib": GidType.IB, "v1": GidType.ROCE_V1, "v2": GidType.ROCE_V2}
 
 
@@ -55,7 +56,8 @@ def _filtered(gids: list[Gid], args) -> list[Gid]:
 def run(inv: Invocation) -> int | None:
     if inv.args.best is not None:
         sel = selector(inv.args)
-        ports = {(p.device, p.port): p for p in inv.host.ports(sel)}
+        # The rule needs the ports' state, link layer and netdev, nothing it would not show.
+        ports = {(p.device, p.port): p for p in inv.host.ports(sel, BEST_PORT_FIELDS)}
         gids = _filtered(inv.host.gids(sel), inv.args)
         iwarp = frozenset(d for d in {p.device for p in ports.values()} if inv.host.is_iwarp(d))
         g = best_gid(gids, ports, inv.host.sysfs.vlans(), inv.args.best, iwarp)

@@ -335,6 +335,7 @@ class SysfsPoller:
             return Snapshot({}, {})  # no devices (yet): waiting for some is what monitors do
         devices: dict[str, int | None] = {}
         ports: dict[tuple[str, int], PortView] = {}
+        self.sysfs.warned.clear()  # each poll notes what it finds; cli shows a warning once
         for name in names:
             self._notes = []
             views = {}

@@ -1,17 +1,20 @@
 """Reader for /sys/class/infiniband, rooted anywhere (live host, sosreport, captured tree, fixture).
 
-Every value that cannot be read or parsed becomes None plus one warning; one bad file or device
-never hides the others. Formats are those of drivers/infiniband/core/sysfs.c (and
-Documentation/ABI/stable/sysfs-class-infiniband): "N: text" enums, hex LIDs, two generations
-of rate strings, zero GIDs in empty slots.
+Every value that cannot be read or parsed becomes None plus one warning naming the file, once per
+file; one bad file or device never hides the others. Formats are those of
+drivers/infiniband/core/sysfs.c (and Documentation/ABI/stable/sysfs-class-infiniband): "N: text"
+enums, hex LIDs, two generations of rate strings, zero GIDs in empty slots. A value the kernel
+cannot print (an LMC above 7, a LID above 16 bits, a port state no kernel defines) is warned
+about and left out, never used.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 from ibtool import counterinfo
 from ibtool.errors import DataError, NoDevicesError, PermissionDeniedError
@@ -31,10 +34,28 @@ from ibtool.model import (
 
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 _IPV4_MAPPED_PREFIX = "0000:0000:0000:0000:0000:ffff:"
-_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec\s*\((\d+)X\s*([A-Z0-9]*)\)\s*$")
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec\s*\((\d+)X\s*([A-Z0-9]*)\)\s*$", re.ASCII)
+# "%d: %s" / "%u: %s" of state, phys_state and node_type
+_ENUM_RE = re.compile(r"(-?[0-9]+):")
+_HEX_RE = re.compile(r"0[xX][0-9a-fA-F]+")  # "0x%x" of lid and sm_lid, "0x%08x" of cap_mask
+_DECIMAL_RE = re.compile(r"-?[0-9]+")
+# node_guid, sys_image_guid: "%04x:%04x:%04x:%04x"; gids/N: "%pI6", never compressed
+_GUID_RE = re.compile(r"[0-9a-fA-F]{4}(?::[0-9a-fA-F]{4}){3}")
+_GID_RE = re.compile(r"[0-9a-fA-F]{4}(?::[0-9a-fA-F]{4}){7}")
 _LINK_LAYERS = {"InfiniBand": LinkLayer.INFINIBAND, "Ethernet": LinkLayer.ETHERNET}
-# Omni-Path HFIs present themselves as InfiniBand CAs; only the driver tells them apart.
+# Omni-Path HFIs present themselves as InfiniBand CAs; only the driver tells them apart. Their
+# LIDs may be wider than InfiniBand's 16 bits (ib_port_attr.lid is a u32 for OPA's extended LIDs).
 _OPA_DRIVERS = frozenset({"hfi1"})
+IB_LID_MAX = 0xFFFF
+OPA_LID_MAX = 0xFFFFFFFF
+LMC_MAX = 7  # PortInfo:LMC is 3 bits (IBTA vol. 1, 14.2.5.6)
+SL_MAX = 15  # a service level is 4 bits
+# Where node_type is missing (an incomplete capture), iWARP hardware is known by the PCI driver
+# its ib_device hangs off (i40iw: i40e; iw_cxgb4: cxgb4; iw_cxgb3: cxgb3) or by its hca_type
+# (i40iw "I40IW", iw_cxgb4 and iw_cxgb3 the LAN driver's name, qedr "FastLinQ QL... iWARP").
+_IWARP_DRIVERS = frozenset({"i40e", "cxgb4", "cxgb3"})
+_IWARP_HCA_TYPES = frozenset({"I40IW", "cxgb4", "cxgb3"})
+IFNAMSIZ = 16  # include/uapi/linux/if.h, with the terminating NUL
 
 NO_DEVICES_HINT = (
     "load the adapter's driver (e.g. modprobe mlx5_ib), or create a Soft-RoCE device: "
@@ -44,6 +65,19 @@ NO_DEVICES_HINT = (
 Warn = Callable[[str], None]
 
 
+class _Invalid(ValueError):
+    """A well-formed value the kernel never prints; the message says what is wrong with it."""
+
+
+def _shown(text: str) -> str:
+    """A value as a warning quotes it: repr (escapes keep the warning on one line), cut short."""
+    return repr(text) if len(text) <= 40 else f"{text[:40]!r}..."
+
+
+def _is_number(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
 def natural_key(name: str) -> list:
     """mlx5_2 sorts before mlx5_10."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
@@ -51,7 +85,10 @@ def natural_key(name: str) -> list:
 
 def parse_enum_line(text: str) -> int:
     """'4: ACTIVE' -> 4 (the text after the colon differs between kernels and tools)."""
-    return int(text.split(":", 1)[0])
+    m = _ENUM_RE.match(text)
+    if m is None:
+        raise ValueError(text)
+    return int(m.group(1))
 
 
 def parse_rate(text: str) -> Rate:
@@ -62,12 +99,86 @@ def parse_rate(text: str) -> Rate:
     return Rate(text=text, gbps=float(m.group(1)), lanes=int(m.group(2)), speed=m.group(3) or "SDR")
 
 
+def parse_enum(cls, what: str) -> Callable[[str], object]:
+    """'N: text' as a member of cls; a number the kernel does not define is _Invalid."""
+
+    def parse(text: str):
+        member = cls.parse(parse_enum_line(text))
+        if member is None:
+            raise _Invalid(f"{_shown(text)} is not {what} the kernel defines")
+        return member
+
+    return parse
+
+
+def parse_decimal(maximum: int) -> Callable[[str], int]:
+    """'%u' up to maximum."""
+
+    def parse(text: str) -> int:
+        if not _DECIMAL_RE.fullmatch(text):
+            raise ValueError(text)
+        value = int(text)
+        if not 0 <= value <= maximum:
+            raise _Invalid(f"{_shown(text)} is out of range (0..{maximum})")
+        return value
+
+    return parse
+
+
+def parse_hex(maximum: int) -> Callable[[str], int]:
+    """'0x%x' up to maximum."""
+
+    def parse(text: str) -> int:
+        if not _HEX_RE.fullmatch(text):
+            raise ValueError(text)
+        value = int(text, 16)
+        if value > maximum:
+            raise _Invalid(f"{_shown(text)} is out of range (0x0..{maximum:#x})")
+        return value
+
+    return parse
+
+
+def parse_guid(text: str) -> str:
+    if not _GUID_RE.fullmatch(text):
+        raise ValueError(text)
+    return text
+
+
+def valid_netdev_name(name: str) -> bool:
+    """What the kernel accepts as a netdev name (net/core/dev.c dev_valid_name)."""
+    return (
+        0 < len(name.encode()) < IFNAMSIZ
+        and name not in (".", "..")
+        and name.isprintable()
+        and not any(c in "/:" or c.isspace() for c in name)
+    )
+
+
+def parse_netdev(text: str) -> str:
+    if not valid_netdev_name(text):
+        raise ValueError(text)
+    return text
+
+
+def _printable(text: str) -> bool:
+    # U+FFFD: bytes that were not UTF-8 (_read_attr decodes with "replace")
+    return text.isprintable() and "\ufffd" not in text
+
+
 def gid_ip(gid: str) -> str | None:
     """The IP address a RoCE GID encodes: IPv4-mapped (::ffff:a.b.c.d) or the IPv6 address."""
     if gid.startswith(_IPV4_MAPPED_PREFIX):
         raw = bytes.fromhex(gid[len(_IPV4_MAPPED_PREFIX) :].replace(":", ""))
         return str(ipaddress.IPv4Address(raw))
     return str(ipaddress.IPv6Address(bytes.fromhex(gid.replace(":", ""))))
+
+
+def iwarp_hardware(driver: str | None, hca_type: str | None) -> bool:
+    """iWARP by the driver or hca_type alone, for a device whose node_type cannot be read."""
+    if driver in _IWARP_DRIVERS:
+        return True
+    return hca_type is not None and (hca_type in _IWARP_HCA_TYPES or hca_type.endswith(" iWARP"))
 
 
 def _read_attr(path: str) -> str:
@@ -81,66 +192,109 @@ def _read_attr(path: str) -> str:
     return data.decode("utf-8", "replace").rstrip("\n")
 
 
+# Port fields as Port names them; a command reads (and so warns about) only those it shows.
+PORT_FIELDS = ("state", "physical_state", "link_layer", "rate", "lid", "sm_lid", "lmc", "sm_sl")
+PORT_NETDEV = ("netdev",)
+PORT_DETAILS = ("cap_mask", "gid_tbl_len")
+_PORT_ATTRS: dict[str, tuple[str, Callable, bool]] = {
+    # field: (file, parse, required)
+    "state": ("state", parse_enum(PortState, "a port state"), True),
+    "physical_state": ("phys_state", parse_enum(PhysState, "a physical port state"), True),
+    "rate": ("rate", parse_rate, True),
+    "lmc": ("lid_mask_count", parse_decimal(LMC_MAX), True),
+    "sm_sl": ("sm_sl", parse_decimal(SL_MAX), False),
+    "cap_mask": ("cap_mask", parse_hex(0xFFFFFFFF), False),  # the low 32 bits
+}
+
+
 class SysfsSource:
     def __init__(self, root: str = "/", warn: Warn | None = None):
         self.root = root
         self.class_dir = os.path.join(root, "sys", "class", "infiniband")
         self.warn: Warn = warn or (lambda message: None)
+        # The files warned about: one warning per file, however often it is read.
+        self.warned: set[str] = set()
         self._vlans: dict[str, tuple[int, str]] | None = None
-        self._warned_counter_files: set[str] = set()
+        self._drivers: dict[str, str | None] = {}
 
     # -- raw reads ---------------------------------------------------------------------------
 
     def _rel(self, path: str) -> str:
         return os.path.relpath(path, self.class_dir) if path.startswith(self.class_dir) else path
 
-    def read(self, path: str, *, required: bool = True) -> str | None:
+    def bad(self, path: str, problem: str) -> None:
+        """Warn about a file: 'DEV/ports/1/state: PROBLEM', the first time only."""
+        rel = self._rel(path)
+        if rel not in self.warned:
+            self.warned.add(rel)
+            self.warn(f"{rel}: {problem}")
+
+    def read(self, path: str, *, required: bool = True, quiet: bool = False) -> str | None:
         """File content without the trailing newline; None (and a warning) when unreadable.
 
         Absent files are silent unless `required`: many attributes exist only on some drivers.
+        `quiet`: a read the kernel fails on purpose (gid_attrs of empty or InfiniBand GID
+        slots: EINVAL). A dangling link is never what the kernel shows: always warned about.
         """
         try:
             return _read_attr(path)
         except FileNotFoundError:
-            if required:
-                self.warn(f"{self._rel(path)}: missing")
+            if os.path.islink(path):
+                self.bad(path, "dangling link")
+            elif required:
+                self.bad(path, "missing")
         except OSError as e:
-            self.warn(f"{self._rel(path)}: cannot read: {e.strerror or e}")
+            if not quiet:
+                self.bad(path, f"cannot read: {e.strerror or e}")
         return None
 
-    @staticmethod
-    def read_quiet(path: str) -> str | None:
-        """For files the kernel makes fail on purpose (gid_attrs of empty or IB slots: EINVAL)."""
+    def parse(self, path: str, text: str, parse: Callable):
+        """parse(text), or None and a warning naming the file."""
         try:
-            return _read_attr(path)
-        except OSError:
-            return None
+            return parse(text)
+        except _Invalid as e:
+            self.bad(path, str(e))
+        except (ValueError, IndexError):
+            self.bad(path, f"malformed value {_shown(text)}")
+        return None
 
     def parsed(self, path: str, parse: Callable, *, required: bool = True):
         text = self.read(path, required=required)
         if text is None:
             return None
-        try:
-            return parse(text)
-        except (ValueError, IndexError):
-            self.warn(f"{self._rel(path)}: malformed value {text!r}")
+        return self.parse(path, text, parse)
+
+    def text(self, path: str, *, empty: str | None = None) -> str | None:
+        """A driver's free-text attribute (fw_ver, hca_type, board_id, ...): absent is silent, an
+        empty line (rxe's fw_ver) is `empty`, text that is not one printable line is warned
+        about."""
+        text = self.read(path, required=False)
+        if not text:
+            return empty if text == "" else None
+        if not _printable(text):
+            self.bad(path, f"malformed value {_shown(text)}")
             return None
+        return text
 
     def _listdir(self, path: str, *, required: bool = True) -> list[str]:
         try:
             return os.listdir(path)
         except FileNotFoundError:
-            if required:
-                self.warn(f"{self._rel(path)}: missing")
+            if os.path.islink(path):
+                self.bad(path, "dangling link")
+            elif required:
+                self.bad(path, "missing")
         except OSError as e:
-            self.warn(f"{self._rel(path)}: cannot list: {e.strerror or e}")
+            self.bad(path, f"cannot list: {e.strerror or e}")
         return []
 
     # -- devices -----------------------------------------------------------------------------
 
     def device_names(self) -> list[str]:
+        """The devices in class/infiniband; an entry that is not one (a dangling link, a plain
+        file, an empty directory) is skipped with one warning."""
         try:
-            names = os.listdir(self.class_dir)
+            entries = list(os.scandir(self.class_dir))
         except FileNotFoundError:
             raise NoDevicesError(
                 f"no RDMA devices ({self.class_dir} does not exist)", NO_DEVICES_HINT
@@ -154,59 +308,139 @@ class SysfsSource:
                 f"cannot list {self.class_dir}: {e.strerror}",
                 "--root wants a tree shaped like /: DIR/sys/class/infiniband/DEV/...",
             ) from None
-        if not names:
+        if not entries:
             raise NoDevicesError(f"no RDMA devices (empty {self.class_dir})", NO_DEVICES_HINT)
-        return sorted(names, key=natural_key)
+        entries.sort(key=lambda e: natural_key(e.name))  # warnings in order, whatever the fs
+        names = [e.name for e in entries if self._is_device(e)]
+        if not names:
+            raise NoDevicesError(
+                f"no RDMA devices ({self.class_dir} holds no device)", NO_DEVICES_HINT
+            )
+        return names
+
+    def _is_device(self, entry: os.DirEntry) -> bool:
+        # sysfs makes every entry a link into devices/; captures may hold directories. Only
+        # what is not a link costs a system call here.
+        try:
+            if entry.is_dir():
+                if entry.is_symlink() or os.listdir(entry.path):
+                    return True
+                self.bad(entry.path, "empty directory, not a device")
+                return False
+        except OSError:
+            pass
+        if entry.is_symlink() and not os.path.exists(entry.path):
+            self.bad(entry.path, "dangling link, not a device")
+        else:
+            self.bad(entry.path, "not a directory, not a device")
+        return False
 
     def port_numbers(self, device: str) -> list[int]:
+        ports_dir = os.path.join(self.class_dir, device, "ports")
         ports = []
-        for entry in self._listdir(os.path.join(self.class_dir, device, "ports")):
-            if entry.isdigit():
+        for entry in self._listdir(ports_dir):
+            if _is_number(entry):
                 ports.append(int(entry))
             else:
-                self.warn(f"{device}/ports/{entry}: not a port number")
+                self.bad(os.path.join(ports_dir, entry), "not a port number")
         return sorted(ports)
 
-    def device(self, name: str, *, with_ports: bool = True) -> Device:
+    def device(self, name: str, *, with_ports: bool = True, details: bool = True) -> Device:
+        """A device; without `details`, node_desc, hw_rev and parent are not read (dev shows
+        them only with -d), and its ports are read only for the protocol and netdevs."""
         d = os.path.join(self.class_dir, name)
-        node_type = self.parsed(os.path.join(d, "node_type"), parse_enum_line)
-        driver = self._driver(d)
-        ports = tuple(self.port(name, p) for p in self.port_numbers(name)) if with_ports else ()
+        node_type = self.node_type(name)
+        driver = self.driver(name)
+        hca_type = self.text(os.path.join(d, "hca_type"))
+        numbers = self.port_numbers(name)
+        ports = (
+            tuple(self.port(name, p, fields=("link_layer", "netdev")) for p in numbers)
+            if with_ports
+            else ()
+        )
         netdevs: list[str] = []
         for p in ports:
             if p.netdev and p.netdev not in netdevs:
                 netdevs.append(p.netdev)
         return Device(
             name=name,
-            node_type=NodeType.parse(node_type) if node_type is not None else None,
-            protocol=self._protocol(node_type, driver, ports),
-            fw_ver=self.read(os.path.join(d, "fw_ver"), required=False) or None,
-            node_guid=self.read(os.path.join(d, "node_guid")),
-            sys_image_guid=self.read(os.path.join(d, "sys_image_guid"), required=False),
-            node_desc=self.read(os.path.join(d, "node_desc"), required=False),
-            hca_type=self.read(os.path.join(d, "hca_type"), required=False),
-            board_id=self.read(os.path.join(d, "board_id"), required=False),
-            hw_rev=self.read(os.path.join(d, "hw_rev"), required=False),
+            node_type=node_type,
+            protocol=self._protocol(node_type, driver, hca_type, ports),
+            fw_ver=self.text(os.path.join(d, "fw_ver")),
+            node_guid=self.parsed(os.path.join(d, "node_guid"), parse_guid),
+            sys_image_guid=self.parsed(
+                os.path.join(d, "sys_image_guid"), parse_guid, required=False
+            ),
+            node_desc=self.text(os.path.join(d, "node_desc"), empty="") if details else None,
+            hca_type=hca_type,
+            board_id=self.text(os.path.join(d, "board_id")),
+            hw_rev=self.text(os.path.join(d, "hw_rev")) if details else None,
             driver=driver,
-            parent=self.read(os.path.join(d, "parent"), required=False),
-            port_count=len(ports) if with_ports else len(self.port_numbers(name)),
+            parent=self._parent(name) if details else None,
+            port_count=len(numbers),
             netdevs=tuple(netdevs),
             ports=ports,
         )
 
-    @staticmethod
-    def _driver(device_dir: str) -> str | None:
+    def driver(self, name: str) -> str | None:
+        """The driver of the device's bus device (the device/driver link); None for a virtual
+        device (rxe, siw: no device link) or a capture without the link."""
+        if name not in self._drivers:
+            self._drivers[name] = self._read_driver(name)
+        return self._drivers[name]
+
+    def _read_driver(self, name: str) -> str | None:
+        link = os.path.join(self.class_dir, name, "device", "driver")
         try:
-            return os.path.basename(os.readlink(os.path.join(device_dir, "device", "driver")))
-        except OSError:
-            return None  # virtual devices (rxe, siw) have no bus device
+            target = os.readlink(link)
+        except FileNotFoundError:
+            self._check_device_link(name)
+            return None
+        except OSError as e:
+            if e.errno == errno.EINVAL:
+                self.bad(link, "not a link")
+            elif not self._check_device_link(name):
+                self.bad(link, f"cannot read: {e.strerror or e}")
+            return None
+        # ../../../bus/pci/drivers/mlx5_core; a capture may hold the link without its target.
+        parent, driver = os.path.split(target.rstrip("/"))
+        if os.path.basename(parent) != "drivers" or not driver:
+            self.bad(link, f"not a link to a driver: {_shown(target)}")
+            return None
+        return driver
+
+    def _check_device_link(self, name: str) -> bool:
+        """Warn if the device's `device` entry is there but is not a link to a directory (the
+        kernel's is a link to the bus device; virtual devices have none). True if it warned."""
+        path = os.path.join(self.class_dir, name, "device")
+        if not os.path.lexists(path):
+            return False
+        if not os.path.islink(path):
+            self.bad(path, "not a link")
+        elif not os.path.exists(path):
+            self.bad(path, "dangling link")
+        elif not os.path.isdir(path):
+            self.bad(path, "not a link to a directory")
+        else:
+            return False
+        return True
+
+    def _parent(self, name: str) -> str | None:
+        """rxe and siw: the netdev the device was created on."""
+        path = os.path.join(self.class_dir, name, "parent")
+        text = self.read(path, required=False)
+        return None if text is None else self.parse(path, text, parse_netdev)
 
     @staticmethod
-    def _protocol(node_type: int | None, driver: str | None, ports: tuple[Port, ...]):
+    def _protocol(
+        node_type: NodeType | None, driver: str | None, hca_type: str | None, ports
+    ) -> Protocol | None:
         if node_type == NodeType.RNIC:
             return Protocol.IWARP
         if node_type in (NodeType.USNIC, NodeType.USNIC_UDP):
             return Protocol.USNIC
+        if node_type is None and iwarp_hardware(driver, hca_type):
+            return Protocol.IWARP
         link_layer = next((p.link_layer for p in ports if p.link_layer is not None), None)
         if link_layer == LinkLayer.ETHERNET:
             return Protocol.ROCE
@@ -214,44 +448,70 @@ class SysfsSource:
             return Protocol.OPA if driver in _OPA_DRIVERS else Protocol.IB
         return None
 
+    def node_type(self, device: str) -> NodeType | None:
+        path = os.path.join(self.class_dir, device, "node_type")
+        return self.parsed(path, parse_enum(NodeType, "a node type"))
+
+    def iwarp(self, device: str) -> bool:
+        """An iWARP device: node_type RNIC, or, without a node_type, iWARP hardware."""
+        node_type = self.node_type(device)
+        if node_type is not None:
+            return node_type == NodeType.RNIC
+        hca_type = self.text(os.path.join(self.class_dir, device, "hca_type"))
+        return iwarp_hardware(self.driver(device), hca_type)
+
     # -- ports -------------------------------------------------------------------------------
 
     def link_layer(self, device: str, port: int) -> LinkLayer | None:
-        text = self.read(os.path.join(self.class_dir, device, "ports", str(port), "link_layer"))
-        return _LINK_LAYERS.get(text) if text is not None else None
+        path = os.path.join(self.class_dir, device, "ports", str(port), "link_layer")
+        text = self.read(path)
+        if text is None or text == "Unknown":
+            return None
+        link_layer = _LINK_LAYERS.get(text)
+        if link_layer is None:
+            self.bad(path, f"malformed value {_shown(text)}")
+        return link_layer
 
-    def port(self, device: str, port: int) -> Port:
+    def port(self, device: str, port: int, fields: Collection[str] | None = None) -> Port:
+        """A port with the given fields read (default: every one); the others are None."""
+        want = set(PORT_FIELDS + PORT_NETDEV + PORT_DETAILS if fields is None else fields)
         p = os.path.join(self.class_dir, device, "ports", str(port))
-        state = self.parsed(os.path.join(p, "state"), parse_enum_line)
-        phys = self.parsed(os.path.join(p, "phys_state"), parse_enum_line)
-        link_layer_text = self.read(os.path.join(p, "link_layer"))
-        link_layer = _LINK_LAYERS.get(link_layer_text) if link_layer_text is not None else None
-        if link_layer_text is not None and link_layer is None and link_layer_text != "Unknown":
-            self.warn(f"{device}/ports/{port}/link_layer: malformed value {link_layer_text!r}")
-        gids_dir = os.path.join(p, "gids")
-        return Port(
-            device=device,
-            port=port,
-            state=PortState.parse(state) if state is not None else None,
-            physical_state=PhysState.parse(phys) if phys is not None else None,
-            link_layer=link_layer,
-            rate=self.parsed(os.path.join(p, "rate"), parse_rate),
-            lid=self.parsed(os.path.join(p, "lid"), lambda s: int(s, 16)),
-            sm_lid=self.parsed(os.path.join(p, "sm_lid"), lambda s: int(s, 16)),
-            lmc=self.parsed(os.path.join(p, "lid_mask_count"), int),
-            sm_sl=self.parsed(os.path.join(p, "sm_sl"), int, required=False),
-            cap_mask=self.parsed(os.path.join(p, "cap_mask"), lambda s: int(s, 16), required=False),
-            netdev=self._port_netdev(device, port),
-            gid_tbl_len=len(self._listdir(gids_dir, required=False)) or None,
-        )
+        values: dict[str, object] = {}
+        for name, (file, parse, required) in _PORT_ATTRS.items():
+            if name in want:
+                values[name] = self.parsed(os.path.join(p, file), parse, required=required)
+        if "link_layer" in want:
+            values["link_layer"] = self.link_layer(device, port)
+        for name in ("lid", "sm_lid"):
+            if name in want:
+                values[name] = self._lid(device, os.path.join(p, name))
+        if "netdev" in want:
+            values["netdev"] = self._port_netdev(device, port)
+        if "gid_tbl_len" in want:
+            slots = self._listdir(os.path.join(p, "gids"), required=False)
+            values["gid_tbl_len"] = len(slots) or None
+        return Port(device=device, port=port, **values)
+
+    def _lid(self, device: str, path: str) -> int | None:
+        """'0x%x'; 16 bits, except on Omni-Path."""
+        text = self.read(path)
+        if text is None:
+            return None
+        lid = self.parse(path, text, parse_hex(OPA_LID_MAX))
+        if lid is not None and lid > IB_LID_MAX and self.driver(device) not in _OPA_DRIVERS:
+            self.bad(path, f"{_shown(text)} is out of range (0x0..{IB_LID_MAX:#x})")
+            return None
+        return lid
 
     def _port_netdev(self, device: str, port: int) -> str | None:
         d = os.path.join(self.class_dir, device)
         # GID 0 of a RoCE port is the default GID of the port's own netdev.
-        ndev = self.read_quiet(os.path.join(d, "ports", str(port), "gid_attrs", "ndevs", "0"))
+        path = os.path.join(d, "ports", str(port), "gid_attrs", "ndevs", "0")
+        text = self.read(path, required=False, quiet=True)
+        ndev = None if text is None else self.parse(path, text, parse_netdev)
         if ndev:
             return ndev
-        parent = self.read_quiet(os.path.join(d, "parent"))  # rxe, siw
+        parent = self._parent(device)  # rxe, siw
         if parent:
             return parent
         # IPoIB and iWARP netdevs: the PCI function's net/ entries, told apart by dev_port.
@@ -259,19 +519,17 @@ class SysfsSource:
         try:
             netdevs = sorted(os.listdir(net_dir))
         except OSError:
+            self._check_device_link(device)
             return None
         for name in netdevs:
-            dev_port = self.read_quiet(os.path.join(net_dir, name, "dev_port"))
-            if dev_port is not None and dev_port.strip().isdigit():
-                if int(dev_port) == port - 1:
-                    return name
+            path = os.path.join(net_dir, name, "dev_port")
+            text = self.read(path, required=False)
+            dev_port = None if text is None else self.parse(path, text, parse_decimal(0xFFFF))
+            if dev_port is not None and dev_port == port - 1:
+                return name
         return netdevs[0] if len(netdevs) == 1 else None
 
     # -- GIDs --------------------------------------------------------------------------------
-
-    def node_type(self, device: str) -> NodeType | None:
-        value = self.parsed(os.path.join(self.class_dir, device, "node_type"), parse_enum_line)
-        return NodeType.parse(value) if value is not None else None
 
     def gids(
         self, device: str, port: int, link_layer: LinkLayer | None, *, iwarp: bool = False
@@ -281,28 +539,40 @@ class SysfsSource:
         gids_dir = os.path.join(p, "gids")
         types_dir = os.path.join(p, "gid_attrs", "types")
         ndevs_dir = os.path.join(p, "gid_attrs", "ndevs")
-        indexes = sorted(int(i) for i in self._listdir(gids_dir) if i.isdigit())
+        # RoCE GIDs all have a netdev; InfiniBand GIDs have none (the read fails: EINVAL).
+        roce = link_layer == LinkLayer.ETHERNET and not iwarp
+        indexes = sorted(int(i) for i in self._listdir(gids_dir) if _is_number(i))
         for index in indexes:
-            gid = self.read(os.path.join(gids_dir, str(index)))
+            path = os.path.join(gids_dir, str(index))
+            gid = self.read(path)
             if gid is None or gid == ZERO_GID:
                 continue  # unreadable (warned) or an empty slot
-            if len(gid) != 39 or gid.count(":") != 7:
-                self.warn(f"{device}/ports/{port}/gids/{index}: malformed GID {gid!r}")
+            if not _GID_RE.fullmatch(gid):
+                self.bad(path, f"malformed GID {_shown(gid)}")
                 continue
-            netdev = self.read_quiet(os.path.join(ndevs_dir, str(index))) or None
+            netdev = self._gid_netdev(os.path.join(ndevs_dir, str(index)), roce)
             if iwarp:
                 yield Gid(device, port, index, gid, None, netdev)
                 continue
-            type_text = self.read_quiet(os.path.join(types_dir, str(index)))
+            types_path = os.path.join(types_dir, str(index))
+            type_text = self.read(types_path, required=False, quiet=True)
             gid_type = self._gid_type(type_text, link_layer)
             if gid_type is None:
-                self.warn(
-                    f"{device}/ports/{port}/gid_attrs/types/{index}: "
-                    + ("unreadable" if type_text is None else f"unknown GID type {type_text!r}")
+                self.bad(
+                    types_path,
+                    "unreadable" if type_text is None else f"unknown GID type {_shown(type_text)}",
                 )
             vlan = self.vlans().get(netdev, (None, None))[0] if netdev else None
             ip = None if gid_type == GidType.IB else gid_ip(gid)
             yield Gid(device, port, index, gid, gid_type, netdev, vlan, ip)
+
+    def _gid_netdev(self, path: str, expected: bool) -> str | None:
+        text = self.read(path, required=False, quiet=True)
+        if text is None:
+            if expected:
+                self.bad(path, "unreadable")
+            return None
+        return self.parse(path, text, parse_netdev)
 
     @staticmethod
     def _gid_type(text: str | None, link_layer: LinkLayer | None) -> GidType | None:
@@ -314,14 +584,33 @@ class SysfsSource:
         return None
 
     def vlans(self) -> dict[str, tuple[int, str]]:
-        """VLAN netdev -> (VLAN id, lower netdev), from /proc/net/vlan/config (8021q)."""
+        """VLAN netdev -> (VLAN id, lower netdev), from /proc/net/vlan/config (8021q's
+        vlan_seq_show: two header lines, then 'NAME | VID | LOWER' per VLAN)."""
         if self._vlans is None:
             self._vlans = {}
-            text = self.read_quiet(os.path.join(self.root, "proc", "net", "vlan", "config"))
-            for line in (text or "").splitlines():
+            path = os.path.join(self.root, "proc", "net", "vlan", "config")
+            text = self.read(path, required=False)
+            if text is None:
+                return self._vlans  # no 8021q module
+            lines = text.splitlines()
+            if not lines or not lines[0].startswith("VLAN Dev name"):
+                self.bad(path, f"malformed value {_shown(text)}")
+                return self._vlans
+            malformed = None
+            for line in lines[2:]:
                 parts = [s.strip() for s in line.split("|")]
-                if len(parts) == 3 and parts[1].isdigit():
+                if (
+                    len(parts) == 3
+                    and _is_number(parts[1])
+                    and int(parts[1]) <= 4095
+                    and valid_netdev_name(parts[0])
+                    and valid_netdev_name(parts[2])
+                ):
                     self._vlans[parts[0]] = (int(parts[1]), parts[2])
+                elif malformed is None:
+                    malformed = line
+            if malformed is not None:
+                self.bad(path, f"malformed line {_shown(malformed)}")
         return self._vlans
 
     # -- counters ----------------------------------------------------------------------------
@@ -404,18 +693,12 @@ class SysfsSource:
             value = int(digits)
             if value < 1 << 64:
                 return value
-            self._counter_warning(path, f"value {digits} is above 2^64-1")
+            self.bad(path, f"value {digits} is above 2^64-1")
         elif digits.startswith("-") and _DIGITS.fullmatch(digits[1:]):
-            self._counter_warning(path, f"negative value {digits}")
+            self.bad(path, f"negative value {digits}")
         else:
-            self._counter_warning(path, f"malformed value {text!r}")
+            self.bad(path, f"malformed value {_shown(text)}")
         return None
-
-    def _counter_warning(self, path: str, problem: str) -> None:
-        # Once per file, whatever it holds next time: --watch reads every counter again.
-        if path not in self._warned_counter_files:
-            self._warned_counter_files.add(path)
-            self.warn(f"{self._rel(path)}: {problem}")
 
 
 _DIGITS = re.compile(r"[0-9]+")  # not int()'s grammar: no sign, "_", or non-ASCII digits

@@ -97,6 +97,16 @@ def broken_device(tmp_path) -> Ibtool:
     return _tree("broken_device", tmp_path)
 
 
+@pytest.fixture
+def garbled_values(tmp_path) -> Ibtool:
+    return _tree("garbled_values", tmp_path)
+
+
+@pytest.fixture
+def incomplete_capture(tmp_path) -> Ibtool:
+    return _tree("incomplete_capture", tmp_path)
+
+
 @pytest.fixture(scope="session")
 def sriov_500_vfs(tmp_path_factory) -> Ibtool:
     return _tree("sriov_vfs", tmp_path_factory.mktemp("sriov_500_vfs"))

@@ -344,3 +344,99 @@ if (CAPTURED_RXE / "sys" / "class" / "infiniband").is_dir():
         assert (r.code, r.err) == (0, "")
         assert (r.json["type"], r.json["ip"]) == ("RoCE v2", ip)
         assert captured_rxe("gids", "--best", *argv).out == f"{r.json['index']}\n"
+
+
+# -- bad entries --------------------------------------------------------------------------------
+
+
+def roce_port(tree):
+    return tree.root / "sys/class/infiniband/mlx5_0/ports/1"
+
+
+def test_a_gid_with_non_hex_digits_is_one_warning_and_every_other_gid_is_shown(garbled_values):
+    # It crashed gids and gids --best for every device (internal error).
+    warning = (
+        "ibtool: warning: mlx4_0/ports/1/gids/0: malformed GID "
+        "'fe80:0000:0000:0000:0002:c903:00zz:b2c1'"
+    )
+    r = garbled_values("-j", "gids")
+    assert r.code == 0
+    assert r.warnings[-1] == warning and r.err.count("gids/0") == 1
+    assert [g for g in r.json if g["ifname"] == "mlx5_0"] == ROCE_TABLE
+    assert [(g["ifname"], g["port"], g["index"]) for g in r.json if g["ifname"] == "mlx4_0"] == [
+        ("mlx4_0", 2, 0)
+    ]
+    r = garbled_values("gids", "--best")
+    assert (r.code, r.out) == (0, "3\n")
+    assert warning in r.warnings
+    r = garbled_values("gids", "--best", "ib1")
+    assert r.code == 1
+    assert r.err.endswith(
+        "ibtool: error: no RoCE v2 GID for netdev ib1 "
+        "(hint: InfiniBand ports have no RoCE GIDs: address mlx4_0/2 by LID)\n"
+    )
+
+
+def test_a_corrupted_roce_gid_is_left_out_and_best_takes_the_next(mlx5_roce):
+    (roce_port(mlx5_roce) / "gids/3").write_text(V4.replace("c0a8", "c0g8") + "\n")
+    r = mlx5_roce("gids", "--best")
+    assert (r.code, r.out) == (0, "5\n")  # the IPv6 RoCE v2 GID: 3 is gone
+    assert r.warnings == [
+        "ibtool: warning: mlx5_0/ports/1/gids/3: malformed GID "
+        "'0000:0000:0000:0000:0000:ffff:c0g8:0a01'"
+    ]
+    assert indexes(mlx5_roce("-j", "gids")) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+
+
+def test_a_gid_netdev_that_is_no_netdev_name_is_warned_about(mlx5_roce):
+    (roce_port(mlx5_roce) / "gid_attrs/ndevs/3").write_bytes(b"enp3s0f0 \x07\n")
+    r = mlx5_roce("-j", "gids")
+    assert r.warnings == [
+        "ibtool: warning: mlx5_0/ports/1/gid_attrs/ndevs/3: malformed value 'enp3s0f0 \\x07'"
+    ]
+    g = r.json[3]
+    assert (g["index"], g["netdev"], g["vlan"], g["type"]) == (3, None, None, "RoCE v2")
+    assert r.json[:3] + r.json[4:] == ROCE_TABLE[:3] + ROCE_TABLE[4:]
+
+
+def test_an_unreadable_roce_gid_netdev_is_warned_about(mlx5_roce):
+    ndev = roce_port(mlx5_roce) / "gid_attrs/ndevs/5"
+    ndev.unlink()
+    ndev.mkdir()  # a failing read: RoCE GIDs always have a netdev
+    r = mlx5_roce("-j", "gids")
+    assert r.warnings == ["ibtool: warning: mlx5_0/ports/1/gid_attrs/ndevs/5: unreadable"]
+    assert r.json[5]["netdev"] is None
+
+
+def test_a_long_unknown_gid_type_is_quoted_short(mlx5_roce):
+    (roce_port(mlx5_roce) / "gid_attrs/types/1").write_text("RoCE v3 " * 20 + "\n")
+    r = mlx5_roce("-j", "gids")
+    assert r.warnings == [
+        "ibtool: warning: mlx5_0/ports/1/gid_attrs/types/1: unknown GID type "
+        "'RoCE v3 RoCE v3 RoCE v3 RoCE v3 RoCE v3 '..."
+    ]
+    assert r.json[1]["type"] is None
+
+
+@pytest.mark.parametrize(
+    "config, warning",
+    [
+        ("garbage", "malformed value 'garbage'"),
+        ("", "malformed value ''"),
+        (
+            "VLAN Dev name\t | VLAN ID\nName-Type: VLAN_NAME_TYPE_RAW_PLUS_VID_NO_PAD\n"
+            "enp3s0f0.100   | one  | enp3s0f0",
+            "malformed line 'enp3s0f0.100   | one  | enp3s0f0'",
+        ),
+    ],
+    ids=["garbage", "empty", "bad line"],
+)
+def test_a_malformed_vlan_config_is_warned_about_and_vlans_are_unknown(mlx5_roce, config, warning):
+    path = mlx5_roce.root / "proc/net/vlan/config"
+    path.write_text(config + "\n" if config else "")
+    r = mlx5_roce("-j", "gids")
+    assert r.code == 0
+    assert r.warnings == [f"ibtool: warning: {path}: {warning}"]
+    assert [g["vlan"] for g in r.json] == [None] * len(ROCE_TABLE)
+    # the GIDs themselves are all there
+    assert [g["gid"] for g in r.json] == [g["gid"] for g in ROCE_TABLE]

@@ -60,7 +60,7 @@ def test_device_fields_netlink_answers_come_from_netlink(host):
         "netdevs": "sysfs",
     }
     # the two sources agree on the captured kernel: merging changed no value
-    plain = Host(str(sysfs_trees.CAPTURED_RXE)).devices("rxe0")[0]
+    plain = Host(str(sysfs_trees.CAPTURED_RXE), details=True).devices("rxe0")[0]
     assert rxe0 == plain
     assert host.sockets and all(s.client_end.fileno() == -1 for s in host.sockets)
 

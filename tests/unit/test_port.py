@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.fixtures.sysfs_trees import CAPTURED_RXE
 
 IB_PORT_1 = {
@@ -231,3 +233,156 @@ if (CAPTURED_RXE / "sys" / "class" / "infiniband").is_dir():
                 "netdev": "veth0",
             }
         ]
+
+
+# -- values no kernel prints ------------------------------------------------------------------
+
+
+def write(tree, relative: str, text: str) -> None:
+    (tree.root / "sys/class/infiniband" / relative).write_text(text + "\n")
+
+
+@pytest.mark.parametrize("lmc", ["-1", "20000", "999", "8"])
+def test_an_lmc_outside_0_to_7_is_warned_about_and_unknown(mlx5_ib_hca, lmc):
+    # -1 and 20000 crashed (a negative shift; a 6000-digit number), 999 printed a 300-digit
+    # LID range: the LMC is 3 bits of PortInfo.
+    write(mlx5_ib_hca, "mlx5_0/ports/1/lid_mask_count", lmc)
+    r = mlx5_ib_hca("-j", "port")
+    assert r.code == 0
+    assert r.warnings == [
+        f"ibtool: warning: mlx5_0/ports/1/lid_mask_count: '{lmc}' is out of range (0..7)"
+    ]
+    port1, port2 = r.json
+    assert (port1["lid"], port1["lmc"], port1["lid_range"]) == (28, None, None)
+    assert port2 == IB_PORT_2_DOWN
+    text = mlx5_ib_hca("port", "mlx5_0/1")
+    assert text.out == (
+        "mlx5_0/1: state ACTIVE physical_state LINK_UP link_layer InfiniBand "
+        "rate 100 Gb/sec (4X EDR) lid 28 sm_lid 1 sm_sl 0 netdev ib0\n"
+    )
+
+
+@pytest.mark.parametrize("file", ["lid", "sm_lid"])
+def test_an_infiniband_lid_above_16_bits_is_warned_about_and_unknown(mlx5_ib_hca, file):
+    write(mlx5_ib_hca, f"mlx5_0/ports/1/{file}", "0x12345")
+    r = mlx5_ib_hca("-j", "port", "mlx5_0/1")
+    assert r.code == 0
+    assert r.warnings == [
+        f"ibtool: warning: mlx5_0/ports/1/{file}: '0x12345' is out of range (0x0..0xffff)"
+    ]
+    (p,) = r.json
+    assert p[file] is None
+    assert {k: v for k, v in p.items() if k not in (file, "lmc", "lid_range", "sm_sl")} == {
+        k: v for k, v in IB_PORT_1.items() if k not in (file, "lmc", "lid_range", "sm_sl")
+    }
+
+
+def test_an_omni_path_lid_may_be_wider_than_16_bits(hfi1_opa):
+    # hfi1 gives 24-bit extended LIDs; ib_port_attr.lid is a u32 for them.
+    write(hfi1_opa, "hfi1_0/ports/1/lid", "0x12345")
+    r = hfi1_opa("-j", "port")
+    assert (r.code, r.err) == (0, "")
+    assert r.json[0]["lid"] == 0x12345
+
+
+def test_port_states_the_kernel_does_not_define_are_warned_about_and_unknown(mlx5_ib_hca):
+    write(mlx5_ib_hca, "mlx5_0/ports/1/state", "9: UNKNOWN")
+    write(mlx5_ib_hca, "mlx5_0/ports/1/phys_state", "99: <unknown>")
+    r = mlx5_ib_hca("port")
+    assert r.code == 0
+    assert r.warnings == [
+        "ibtool: warning: mlx5_0/ports/1/state: '9: UNKNOWN' is not a port state the kernel "
+        "defines",
+        "ibtool: warning: mlx5_0/ports/1/phys_state: '99: <unknown>' is not a physical port "
+        "state the kernel defines",
+    ]
+    assert r.out.splitlines()[0].startswith(
+        "mlx5_0/1: state unknown physical_state unknown link_layer InfiniBand "
+    )
+    (p1, p2) = mlx5_ib_hca("-j", "port").json
+    assert (p1["state"], p1["physical_state"]) == (None, None)
+    assert p2 == IB_PORT_2_DOWN
+
+
+def test_an_sm_sl_above_15_is_unknown(mlx5_ib_hca):
+    write(mlx5_ib_hca, "mlx5_0/ports/1/sm_sl", "16")
+    r = mlx5_ib_hca("-j", "port", "mlx5_0/1")
+    assert r.warnings == ["ibtool: warning: mlx5_0/ports/1/sm_sl: '16' is out of range (0..15)"]
+    assert r.json[0]["sm_sl"] is None
+
+
+def test_the_capability_mask_is_read_only_with_details(mlx5_ib_hca):
+    write(mlx5_ib_hca, "mlx5_0/ports/1/cap_mask", "0x1ffffffff")
+    r = mlx5_ib_hca("port", "mlx5_0/1")
+    assert (r.code, r.err) == (0, "")  # port does not show it without -d
+    r = mlx5_ib_hca("-d", "-j", "port", "mlx5_0/1")
+    assert r.code == 0
+    assert "ibtool: warning: mlx5_0/ports/1/cap_mask: '0x1ffffffff' is out of range " in r.err
+    assert (r.json[0]["cap_mask"], r.json[0]["caps"]) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "replace, warning",
+    [
+        (lambda p: p.mkdir(), "cannot read: Is a directory"),
+        (lambda p: p.symlink_to("gone"), "dangling link"),
+        (lambda p: p.write_bytes(b""), "malformed value ''"),
+        (
+            lambda p: p.write_bytes(b"\xff\xfe4: ACTIVE\n"),
+            "malformed value '\ufffd\ufffd4: ACTIVE'",
+        ),
+    ],
+    ids=["directory", "dangling link", "empty", "not UTF-8"],
+)
+def test_a_bad_state_file_is_one_warning_and_both_ports_are_shown(mlx5_ib_hca, replace, warning):
+    state = (mlx5_ib_hca.root / "sys/class/infiniband/mlx5_0/ports/1/state").resolve()
+    state.unlink()
+    replace(state)
+    r = mlx5_ib_hca("-j", "port")
+    assert r.code == 0
+    assert r.warnings == [f"ibtool: warning: mlx5_0/ports/1/state: {warning}"]
+    assert r.json[0]["state"] is None
+    assert r.json[0]["physical_state"] == "LINK_UP"
+    assert r.json[1] == IB_PORT_2_DOWN
+
+
+def test_a_malformed_dev_port_is_warned_about_not_matched(mlx5_ib_hca):
+    dev_port = mlx5_ib_hca.root / "sys/class/infiniband/mlx5_0/device/net/ib0/dev_port"
+    dev_port.write_text("zero\n")
+    r = mlx5_ib_hca("-j", "port")
+    assert r.code == 0
+    assert r.warnings == ["ibtool: warning: mlx5_0/device/net/ib0/dev_port: malformed value 'zero'"]
+    assert [p["netdev"] for p in r.json] == [None, "ib1"]
+
+
+def test_a_dangling_device_link_is_warned_about(mlx5_ib_hca):
+    link = (mlx5_ib_hca.root / "sys/class/infiniband/mlx5_0").resolve() / "device"
+    link.unlink()
+    link.symlink_to("../../../gone")
+    r = mlx5_ib_hca("-j", "port")
+    assert r.code == 0
+    assert r.warnings == ["ibtool: warning: mlx5_0/device: dangling link"]
+    assert [p["netdev"] for p in r.json] == [None, None]  # IPoIB netdevs are found through it
+
+
+def test_garbled_ports_are_unknown_and_the_sound_ones_complete(garbled_values):
+    r = garbled_values("port")
+    assert r.code == 0
+    assert r.out.splitlines() == [
+        "mlx4_0/1: state unknown physical_state unknown link_layer InfiniBand "
+        "rate 40 Gb/sec (4X QDR) sm_lid 1 sm_sl 0 netdev ib0",
+        "mlx4_0/2: state ACTIVE physical_state LINK_UP link_layer InfiniBand "
+        "rate 40 Gb/sec (4X QDR) lid 42 lmc 0 sm_lid 1 sm_sl 0 netdev ib1",
+        "mlx5_0/1: state ACTIVE physical_state LINK_UP link_layer Ethernet "
+        "rate 100 Gb/sec (4X EDR) netdev enp3s0f0",
+    ]
+    assert r.warnings == [
+        "ibtool: warning: mlx4_1: dangling link, not a device",
+        "ibtool: warning: notes: not a directory, not a device",
+        "ibtool: warning: mlx4_0/ports/1/state: '9: UNKNOWN' is not a port state the kernel "
+        "defines",
+        "ibtool: warning: mlx4_0/ports/1/phys_state: '99: <unknown>' is not a physical port "
+        "state the kernel defines",
+        "ibtool: warning: mlx4_0/ports/1/lid_mask_count: '20000' is out of range (0..7)",
+        "ibtool: warning: mlx4_0/ports/1/lid: '0x12345' is out of range (0x0..0xffff)",
+    ]

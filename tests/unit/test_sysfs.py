@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from ibtool.sources.sysfs import gid_ip, natural_key, parse_enum_line, parse_rate
+from ibtool.model import NodeType, PhysState, PortState
+from ibtool.sources.sysfs import (
+    gid_ip,
+    iwarp_hardware,
+    natural_key,
+    parse_decimal,
+    parse_enum,
+    parse_enum_line,
+    parse_hex,
+    parse_rate,
+    valid_netdev_name,
+)
 
 
 @pytest.mark.parametrize(
@@ -96,3 +109,88 @@ def test_natural_sort_mixes_kernel_and_renamed_device_names():
         "mlx5_bond_0",
         "rocep3s0f0",
     ]
+
+
+@pytest.mark.parametrize("text", ["٤: ACTIVE", "4", "+4: ACTIVE", " 4: ACTIVE", "4_0: X"])
+def test_parse_enum_line_takes_only_what_the_kernel_prints(text):
+    # "%d: %s": ASCII digits then a colon; int() would take Arabic-Indic digits and underscores
+    with pytest.raises(ValueError):
+        parse_enum_line(text)
+
+
+@pytest.mark.parametrize(
+    "parse, text, value",
+    [
+        (parse_decimal(7), "0", 0),
+        (parse_decimal(7), "7", 7),
+        (parse_hex(0xFFFF), "0x1c", 0x1C),
+        (parse_hex(0xFFFF), "0xffff", 0xFFFF),
+        (parse_hex(0xFFFFFFFF), "0x2651e848", 0x2651E848),
+        (parse_enum(PortState, "a port state"), "5: ACTIVE_DEFER", PortState.ACTIVE_DEFER),
+        (parse_enum(PhysState, "a physical port state"), "11: <unknown>", PhysState.OPA_TEST),
+        (parse_enum(NodeType, "a node type"), "7: unspecified", NodeType.UNSPECIFIED),
+    ],
+)
+def test_parsers_take_the_values_the_kernel_prints(parse, text, value):
+    assert parse(text) == value
+
+
+@pytest.mark.parametrize(
+    "parse, text, problem",
+    [
+        (parse_decimal(7), "8", "'8' is out of range (0..7)"),
+        (parse_decimal(7), "-1", "'-1' is out of range (0..7)"),
+        (parse_decimal(7), "20000", "'20000' is out of range (0..7)"),
+        (parse_hex(0xFFFF), "0x10000", "'0x10000' is out of range (0x0..0xffff)"),
+        (
+            parse_enum(PortState, "a port state"),
+            "9: UNKNOWN",
+            "'9: UNKNOWN' is not a port state the kernel defines",
+        ),
+        (
+            parse_enum(PhysState, "a physical port state"),
+            "99: <unknown>",
+            "'99: <unknown>' is not a physical port state the kernel defines",
+        ),
+    ],
+)
+def test_parsers_refuse_values_the_kernel_never_prints(parse, text, problem):
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        parse(text)
+
+
+@pytest.mark.parametrize("text", ["", "1c", "0x", "0x1g", "٧", "1_0", " 7", "0x1c\n0x1d"])
+def test_numbers_must_be_written_as_sysfs_writes_them(text):
+    for parse in (parse_decimal(0xFFFF), parse_hex(0xFFFF)):
+        with pytest.raises(ValueError):
+            parse(text)
+
+
+@pytest.mark.parametrize("name", ["eth0", "enp3s0f0.100", "ib0", "veth0", "a" * 15])
+def test_netdev_names_the_kernel_accepts(name):
+    assert valid_netdev_name(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["", ".", "..", "a" * 16, "eth 0", "eth0:1", "a/b", "eth\t0", "\x00", "é" * 8]
+)
+def test_netdev_names_the_kernel_refuses(name):
+    # net/core/dev.c dev_valid_name: 1..15 bytes, no '/', ':' or white space, not . or ..
+    assert not valid_netdev_name(name)
+
+
+@pytest.mark.parametrize(
+    "driver, hca_type, iwarp",
+    [
+        ("i40e", None, True),  # i40iw hangs off the i40e PCI function
+        ("cxgb4", None, True),
+        (None, "I40IW", True),
+        (None, "cxgb4", True),
+        (None, "FastLinQ QL8070 iWARP", True),  # qedr
+        (None, "FastLinQ QL8070 RoCE", False),
+        ("mlx5_core", "MT4119", False),
+        (None, None, False),
+    ],
+)
+def test_iwarp_hardware_without_a_node_type(driver, hca_type, iwarp):
+    assert iwarp_hardware(driver, hca_type) is iwarp
