@@ -48,6 +48,10 @@ class PermissionDeniedError(IbtoolError):
     exit_code = ExitCode.PERMISSION
 
 
+class NotLiveError(UsageError):
+    """What needs the running kernel (netlink, verbs, a change) asked of a --root tree."""
+
+
 class UnsupportedError(IbtoolError):
     exit_code = ExitCode.UNSUPPORTED
 

@@ -7,10 +7,12 @@ The sources are sysfs (always), verbs (only with details on the live host) and R
 from __future__ import annotations
 
 import dataclasses
+import platform
+import re
 from collections.abc import Callable
 from typing import Any
 
-from ibtool.errors import IbtoolError, NotFoundError, UsageError
+from ibtool.errors import IbtoolError, NotFoundError, NotLiveError, UsageError
 from ibtool.model import CounterSample, Device, Gid, LinkLayer, Port
 from ibtool.sources.sysfs import PORT_DETAILS, PORT_FIELDS, PORT_NETDEV, SysfsSource
 
@@ -25,15 +27,41 @@ def parse_selector(selector: str) -> tuple[str, int | None]:
 
 class Host:
     def __init__(
-        self, root: str = "/", warn: Callable[[str], None] | None = None, details: bool = False
+        self,
+        root: str = "/",
+        warn: Callable[[str], None] | None = None,
+        details: bool = False,
+        *,
+        sysfs: SysfsSource | None = None,
     ):
+        """`sysfs`: the source to read instead of root's (tests give the live host a tree)."""
         self.warn = warn or (lambda message: None)
         self.root = root
         self.details = details
         self.live = root == "/"  # the running kernel: netlink and verbs can be asked too
-        self.sysfs = SysfsSource(root, self.warn)
+        self.sysfs = sysfs or SysfsSource(root, self.warn)
         self._verbs: Any = None
         self._verbs_error: IbtoolError | None = None
+
+    # -- the running kernel ------------------------------------------------------------------
+
+    def require_live(
+        self, what: str, why: str = "--root trees hold only sysfs", hint: str | None = None
+    ) -> None:
+        """The one check for what only the running kernel can answer or do: NotLiveError
+        (a usage error) under --root, saying what was asked and why a tree cannot."""
+        if not self.live:
+            raise NotLiveError(f"{what}; {why}", hint)
+
+    @staticmethod
+    def kernel_release() -> str:
+        return platform.release()
+
+    def kernel_before(self, major: int, minor: int) -> bool:
+        """Whether the running kernel is older than major.minor; False when its release string
+        does not start with a version (a custom build): the kernel's answer decides then."""
+        m = re.match(r"(\d+)\.(\d+)", self.kernel_release())
+        return m is not None and (int(m.group(1)), int(m.group(2))) < (major, minor)
 
     # -- selection ---------------------------------------------------------------------------
 

@@ -191,10 +191,7 @@ def _names(words: list[str]) -> list[str]:
 
 
 def _optional(inv: Invocation, action: str, words: list[str]) -> None:
-    if not inv.host.live:
-        raise UsageError(
-            "optional counters exist only in netlink; --root trees hold only sysfs", USAGE
-        )
+    inv.host.require_live("optional counters exist only in netlink", hint=USAGE)
     if action == "optional" and len(words) > 1:
         raise UsageError(f"unexpected arguments: {' '.join(words[1:])}", USAGE)
     if action != "optional" and len(words) < 2:

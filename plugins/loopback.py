@@ -51,11 +51,7 @@ def run(inv: Invocation) -> int:
     from ibtool.rdma import loopback  # pyverbs is imported only here
 
     args = inv.args
-    if inv.root != "/":
-        raise UsageError(
-            "ibtool loopback uses this host's RDMA devices through verbs; "
-            "--root trees hold only sysfs"
-        )
+    inv.host.require_live("ibtool loopback uses this host's RDMA devices through verbs")
     ops = loopback.OPS if args.ops == "all" else tuple(o.strip() for o in args.ops.split(","))
     unknown = [o for o in ops if o not in loopback.OPS]
     if unknown:

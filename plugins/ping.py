@@ -72,10 +72,7 @@ def run(inv: Invocation) -> int:
     from ibtool.rdma import ping, wire  # pyverbs is imported only here
 
     args = inv.args
-    if inv.root != "/":
-        raise UsageError(
-            "ibtool ping uses this host's RDMA devices through verbs; --root trees hold only sysfs"
-        )
+    inv.host.require_live("ibtool ping uses this host's RDMA devices through verbs")
     if not 1 <= args.size <= ping.MAX_PING_SIZE:
         raise UsageError(f"-s {args.size}: size must be 1..{ping.MAX_PING_SIZE}")
     if args.interval < 0 or (args.count is not None and args.count < 1):

@@ -5,13 +5,12 @@
 from __future__ import annotations
 
 import errno
-import platform
-import re
 import socket
 
 from ibtool import hookimpl, render
 from ibtool.commands import Invocation, add_selector, selector
 from ibtool.errors import IbtoolError, NotFoundError, UnsupportedError, UsageError
+from ibtool.host import Host
 from ibtool.model import Port
 
 # IB PortInfo CapabilityMask bit positions (sysfs cap_mask holds the low 32 bits).
@@ -110,14 +109,9 @@ IB_DEVICE_NAME_MAX = 64  # include/rdma/ib_verbs.h, with the terminating NUL
 MODULES = {"rxe": "rdma_rxe", "siw": "siw"}
 
 
-def _kernel_before(version: tuple[int, int]) -> bool:
-    m = re.match(r"(\d+)\.(\d+)", platform.release())
-    return m is not None and (int(m.group(1)), int(m.group(2))) < version
-
-
-def _too_old(command: str, e: IbtoolError) -> UnsupportedError:
+def _too_old(host: Host, command: str, e: IbtoolError) -> UnsupportedError:
     return UnsupportedError(
-        f"this kernel ({platform.release()}) cannot {command}: that needs Linux 5.1 or later",
+        f"this kernel ({host.kernel_release()}) cannot {command}: that needs Linux 5.1 or later",
         "on older kernels, rxe devices come from the rxe_cfg script of rdma-core",
         errno=e.errno,
     )
@@ -128,7 +122,7 @@ def _netdevs() -> str:
     return ", ".join(names) or "none"
 
 
-def _link_add(words: list[str]) -> None:
+def _link_add(host: Host, words: list[str]) -> None:
     if not words:
         raise UsageError("link add takes NAME type TYPE netdev NETDEV", LINK_USAGE)
     name, rest = words[0], words[1:]
@@ -161,10 +155,12 @@ def _link_add(words: list[str]) -> None:
         try:
             nl.new_link(name, link_type, netdev)
         except IbtoolError as e:
-            raise _add_error(e, nl, name, link_type, netdev) from e
+            raise _add_error(host, e, nl, name, link_type, netdev) from e
 
 
-def _add_error(e: IbtoolError, nl, name: str, link_type: str, netdev: str) -> IbtoolError:
+def _add_error(
+    host: Host, e: IbtoolError, nl, name: str, link_type: str, netdev: str
+) -> IbtoolError:
     """What NEWLINK's errno means (drivers/infiniband/core/nldev.c nldev_newlink, the drivers'
     newlink)."""
     if e.errno == errno.ENODEV:
@@ -192,8 +188,8 @@ def _add_error(e: IbtoolError, nl, name: str, link_type: str, netdev: str) -> Ib
             errno=e.errno,
         )
     if e.errno == errno.EINVAL:
-        if _kernel_before(LINK_SINCE):
-            return _too_old("create RDMA links (RDMA_NLDEV_CMD_NEWLINK)", e)
+        if host.kernel_before(*LINK_SINCE):
+            return _too_old(host, "create RDMA links (RDMA_NLDEV_CMD_NEWLINK)", e)
         module = MODULES.get(link_type)
         return UnsupportedError(
             f"link type {link_type!r} is not available in this kernel",
@@ -218,7 +214,7 @@ def _device_on(nl, netdev: str) -> str | None:
     return None
 
 
-def _link_delete(words: list[str]) -> None:
+def _link_delete(host: Host, words: list[str]) -> None:
     if len(words) != 1:
         raise UsageError("link delete takes one device name", LINK_USAGE)
     (name,) = words
@@ -239,8 +235,8 @@ def _link_delete(words: list[str]) -> None:
         except IbtoolError as e:
             if e.errno != errno.EINVAL:
                 raise
-            if _kernel_before(LINK_SINCE):
-                raise _too_old("delete RDMA links (RDMA_NLDEV_CMD_DELLINK)", e) from e
+            if host.kernel_before(*LINK_SINCE):
+                raise _too_old(host, "delete RDMA links (RDMA_NLDEV_CMD_DELLINK)", e) from e
             # nldev_dellink: only devices registered with IBK_ALLOW_USER_UNREG (rxe, siw)
             raise IbtoolError(
                 f"cannot delete {name}: only rxe and siw devices can be deleted",
@@ -252,9 +248,8 @@ def _link_delete(words: list[str]) -> None:
 def run(inv: Invocation) -> None:
     words = list(inv.args.words)
     if words and words[0] in ("add", "delete"):
-        if inv.root != "/":
-            raise UsageError(f"link {words[0]} changes the running kernel; --root is a copy")
-        (_link_add if words[0] == "add" else _link_delete)(words[1:])
+        inv.host.require_live(f"link {words[0]} changes the running kernel", "--root is a copy")
+        (_link_add if words[0] == "add" else _link_delete)(inv.host, words[1:])
         return
     ports = inv.host.ports(selector(inv.args))
     if inv.json:

@@ -5,7 +5,6 @@ object, how many of each every device has. Fields, words and filters as `rdma re
 from __future__ import annotations
 
 import errno
-import platform
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -451,14 +450,16 @@ def _unsupported(kind: str, e: IbtoolError) -> UnsupportedError:
     )
 
 
-def read_objects(nl, kind: str, devices, port: int | None, details: bool, warn) -> list[Any]:
+def read_objects(
+    nl, kind: str, devices, port: int | None, details: bool, warn, *, kernel_before_5_8: bool
+) -> list[Any]:
     """Every object of a kind on these devices, one dump per device. A device that disappears
     meanwhile is a warning; the others are still shown."""
     from ibtool.sources.netlink import records
 
     options = {}
     if kind == "cq":
-        options["old_poll_context"] = _kernel_before(5, 8)
+        options["old_poll_context"] = kernel_before_5_8
     found = []
     for name, index, _ in devices:
         try:
@@ -478,11 +479,6 @@ def read_objects(nl, kind: str, devices, port: int | None, details: bool, warn) 
         objects = records.resources(kind, replies, **options)
         found += sorted(objects, key=lambda o: getattr(o, "port", None) is not None)
     return found
-
-
-def _kernel_before(major: int, minor: int) -> bool:
-    m = re.match(r"(\d+)\.(\d+)", platform.release())
-    return bool(m) and (int(m.group(1)), int(m.group(2))) < (major, minor)
 
 
 def read_summaries(nl, devices) -> list[tuple[str, int, dict[str, int]]]:
@@ -529,10 +525,7 @@ def _text_rows(rows: list[Row], fields, details: bool) -> list[str]:
 
 def run(inv: Invocation) -> None:
     request = parse_words(inv.args.words)
-    if inv.root != "/":
-        raise UsageError(
-            "ibtool res asks the running kernel over netlink; --root trees hold only sysfs"
-        )
+    inv.host.require_live("ibtool res asks the running kernel over netlink")
     from ibtool.sources.netlink import NldevClient
 
     with NldevClient() as nl:
@@ -543,7 +536,15 @@ def run(inv: Invocation) -> None:
                 raise NotFoundError(f"{name} has no port {request.port}", f"ports: 1-{ports}")
         if request.kind is None:
             return _show_summaries(inv, read_summaries(nl, devices))
-        objects = read_objects(nl, request.kind, devices, request.port, inv.details, inv.warn)
+        objects = read_objects(
+            nl,
+            request.kind,
+            devices,
+            request.port,
+            inv.details,
+            inv.warn,
+            kernel_before_5_8=inv.host.kernel_before(5, 8),
+        )
     owners = Owners(read_comm)
     rows = [Row(o, owners.comm(o.owner)) for o in objects]
     rows = [r for r in rows if all(match(r) for match in request.filters)]

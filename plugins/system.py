@@ -112,10 +112,7 @@ def run(inv: Invocation) -> None:
         raise UsageError(f"unexpected arguments: {' '.join(words)}", USAGE)
     if action == "set" and len(words) != 2:
         raise UsageError("system set takes a setting and its value", USAGE)
-    if inv.root != "/":
-        raise UsageError(
-            "ibtool system asks the running kernel over netlink; --root trees hold only sysfs"
-        )
+    inv.host.require_live("ibtool system asks the running kernel over netlink")
     if action == "set":
         change_setting(*words)
         return

@@ -22,10 +22,12 @@ def read_sysfs_from(monkeypatch, root: Path) -> None:
     those)."""
     from ibtool.commands import Invocation
     from ibtool.host import Host
+    from ibtool.sources.sysfs import SysfsSource
 
     def host(inv: Invocation) -> Host:
         if inv._host is None:
-            inv._host = Host(root=str(root), warn=inv.warn, details=inv.details)
+            sysfs = SysfsSource(str(root), inv.warn)
+            inv._host = Host(warn=inv.warn, details=inv.details, sysfs=sysfs)
         return inv._host
 
     monkeypatch.setattr(Invocation, "host", property(host))

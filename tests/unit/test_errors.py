@@ -125,3 +125,22 @@ def test_errors_never_print_a_traceback_even_on_broken_trees(broken_device):
         assert r.code == 0, (argv, r)
         assert "Traceback" not in r.err and "internal error" not in r.err
         assert all(line.startswith("ibtool: warning: ") for line in r.err.splitlines()), r.err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["res"],
+        ["system"],
+        ["loopback"],
+        ["ping", "--server"],
+        ["counters", "optional"],
+        ["link", "add", "rxe9", "type", "rxe", "netdev", "eth0"],
+    ],
+)
+def test_what_needs_the_running_kernel_is_one_usage_error_under_root(mlx5_roce, argv):
+    # Host.require_live: the one check, one error class (NotLiveError, a usage error, exit 2)
+    r = mlx5_roce(*argv)
+    assert (r.code, r.out) == (2, "")
+    assert r.err.startswith("ibtool: error: ") and r.err.count("\n") == 1
+    assert "--root trees hold only sysfs" in r.err or "; --root is a copy" in r.err

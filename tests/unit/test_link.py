@@ -5,10 +5,10 @@ is sent, and what each of the kernel's refusals becomes."""
 from __future__ import annotations
 
 import errno
+import platform
 import struct
 
 import pytest
-from ibtool_plugins import ports
 
 from ibtool.errors import ExitCode
 from ibtool.sources.netlink import attrs as A
@@ -129,7 +129,7 @@ def test_an_unknown_netdev_is_not_found_and_the_hint_lists_the_netdevs(cli, kern
 
 
 def test_a_type_whose_module_is_missing_is_unsupported(cli, kernel, monkeypatch):
-    monkeypatch.setattr(ports.platform, "release", lambda: "6.1.0-28-amd64")
+    monkeypatch.setattr(platform, "release", lambda: "6.1.0-28-amd64")
     kernel.link = errno.EINVAL
     result = cli("link", "add", "siw0", "type", "siw", "netdev", "veth0")
     assert result.code == ExitCode.UNSUPPORTED
@@ -140,7 +140,7 @@ def test_a_type_whose_module_is_missing_is_unsupported(cli, kernel, monkeypatch)
 
 
 def test_a_kernel_before_5_1_says_so(cli, kernel, monkeypatch):
-    monkeypatch.setattr(ports.platform, "release", lambda: "4.19.0-27-amd64")
+    monkeypatch.setattr(platform, "release", lambda: "4.19.0-27-amd64")
     kernel.link = errno.EINVAL
     result = cli("link", "add", "rxe9", "type", "rxe", "netdev", "veth2")
     assert result.code == ExitCode.UNSUPPORTED
@@ -172,7 +172,7 @@ def test_rxe_refusing_a_vlan_device_is_not_called_a_missing_capability(cli, kern
 
 
 def test_deleting_a_hardware_device_says_only_rxe_and_siw_can_be(cli, kernel, monkeypatch):
-    monkeypatch.setattr(ports.platform, "release", lambda: "6.1.0-28-amd64")
+    monkeypatch.setattr(platform, "release", lambda: "6.1.0-28-amd64")
     kernel.link = errno.EINVAL  # nldev_dellink: no IBK_ALLOW_USER_UNREG (mlx5, ...)
     result = cli("link", "delete", "rxe0")
     assert result.code == ExitCode.FAILED

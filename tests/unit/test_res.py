@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import platform
 import struct
 
 import pytest
@@ -82,7 +83,7 @@ def kernel(monkeypatch):
         return kernels
 
     monkeypatch.setattr(res, "read_comm", COMM.get)
-    monkeypatch.setattr(res, "_kernel_before", lambda major, minor: False)
+    monkeypatch.setattr(platform, "release", lambda: "6.1.0-28-amd64")
     return install
 
 
