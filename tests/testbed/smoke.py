@@ -394,7 +394,8 @@ def check_loopback_op(op):
         r = results.get(op)
         expect(r is not None, f"no {op} result")
         expect(r["status"] == "PASS", f"{op} {r['status']}: {r.get('error')}")
-        return f"p50 {r.get('lat_p50_us')} us"
+        p50 = r.get("lat_p50_us")
+        return f"p50 {p50:.1f} us" if isinstance(p50, (int, float)) else "p50 unknown"
 
     check.__name__ = f"loopback {op}"
     return check
