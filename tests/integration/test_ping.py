@@ -9,7 +9,6 @@ import json
 import re
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ import unicodedata
 import pytest
 
 from ibtool.rdma import wire
+from tests.fixtures.peers import EVIL, EVIL_SHOWN, Peer, resets, sends_escapes
 
 pytestmark = pytest.mark.integration
 PORT = 18600
@@ -169,8 +169,6 @@ def test_no_server_is_a_clear_error():
 
 # ESC sequences that recolour and retitle the terminal, a line forged after a newline, a carriage
 # return, a bidi override, a C1 CSI (0x9b) clearing the screen, then far too much.
-EVIL = "\x1b[31mred\x1b]0;owned\x07\nibtool: error: forged\r\u202eevil\x9b2J" + "x" * 2000
-EVIL_SHOWN = "\\x1b[31mred\\x1b]0;owned\\x07\\nibtool: error: forged\\r\\u202eevil\\x9b2Jxxx"
 SIGNALS = [
     (signal.SIGINT, 130, "ibtool: interrupted\n"),
     (signal.SIGTERM, 143, "ibtool: terminated\n"),
@@ -277,41 +275,6 @@ def start_server(running) -> Running:
     return server
 
 
-class Peer(threading.Thread):
-    """A TCP server on 127.0.0.1 for one client, doing `behave(conn)` with it, then closing."""
-
-    def __init__(self, behave):
-        super().__init__(daemon=True)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.behave = behave
-
-    def run(self) -> None:
-        with self.listener:
-            conn, _ = self.listener.accept()
-            with conn:
-                self.behave(conn)
-
-    def __enter__(self) -> Peer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.join(60)
-
-
-def _resets(conn: socket.socket) -> None:
-    wire.receive(conn, 30, wire.MessageType.ENDPOINT)
-    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close: RST
-
-
-def _sends_escapes(conn: socket.socket) -> None:
-    wire.receive(conn, 30, wire.MessageType.ENDPOINT)
-    conn.sendall(wire.encode_error(EVIL))
-    conn.settimeout(60)
-    conn.recv(1)  # until the client leaves
-
-
 def ping_peer(peer: Peer) -> subprocess.CompletedProcess:
     return ibtool("ping", "127.0.0.1", "--port", str(peer.port), "-c", "1", timeout=120)
 
@@ -329,7 +292,7 @@ def test_server_on_a_port_already_taken_is_one_line_and_exit_1(wait_for):
 
 
 def test_client_against_a_peer_that_resets_is_one_line_and_exit_1(wait_for):
-    with Peer(_resets) as peer:
+    with Peer(resets(30), join_timeout=60) as peer:
         proc = ping_peer(peer)
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.startswith("PING 127.0.0.1 over ") and proc.stdout.count("\n") == 1
@@ -342,7 +305,7 @@ def test_client_against_a_peer_that_resets_is_one_line_and_exit_1(wait_for):
 
 def test_client_against_a_peer_that_hangs_gives_up_after_the_handshake_timeout(wait_for):
     leave = threading.Event()
-    with Peer(lambda conn: leave.wait(120)) as peer:
+    with Peer(lambda conn: leave.wait(120), join_timeout=60) as peer:
         t0 = time.monotonic()
         proc = ping_peer(peer)
         took = time.monotonic() - t0
@@ -357,7 +320,7 @@ def test_client_against_a_peer_that_hangs_gives_up_after_the_handshake_timeout(w
 
 
 def test_client_shows_a_peers_escape_sequences_escaped():
-    with Peer(_sends_escapes) as peer:
+    with Peer(sends_escapes(60), join_timeout=60) as peer:
         proc = ping_peer(peer)
     assert proc.returncode == 1  # no reply
     assert unsafe(proc.stdout) == set() and unsafe(proc.stderr) == set()

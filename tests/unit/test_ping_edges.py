@@ -14,7 +14,6 @@ import re
 import selectors
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ import pytest
 
 from ibtool.errors import ExitCode
 from ibtool.rdma import ping, wire
+from tests.fixtures.peers import EVIL, EVIL_SHOWN, Peer, resets, sends_escapes
 from tests.unit.fake_host import ROCE_GID
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,8 +33,6 @@ HEADER = "PING 127.0.0.1 over mlx5_0/1 gid 3: 64 bytes, mode send\n"
 VERBS_ONLY = "uses this host's RDMA devices through verbs; --root trees hold only sysfs"
 # ESC sequences that recolour and retitle the terminal, a line forged after a newline, a
 # carriage return, a bidi override, a C1 CSI (0x9b) clearing the screen, then far too much.
-EVIL = "\x1b[31mred\x1b]0;owned\x07\nibtool: error: forged\r\u202eevil\x9b2J" + "x" * 2000
-EVIL_SHOWN = "\\x1b[31mred\\x1b]0;owned\\x07\\nibtool: error: forged\\r\\u202eevil\\x9b2Jxxx"
 
 
 @pytest.fixture
@@ -119,43 +117,8 @@ def test_bind_to_what_is_not_an_address_is_a_usage_error(roce, bind):
 # -- misbehaving peers -----------------------------------------------------------------------
 
 
-class Peer(threading.Thread):
-    """A TCP server on 127.0.0.1 for one client, doing `behave(conn)` with it, then closing."""
-
-    def __init__(self, behave):
-        super().__init__(daemon=True)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.behave = behave
-
-    def run(self) -> None:
-        with self.listener:
-            conn, _ = self.listener.accept()
-            with conn:
-                self.behave(conn)
-
-    def __enter__(self) -> Peer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.join(30)
-
-
-def resets(conn: socket.socket) -> None:
-    wire.receive(conn, 10, wire.MessageType.ENDPOINT)
-    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close: RST
-
-
-def sends_escapes(conn: socket.socket) -> None:
-    wire.receive(conn, 10, wire.MessageType.ENDPOINT)
-    conn.sendall(wire.encode_error(EVIL))
-    conn.settimeout(10)
-    conn.recv(1)  # until the client leaves
-
-
 def test_a_peer_that_resets_is_one_line_with_a_hint(roce):
-    with Peer(resets) as peer:
+    with Peer(resets(10)) as peer:
         r = roce("ping", "127.0.0.1", "--port", str(peer.port), "-c", "1")
     assert (r.code, r.out) == (ExitCode.FAILED, HEADER)
     assert r.err == (
@@ -181,7 +144,7 @@ def test_a_peer_that_hangs_is_left_after_the_handshake_timeout(roce, monkeypatch
 
 
 def test_a_peers_escape_sequences_are_shown_escaped_and_cut(roce):
-    with Peer(sends_escapes) as peer:
+    with Peer(sends_escapes(10)) as peer:
         r = roce("ping", "127.0.0.1", "--port", str(peer.port), "-c", "1")
     assert r.code == ExitCode.FAILED  # no reply
     assert unsafe(r.out) == set() and unsafe(r.err) == set()
@@ -193,7 +156,7 @@ def test_a_peers_escape_sequences_are_shown_escaped_and_cut(roce):
 
 
 def test_a_peers_escape_sequences_are_escaped_in_json_too(roce):
-    with Peer(sends_escapes) as peer:
+    with Peer(sends_escapes(10)) as peer:
         r = roce("-j", "ping", "127.0.0.1", "--port", str(peer.port), "-c", "1")
     (reply,) = r.json["replies"]
     assert reply["error"].startswith("peer says: " + EVIL_SHOWN)
