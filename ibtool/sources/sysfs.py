@@ -75,6 +75,7 @@ def _shown(text: str) -> str:
 
 
 def _is_number(text: str) -> bool:
+    # ASCII digits only: not int()'s grammar (no sign, "_", or non-ASCII digits)
     return text.isascii() and text.isdigit()
 
 
@@ -689,19 +690,16 @@ class SysfsSource:
         """The count a counter file holds (the kernel prints %u or %llu); None for anything else,
         which is warned about once per file: a negative number or text that is not a number."""
         digits = text.strip()
-        if _DIGITS.fullmatch(digits):
+        if _is_number(digits):
             value = int(digits)
             if value < 1 << 64:
                 return value
             self.bad(path, f"value {digits} is above 2^64-1")
-        elif digits.startswith("-") and _DIGITS.fullmatch(digits[1:]):
+        elif digits.startswith("-") and _is_number(digits[1:]):
             self.bad(path, f"negative value {digits}")
         else:
             self.bad(path, f"malformed value {_shown(text)}")
         return None
-
-
-_DIGITS = re.compile(r"[0-9]+")  # not int()'s grammar: no sign, "_", or non-ASCII digits
 
 
 def _scale(name: str) -> int:
