@@ -257,6 +257,7 @@ def _main(argv: list[str], plugins: Iterable[object], out: _Stdout, err: TextIO)
         try:
             code = command.run(inv)
         finally:
+            inv.close()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         return ExitCode.OK if code is None else int(code)

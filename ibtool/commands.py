@@ -71,6 +71,11 @@ class Invocation:
             self._host = Host(root=self.root, warn=self.warn, details=self.details)
         return self._host
 
+    def close(self) -> None:
+        """Ends what the run opened (the host's netlink session)."""
+        if self._host is not None:
+            self._host.close()
+
     def emit_json(self, data: Any) -> None:
         render.dump_json(data, self.out, self.pretty)
 

@@ -1,7 +1,8 @@
 """One facade over the sources: selection by DEV[/PORT], per-device fault isolation, merging.
 
 The sources are sysfs (always), verbs (only with details on the live host) and RDMA netlink
-(on the live host, for what sysfs does not show).
+(on the live host, for what sysfs does not show; one session per run, opened on first use).
+Each is passed in, so a snapshot or a test gives its own.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from ibtool.errors import IbtoolError, NotFoundError, NotLiveError, UsageError
 from ibtool.model import CounterSample, Device, Gid, LinkLayer, Port
+from ibtool.session import NetlinkSession, open_nldev
 from ibtool.sources.sysfs import PORT_DETAILS, PORT_FIELDS, PORT_NETDEV, SysfsSource
 
 
@@ -25,6 +27,12 @@ def parse_selector(selector: str) -> tuple[str, int | None]:
     return name, int(port) if sep else None
 
 
+def open_verbs():
+    from ibtool.sources.verbs import VerbsSource
+
+    return VerbsSource()
+
+
 class Host:
     def __init__(
         self,
@@ -33,29 +41,58 @@ class Host:
         details: bool = False,
         *,
         sysfs: SysfsSource | None = None,
+        netlink: Callable[[], Any] | None = None,
+        verbs: Callable[[], Any] | None = None,
+        release: str | None = None,
+        live: bool | None = None,
+        not_live: str = "--root trees hold only sysfs",
     ):
-        """`sysfs`: the source to read instead of root's (tests give the live host a tree)."""
+        """`sysfs`: the source to read instead of root's (tests give the live host a tree);
+        `netlink`, `verbs`: what opens an RDMA netlink client and the verbs source (default:
+        the running kernel's, and neither under --root); `release`: the kernel release to go
+        by (default: the running one's); `live`: whether this is the running kernel, which
+        can be changed (default: no --root); `not_live`: why it cannot, when not."""
         self.warn = warn or (lambda message: None)
         self.root = root
         self.details = details
-        self.live = root == "/"  # the running kernel: netlink and verbs can be asked too
+        self.live = root == "/" if live is None else live
+        self.not_live = not_live
         self.sysfs = sysfs or SysfsSource(root, self.warn)
+        if netlink is None and self.live:
+            netlink = open_nldev
+        self._netlink = netlink and NetlinkSession(netlink, self.warn, self.note)
+        self._open_verbs = verbs if verbs is not None or not self.live else open_verbs
+        self._release = release
         self._verbs: Any = None
         self._verbs_error: IbtoolError | None = None
 
+    def close(self) -> None:
+        """Ends the run's netlink session, if one was opened."""
+        if self._netlink is not None:
+            self._netlink.close()
+
     # -- the running kernel ------------------------------------------------------------------
 
-    def require_live(
-        self, what: str, why: str = "--root trees hold only sysfs", hint: str | None = None
-    ) -> None:
-        """The one check for what only the running kernel can answer or do: NotLiveError
-        (a usage error) under --root, saying what was asked and why a tree cannot."""
+    def require_live(self, what: str, why: str | None = None, hint: str | None = None) -> None:
+        """The one check for what only the running kernel can do: NotLiveError (a usage
+        error) under --root or on a snapshot, saying what was asked and why this host cannot."""
         if not self.live:
-            raise NotLiveError(f"{what}; {why}", hint)
+            raise NotLiveError(f"{what}; {why or self.not_live}", hint)
 
-    @staticmethod
-    def kernel_release() -> str:
-        return platform.release()
+    def netlink(self, what: str, hint: str | None = None):
+        """The run's RDMA netlink session, for what only netlink answers; NotLiveError where
+        there is none (a --root tree)."""
+        if self._netlink is None:
+            raise NotLiveError(f"{what}; {self.not_live}", hint)
+        return self._netlink
+
+    @property
+    def netlink_session(self) -> NetlinkSession | None:
+        """The netlink session, or None where there is no netlink (a --root tree)."""
+        return self._netlink
+
+    def kernel_release(self) -> str:
+        return self._release if self._release is not None else platform.release()
 
     def kernel_before(self, major: int, minor: int) -> bool:
         """Whether the running kernel is older than major.minor; False when its release string
@@ -88,8 +125,8 @@ class Host:
         ]
         if not self._merging():
             return devices
-        with _NetlinkRecords(self) as nl:
-            return [nl.merge_device(d) for d in devices]
+        merger = self._netlink.merger()
+        return [merger.device(d) for d in devices]
 
     def ports(
         self, selector: str | None = None, fields: tuple[str, ...] | None = None
@@ -104,14 +141,14 @@ class Host:
             ports.extend(self._with_verbs(self.sysfs.port(name, p, fields)) for p in numbers)
         if not self._merging():
             return ports
-        with _NetlinkRecords(self) as nl:
-            return [nl.merge_port(p) for p in ports]
+        merger = self._netlink.merger()
+        return [merger.port(p) for p in ports]
 
     def _merging(self) -> bool:
-        """Under -d on the live host, devices and ports are what netlink says where it answers,
+        """Under -d with netlink, devices and ports are what netlink says where it answers,
         sysfs (and verbs) for the rest, each field with its source. Without -d: sysfs alone,
         which needs no netlink library and is as fast as a directory walk."""
-        return self.details and self.live
+        return self.details and self._netlink is not None
 
     def gids(self, selector: str | None = None) -> list[Gid]:
         gids = []
@@ -130,20 +167,16 @@ class Host:
         driver counters sysfs does not show: enabled optional counters (never in sysfs) and,
         where sysfs lacks hw_counters/, all of them."""
         samples = []
-        netlink = _NetlinkCounters(self) if self.live else None
-        try:
-            for name, port in self.select(selector):
-                if port is None:
-                    samples.extend(self.sysfs.counters(name, 0))
-                numbers = [port] if port is not None else self.sysfs.port_numbers(name)
-                for p in numbers:
-                    port_samples = self.sysfs.counters(name, p)
-                    samples.extend(port_samples)
-                    if netlink is not None:
-                        samples.extend(netlink.extra(name, p, port_samples))
-        finally:
-            if netlink is not None:
-                netlink.close()
+        netlink = self._netlink.counter_reader() if self._netlink is not None else None
+        for name, port in self.select(selector):
+            if port is None:
+                samples.extend(self.sysfs.counters(name, 0))
+            numbers = [port] if port is not None else self.sysfs.port_numbers(name)
+            for p in numbers:
+                port_samples = self.sysfs.counters(name, p)
+                samples.extend(port_samples)
+                if netlink is not None:
+                    samples.extend(netlink.extra(name, p, port_samples))
         return samples
 
     def note(self, message: str) -> None:
@@ -170,13 +203,11 @@ class Host:
     def verbs(self):
         """The verbs source, or None after one warning saying what is missing."""
         if self._verbs is None and self._verbs_error is None:
-            if self.root != "/":
+            if self._open_verbs is None:
                 self._verbs_error = IbtoolError("verbs details need the live host, not --root")
             else:
                 try:
-                    from ibtool.sources.verbs import VerbsSource
-
-                    self._verbs = VerbsSource()
+                    self._verbs = self._open_verbs()
                 except IbtoolError as e:
                     self._verbs_error = e
             if self._verbs_error is not None:
@@ -203,178 +234,3 @@ class Host:
             self.warn(e.message)
             return port
         return dataclasses.replace(port, active_mtu=attrs["active_mtu"], max_mtu=attrs["max_mtu"])
-
-
-# Model fields and the NLDEV attributes that answer them (GET for devices, PORT_GET for ports).
-DEVICE_ATTRS = {
-    "node_type": "RDMA_NLDEV_ATTR_DEV_NODE_TYPE",
-    "protocol": "RDMA_NLDEV_ATTR_DEV_PROTOCOL",
-    "fw_ver": "RDMA_NLDEV_ATTR_FW_VERSION",
-    "node_guid": "RDMA_NLDEV_ATTR_NODE_GUID",
-    "sys_image_guid": "RDMA_NLDEV_ATTR_SYS_IMAGE_GUID",
-    "port_count": "RDMA_NLDEV_ATTR_PORT_INDEX",
-}
-PORT_ATTRS = {
-    "state": "RDMA_NLDEV_ATTR_PORT_STATE",
-    "physical_state": "RDMA_NLDEV_ATTR_PORT_PHYS_STATE",
-    "lid": "RDMA_NLDEV_ATTR_LID",
-    "sm_lid": "RDMA_NLDEV_ATTR_SM_LID",
-    "lmc": "RDMA_NLDEV_ATTR_LMC",
-    "cap_mask": "RDMA_NLDEV_ATTR_CAP_FLAGS",
-    "netdev": "RDMA_NLDEV_ATTR_NDEV_NAME",
-}
-VERBS_FIELDS = ("active_mtu", "max_mtu")
-_KEYS = ("name", "device", "port", "ports", "sources")
-
-
-def _merged(record, nl_record, answered, attrs: dict[str, str]):
-    """`record` with every field netlink answered taken from `nl_record`, and its sources."""
-    changes, sources = {}, {}
-    for f in dataclasses.fields(record):
-        if f.name in _KEYS:
-            continue
-        if attrs.get(f.name) in answered and getattr(nl_record, f.name) is not None:
-            changes[f.name] = getattr(nl_record, f.name)
-            sources[f.name] = "netlink"
-        elif getattr(record, f.name) not in (None, ()):
-            sources[f.name] = "verbs" if f.name in VERBS_FIELDS else "sysfs"
-    return dataclasses.replace(record, **changes, sources=sources)
-
-
-class _NetlinkRecords:
-    """Devices and ports as netlink sees them, for merging with sysfs (details only)."""
-
-    def __init__(self, host: Host):
-        self.host = host
-        self.client: Any = None
-        self.replies: dict[str, dict] = {}
-        self.port_replies: dict[str, dict[int, dict]] = {}
-        try:
-            from ibtool.sources.netlink import NldevClient
-
-            self.client = NldevClient()
-            self.replies = {
-                r["RDMA_NLDEV_ATTR_DEV_NAME"]: r
-                for r in self.client.devices()
-                if "RDMA_NLDEV_ATTR_DEV_NAME" in r
-            }
-        except IbtoolError as e:
-            host.note(f"sysfs only: RDMA netlink: {e.message}")
-            self.close()
-
-    def merge_device(self, device: Device) -> Device:
-        from ibtool.sources.netlink import records
-
-        reply = self.replies.get(device.name)
-        if reply is None:
-            return _merged(device, device, (), {})
-        return _merged(device, records.device(reply), reply, DEVICE_ATTRS)
-
-    def merge_port(self, port: Port) -> Port:
-        from ibtool.sources.netlink import records
-
-        reply = self._port_replies(port.device).get(port.port)
-        if reply is None:
-            return _merged(port, port, (), {})
-        return _merged(port, records.port(reply), reply, PORT_ATTRS)
-
-    def _port_replies(self, device: str) -> dict[int, dict]:
-        if device not in self.port_replies:
-            self.port_replies[device] = {}
-            if self.client is not None and device in self.replies:
-                try:
-                    index = self.replies[device]["RDMA_NLDEV_ATTR_DEV_INDEX"]
-                    self.port_replies[device] = {
-                        r["RDMA_NLDEV_ATTR_PORT_INDEX"]: r for r in self.client.ports(index)
-                    }
-                except (IbtoolError, KeyError) as e:
-                    self.host.warn(f"{device}: netlink ports: {getattr(e, 'message', e)}")
-        return self.port_replies[device]
-
-    def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-            self.client = None
-
-    def __enter__(self) -> _NetlinkRecords:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class _NetlinkCounters:
-    """Driver counters from netlink STAT_GET that sysfs did not show, one port at a time.
-
-    Opened on first use. Without RDMA netlink, or on a kernel without STAT_GET, the sysfs
-    counters stand alone (a note under -d says why); a port whose request fails is warned
-    about and the others are still asked."""
-
-    def __init__(self, host: Host):
-        self.host = host
-        self.client: Any = None
-        self.indexes: dict[str, int] | None = None
-        self.off = False
-
-    def _open(self) -> bool:
-        if self.indexes is not None or self.off:
-            return not self.off
-        try:
-            from ibtool.sources.netlink import NldevClient
-
-            self.client = NldevClient()
-            self.indexes = {
-                r["RDMA_NLDEV_ATTR_DEV_NAME"]: r["RDMA_NLDEV_ATTR_DEV_INDEX"]
-                for r in self.client.devices()
-                if "RDMA_NLDEV_ATTR_DEV_NAME" in r and "RDMA_NLDEV_ATTR_DEV_INDEX" in r
-            }
-        except IbtoolError as e:
-            self.off = True
-            self.host.note(f"counters from sysfs only: RDMA netlink: {e.message}")
-            self.close()
-        return not self.off
-
-    def extra(self, device: str, port: int, have: list[CounterSample]) -> list[CounterSample]:
-        from ibtool.errors import UnsupportedError
-
-        if not self._open() or device not in self.indexes:
-            return []  # in exclusive netns mode sysfs may list devices netlink does not
-        from ibtool.sources.netlink import records
-
-        index = self.indexes[device]
-        try:
-            samples = records.hw_counters(self.client.hw_counters(index, port))
-        except UnsupportedError as e:
-            self.host.note(f"{device}/{port}: no netlink counters: {e.message}")
-            return []
-        except IbtoolError as e:
-            self.host.warn(f"{device}/{port}: netlink counters: {e.message}")
-            return []
-        known = {s.name for s in have if s.source == "hw"}
-        extra = [s for s in samples if s.name not in known]
-        if not extra or not known:
-            return extra  # no sysfs hw_counters/ at all: netlink's are the driver counters
-        optional = set()
-        try:
-            status = records.hw_counter_status(self.client.hw_counter_status(index, port))
-            optional = {c.name for c in status if c.optional}
-        except UnsupportedError:
-            # STAT_GET answered for this port, so it has driver counters and EINVAL means the
-            # command is missing; optional counters came with it: the ones shown are all hw.
-            from ibtool.sources.netlink import attrs as A
-            from ibtool.sources.netlink.errors import missing_command
-
-            missing = missing_command(
-                A.RDMA_NLDEV_CMD_STAT_GET_STATUS, "optional counters are listed"
-            )
-            self.host.note(f"{device}/{port}: which counters are optional is unknown: {missing}")
-        except IbtoolError as e:
-            self.host.note(f"{device}/{port}: which counters are optional is unknown: {e.message}")
-        return [
-            dataclasses.replace(s, source="optional") if s.name in optional else s for s in extra
-        ]
-
-    def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-            self.client = None

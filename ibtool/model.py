@@ -135,6 +135,7 @@ class Port:
     sm_sl: int | None = None
     cap_mask: int | None = None
     netdev: str | None = None
+    netdev_index: int | None = None  # its ifindex, where netlink tells (NDEV_INDEX)
     gid_tbl_len: int | None = None
     # From verbs only (ibv_query_port); None unless details were asked for.
     active_mtu: int | None = None

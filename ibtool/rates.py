@@ -9,6 +9,10 @@ than half its range to make it. Each case is reported, not guessed.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
 from ibtool import counterinfo
 from ibtool.counterinfo import WRAPS_AT_32
 from ibtool.model import CounterSample
@@ -40,3 +44,50 @@ def counter_rate(
 def is_saturated(sample: CounterSample) -> bool:
     """A PMA counter at the maximum of its own width (4, 8, 16, 32 or 64 bits)."""
     return sample.source == "pma" and counterinfo.is_saturated(sample.value, sample.width)
+
+
+class Rated(NamedTuple):
+    """A sample with its rate since the one before: rate None with note "new" for a counter
+    the previous sample did not have, both None for the first sample."""
+
+    sample: CounterSample
+    rate: float | None
+    note: str | None
+
+
+def rates(before: Iterable[CounterSample], after: Iterable[CounterSample], seconds: float):
+    """Each sample of `after` with its rate since `before`."""
+    old = {(s.device, s.port, s.source, s.name): s for s in before}
+    rows = []
+    for s in after:
+        prev = old.get((s.device, s.port, s.source, s.name))
+        rate, note = counter_rate(prev, s, seconds) if prev else (None, "new")
+        rows.append(Rated(s, rate, note))
+    return rows
+
+
+class Sampler:
+    """Successive counter samples turned into rates, each against the one before.
+
+    `read()` gives the samples; `clock()` the monotonic time, taken after each read. The
+    first `sample()` is the baseline (no rates); each later one has them."""
+
+    def __init__(
+        self,
+        read: Callable[[], list[CounterSample]],
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.read = read
+        self.clock = clock
+        self.last: list[CounterSample] | None = None
+        self.at: float | None = None
+
+    def sample(self) -> list[Rated]:
+        samples = self.read()
+        now = self.clock()
+        if self.last is None:
+            rows = [Rated(s, None, None) for s in samples]
+        else:
+            rows = rates(self.last, samples, now - self.at)
+        self.last, self.at = samples, now
+        return rows

@@ -9,9 +9,9 @@ import time
 
 from ibtool import counterinfo, hookimpl, render
 from ibtool.commands import Invocation, selector
-from ibtool.errors import NotFoundError, UnsupportedError, UsageError
-from ibtool.model import CounterSample, HwCounterStatus
-from ibtool.rates import counter_rate, is_saturated
+from ibtool.errors import NotFoundError, UsageError
+from ibtool.model import CounterSample
+from ibtool.rates import Sampler, is_saturated
 
 ACTIONS = ("optional", "enable", "disable")
 USAGE = (
@@ -108,16 +108,6 @@ def _explain(inv: Invocation, name: str) -> None:
         inv.print(f"Usually raised by: {info.causes}.")
 
 
-def _rows(before, after, seconds):
-    old = {(s.device, s.port, s.source, s.name): s for s in before}
-    rows = []
-    for s in after:
-        prev = old.get((s.device, s.port, s.source, s.name))
-        rate, note = counter_rate(prev, s, seconds) if prev else (None, "new")
-        rows.append((s, rate, note))
-    return rows
-
-
 def _keep(rows, errors_only: bool):
     if not errors_only:
         return rows
@@ -160,77 +150,48 @@ def _ports(inv: Invocation, sel: str | None) -> list[tuple[str, int]]:
     ]
 
 
-def _status(nl, indexes, device: str, port: int) -> list[HwCounterStatus]:
-    """Every driver counter of the port with its index; [] for a port without any."""
-    from ibtool.sources.netlink import attrs as A
-    from ibtool.sources.netlink import records
-    from ibtool.sources.netlink.errors import missing_command
-
-    if device not in indexes:
-        raise NotFoundError(
-            f"RDMA netlink does not show {device}",
-            "in exclusive netns mode a device answers only in its own network namespace",
-        )
-    try:
-        return records.hw_counter_status(nl.hw_counter_status(indexes[device], port))
-    except UnsupportedError as e:
-        # EINVAL: a kernel without the command (netlink.c rdma_nl_rcv_msg), or a port without
-        # driver counters (nldev.c nldev_stat_get_counter_status_doit). STAT_GET, which every
-        # kernel with optional counters has, answers for a port with counters.
-        try:
-            nl.hw_counters(indexes[device], port)
-        except UnsupportedError:
-            return []
-        raise missing_command(
-            A.RDMA_NLDEV_CMD_STAT_GET_STATUS, "optional counters are listed", errno=e.errno
-        ) from e
-
-
 def _names(words: list[str]) -> list[str]:
     return [n for w in words for n in w.split(",") if n]
 
 
 def _optional(inv: Invocation, action: str, words: list[str]) -> None:
-    inv.host.require_live("optional counters exist only in netlink", hint=USAGE)
+    netlink = inv.host.netlink("optional counters exist only in netlink", hint=USAGE)
     if action == "optional" and len(words) > 1:
         raise UsageError(f"unexpected arguments: {' '.join(words[1:])}", USAGE)
     if action != "optional" and len(words) < 2:
         raise UsageError(f"counters {action} takes DEV[/PORT] and counter names", USAGE)
+    if action != "optional":
+        inv.host.require_live("optional counters exist only in netlink", hint=USAGE)
     targets = _ports(inv, words[0] if words else None)
     names = _names(words[1:])
-    from ibtool.sources.netlink import NldevClient
-
-    with NldevClient() as nl:
-        indexes = {
-            r["RDMA_NLDEV_ATTR_DEV_NAME"]: r["RDMA_NLDEV_ATTR_DEV_INDEX"] for r in nl.devices()
-        }
-        if action == "optional":
-            rows = []
-            for device, port in targets:
-                rows += [c for c in _status(nl, indexes, device, port) if c.optional]
-            if inv.json:
-                inv.emit_json([render.record_json(c, OPTIONAL_FIELDS, inv.details) for c in rows])
-            else:
-                for line in render.table(rows, OPTIONAL_FIELDS, inv.details):
-                    inv.print(line)
-            if not rows:
-                inv.warn("no optional counters on " + ", ".join(f"{d}/{p}" for d, p in targets))
-            return
+    indexes = netlink.indexes()
+    if action == "optional":
+        rows = []
         for device, port in targets:
-            optional = {c.name: c for c in _status(nl, indexes, device, port) if c.optional}
-            wanted = set(optional) if action == "disable" and names == ["all"] else set(names)
-            unknown = sorted(wanted - set(optional))
-            if unknown:
-                raise NotFoundError(
-                    f"{device}/{port} has no optional counter {unknown[0]!r}",
-                    f"optional counters of {device}/{port}: {', '.join(sorted(optional)) or 'none'}"
-                    " (ibtool counters optional)",
-                )
-            enabled = {n for n, c in optional.items() if c.enabled}
-            enabled = enabled | wanted if action == "enable" else enabled - wanted
-            nl.set_optional_counters(
-                indexes[device], port, sorted(optional[n].index for n in enabled)
+            rows += [c for c in netlink.counter_status(indexes, device, port) if c.optional]
+        if inv.json:
+            inv.emit_json([render.record_json(c, OPTIONAL_FIELDS, inv.details) for c in rows])
+        else:
+            for line in render.table(rows, OPTIONAL_FIELDS, inv.details):
+                inv.print(line)
+        if not rows:
+            inv.warn("no optional counters on " + ", ".join(f"{d}/{p}" for d, p in targets))
+        return
+    for device, port in targets:
+        optional = {c.name: c for c in netlink.counter_status(indexes, device, port) if c.optional}
+        wanted = set(optional) if action == "disable" and names == ["all"] else set(names)
+        unknown = sorted(wanted - set(optional))
+        if unknown:
+            raise NotFoundError(
+                f"{device}/{port} has no optional counter {unknown[0]!r}",
+                f"optional counters of {device}/{port}: {', '.join(sorted(optional)) or 'none'}"
+                " (ibtool counters optional)",
             )
+        enabled = {n for n, c in optional.items() if c.enabled}
+        enabled = enabled | wanted if action == "enable" else enabled - wanted
+        netlink.set_optional_counters(
+            indexes[device], port, sorted(optional[n].index for n in enabled)
+        )
 
 
 # -- counters -------------------------------------------------------------------------------
@@ -246,27 +207,24 @@ def run(inv: Invocation) -> None:
     interval = args.watch if args.watch is not None else args.interval
     if interval <= 0:
         raise UsageError("--interval and --watch need a positive number of seconds")
-    before = inv.host.counters(sel)
+    sampler = Sampler(lambda: inv.host.counters(sel), clock=time.monotonic)
+    first = sampler.sample()
     if not (args.rate or args.watch):
-        _emit(inv, _keep([(s, None, None) for s in before], args.errors), False)
+        _emit(inv, _keep(first, args.errors), False)
         return
-    t0 = time.monotonic()
     try:
         while True:
-            time.sleep(max(0.0, interval - (time.monotonic() - t0)))
-            after = inv.host.counters(sel)
-            t1 = time.monotonic()
+            time.sleep(max(0.0, interval - (time.monotonic() - sampler.at)))
             rows = [
                 r
-                for r in _rows(before, after, t1 - t0)
-                if args.watch is None or r[1] or r[2] not in (None, "new")
+                for r in sampler.sample()
+                if args.watch is None or r.rate or r.note not in (None, "new")
             ]
             _emit(inv, _keep(rows, args.errors), True)
             if args.watch is None:
                 return
             if not inv.json:
                 inv.print()
-            before, t0 = after, t1
     except KeyboardInterrupt:
         inv.out.flush()  # the rates shown stay; main() gives the signal's exit code (ibtool(8))
         raise

@@ -4,12 +4,9 @@
 
 from __future__ import annotations
 
-import errno
-import socket
-
-from ibtool import hookimpl, render
+from ibtool import hookimpl, links, render
 from ibtool.commands import Invocation, add_selector, selector
-from ibtool.errors import IbtoolError, NotFoundError, UnsupportedError, UsageError
+from ibtool.errors import UsageError
 from ibtool.host import Host
 from ibtool.model import Port
 
@@ -103,23 +100,7 @@ LINK_USAGE = (
     "ibtool link [show] [DEV[/PORT]] | ibtool link add NAME type { rxe | siw } netdev NETDEV "
     "| ibtool link delete NAME"
 )
-# Where the kernel takes the netlink RDMA link commands from (iproute2: "from 5.1-rc1").
-LINK_SINCE = (5, 1)
 IB_DEVICE_NAME_MAX = 64  # include/rdma/ib_verbs.h, with the terminating NUL
-MODULES = {"rxe": "rdma_rxe", "siw": "siw"}
-
-
-def _too_old(host: Host, command: str, e: IbtoolError) -> UnsupportedError:
-    return UnsupportedError(
-        f"this kernel ({host.kernel_release()}) cannot {command}: that needs Linux 5.1 or later",
-        "on older kernels, rxe devices come from the rxe_cfg script of rdma-core",
-        errno=e.errno,
-    )
-
-
-def _netdevs() -> str:
-    names = sorted(name for _, name in socket.if_nameindex())
-    return ", ".join(names) or "none"
 
 
 def _link_add(host: Host, words: list[str]) -> None:
@@ -141,114 +122,18 @@ def _link_add(host: Host, words: list[str]) -> None:
             f"bad device name {name!r}",
             f"at most {IB_DEVICE_NAME_MAX - 1} bytes, without '%' or '/', e.g. rxe1",
         )
-    link_type, netdev = options["type"], options["netdev"]
-    from ibtool.sources.netlink import NldevClient
-
-    with NldevClient() as nl:
-        devices = {r.get("RDMA_NLDEV_ATTR_DEV_NAME"): r for r in nl.devices()}
-        if name in devices:
-            raise IbtoolError(
-                f"an RDMA device named {name} exists already",
-                "choose another name, or delete it first: ibtool link delete " + name,
-                errno=errno.EEXIST,
-            )
-        try:
-            nl.new_link(name, link_type, netdev)
-        except IbtoolError as e:
-            raise _add_error(host, e, nl, name, link_type, netdev) from e
-
-
-def _add_error(
-    host: Host, e: IbtoolError, nl, name: str, link_type: str, netdev: str
-) -> IbtoolError:
-    """What NEWLINK's errno means (drivers/infiniband/core/nldev.c nldev_newlink, the drivers'
-    newlink)."""
-    if e.errno == errno.ENODEV:
-        return NotFoundError(f"no netdev {netdev!r}", f"netdevs here: {_netdevs()}", errno=e.errno)
-    if e.errno == errno.EEXIST:
-        owner = _device_on(nl, netdev)
-        return IbtoolError(
-            f"{netdev} has an {link_type} device already" + (f" ({owner})" if owner else ""),
-            f"the {link_type} driver takes one device per netdev: delete it first "
-            f"(ibtool link delete {owner or 'DEV'}) or use another netdev",
-            errno=e.errno,
-        )
-    if e.errno == errno.ENFILE:  # ib_register_device: the name was taken meanwhile
-        return IbtoolError(
-            f"an RDMA device named {name} exists already", "choose another name", errno=e.errno
-        )
-    from ibtool.sources.netlink.features import has_cap_net_admin
-
-    if e.errno == errno.EPERM and has_cap_net_admin():
-        # rxe_newlink: "rxe creation allowed on top of a real device only"
-        return IbtoolError(
-            f"the {link_type} driver refused {netdev}: Operation not permitted",
-            "rxe devices go on a real netdev, not on a VLAN device; the VLAN's addresses "
-            "appear in the GID table of the device on the netdev below it",
-            errno=e.errno,
-        )
-    if e.errno == errno.EINVAL:
-        if host.kernel_before(*LINK_SINCE):
-            return _too_old(host, "create RDMA links (RDMA_NLDEV_CMD_NEWLINK)", e)
-        module = MODULES.get(link_type)
-        return UnsupportedError(
-            f"link type {link_type!r} is not available in this kernel",
-            f"the kernel found no driver for it: modprobe {module} says why (Debian's kernels "
-            "build rxe, not siw)"
-            if module
-            else "the link types are rxe (Soft-RoCE) and siw (Soft-iWARP)",
-            errno=e.errno,
-        )
-    return e
-
-
-def _device_on(nl, netdev: str) -> str | None:
-    """The RDMA device whose port serves `netdev`, if netlink says."""
-    try:
-        for device in nl.devices():
-            for port in nl.ports(device["RDMA_NLDEV_ATTR_DEV_INDEX"]):
-                if port.get("RDMA_NLDEV_ATTR_NDEV_NAME") == netdev:
-                    return device.get("RDMA_NLDEV_ATTR_DEV_NAME")
-    except (IbtoolError, KeyError):
-        pass
-    return None
+    links.add(host, name, options["type"], options["netdev"])
 
 
 def _link_delete(host: Host, words: list[str]) -> None:
     if len(words) != 1:
         raise UsageError("link delete takes one device name", LINK_USAGE)
-    (name,) = words
-    from ibtool.sources.netlink import NldevClient
-
-    with NldevClient() as nl:
-        indexes = {
-            r["RDMA_NLDEV_ATTR_DEV_NAME"]: r["RDMA_NLDEV_ATTR_DEV_INDEX"]
-            for r in nl.devices()
-            if "RDMA_NLDEV_ATTR_DEV_NAME" in r and "RDMA_NLDEV_ATTR_DEV_INDEX" in r
-        }
-        if name not in indexes:
-            raise NotFoundError(
-                f"unknown device {name!r}", f"devices here: {', '.join(indexes) or 'none'}"
-            )
-        try:
-            nl.delete_link(indexes[name])
-        except IbtoolError as e:
-            if e.errno != errno.EINVAL:
-                raise
-            if host.kernel_before(*LINK_SINCE):
-                raise _too_old(host, "delete RDMA links (RDMA_NLDEV_CMD_DELLINK)", e) from e
-            # nldev_dellink: only devices registered with IBK_ALLOW_USER_UNREG (rxe, siw)
-            raise IbtoolError(
-                f"cannot delete {name}: only rxe and siw devices can be deleted",
-                "a hardware device goes away with its driver (modprobe -r) or its PCI function",
-                errno=e.errno,
-            ) from e
+    links.delete(host, words[0])
 
 
 def run(inv: Invocation) -> None:
     words = list(inv.args.words)
     if words and words[0] in ("add", "delete"):
-        inv.host.require_live(f"link {words[0]} changes the running kernel", "--root is a copy")
         (_link_add if words[0] == "add" else _link_delete)(inv.host, words[1:])
         return
     ports = inv.host.ports(selector(inv.args))

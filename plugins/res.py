@@ -4,7 +4,6 @@ object, how many of each every device has. Fields, words and filters as `rdma re
 
 from __future__ import annotations
 
-import errno
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ from typing import Any
 
 from ibtool import hookimpl, render
 from ibtool.commands import Invocation
-from ibtool.errors import IbtoolError, NotFoundError, UnsupportedError, UsageError
+from ibtool.errors import NotFoundError, UsageError
 from ibtool.model import Owner
 
 OBJECTS = ("qp", "cm_id", "cq", "mr", "pd", "ctx", "srq")
@@ -398,102 +397,6 @@ def _configure(parser) -> None:
     parser.add_argument("words", nargs="*", metavar="[show] [OBJECT] [DEV[/PORT]] [KEY VALUE]...")
 
 
-# -- asking the kernel ---------------------------------------------------------------------------
-
-
-def _devices(nl, wanted: str | None) -> list[tuple[str, int, int]]:
-    """(name, index, ports) of every device, or of the one asked for."""
-    from ibtool.sources.netlink import records
-
-    found = []
-    for reply in nl.devices():
-        device = records.device(reply)
-        found.append((device.name, reply["RDMA_NLDEV_ATTR_DEV_INDEX"], device.port_count))
-    if wanted is None:
-        return found
-    chosen = [d for d in found if d[0] == wanted]
-    if not chosen:
-        names = ", ".join(d[0] for d in found) or "none"
-        raise NotFoundError(f"no RDMA device {wanted!r}", f"devices: {names}")
-    return chosen
-
-
-def _vanished(nl, index: int) -> bool:
-    try:
-        nl.device(index)
-    except IbtoolError as e:
-        return e.errno in (errno.ENODEV, errno.EINVAL)
-    return False
-
-
-# What each dump lists, for the line saying the kernel lacks it.
-LISTED = {
-    "qp": "QPs are listed",
-    "cm_id": "CM IDs are listed",
-    "cq": "CQs are listed",
-    "mr": "MRs are listed",
-    "pd": "PDs are listed",
-    "ctx": "contexts are listed",
-    "srq": "SRQs are listed",
-}
-
-
-def _unsupported(kind: str, e: IbtoolError) -> UnsupportedError:
-    from ibtool.sources.netlink import attrs as A
-    from ibtool.sources.netlink.errors import missing_command
-
-    return missing_command(
-        A.RESOURCE_COMMANDS[kind],
-        LISTED[kind],
-        "ibtool -d system lists the RDMA netlink commands this kernel has",
-        errno=e.errno,
-    )
-
-
-def read_objects(
-    nl, kind: str, devices, port: int | None, details: bool, warn, *, kernel_before_5_8: bool
-) -> list[Any]:
-    """Every object of a kind on these devices, one dump per device. A device that disappears
-    meanwhile is a warning; the others are still shown."""
-    from ibtool.sources.netlink import records
-
-    options = {}
-    if kind == "cq":
-        options["old_poll_context"] = kernel_before_5_8
-    found = []
-    for name, index, _ in devices:
-        try:
-            replies = nl.resource_dump(kind, index, port, driver_details=details)
-        except IbtoolError as e:
-            if e.errno not in (errno.ENODEV, errno.EINVAL, errno.EOPNOTSUPP):
-                raise
-            if e.errno != errno.EOPNOTSUPP and _vanished(nl, index):
-                warn(f"{name} disappeared while its {kind} objects were read")
-                continue
-            if e.errno == errno.ENODEV:
-                raise
-            # A kernel without the command answers EINVAL before looking at the request
-            # (netlink.c rdma_nl_rcv_msg); the device is still there, so that is the cause.
-            raise _unsupported(kind, e) from e
-        # rdma lists the objects not bound to a port first: keep that order.
-        objects = records.resources(kind, replies, **options)
-        found += sorted(objects, key=lambda o: getattr(o, "port", None) is not None)
-    return found
-
-
-def read_summaries(nl, devices) -> list[tuple[str, int, dict[str, int]]]:
-    from ibtool.sources.netlink import records
-
-    wanted = {index for _, index, _ in devices}
-    summaries = []
-    for reply in nl.resource_summaries():
-        index = reply.get("RDMA_NLDEV_ATTR_DEV_INDEX")
-        if index in wanted:
-            name = reply.get("RDMA_NLDEV_ATTR_DEV_NAME")
-            summaries.append((name, index, records.resource_summary(reply)))
-    return summaries
-
-
 # -- output -------------------------------------------------------------------------------------
 
 
@@ -525,26 +428,21 @@ def _text_rows(rows: list[Row], fields, details: bool) -> list[str]:
 
 def run(inv: Invocation) -> None:
     request = parse_words(inv.args.words)
-    inv.host.require_live("ibtool res asks the running kernel over netlink")
-    from ibtool.sources.netlink import NldevClient
-
-    with NldevClient() as nl:
-        devices = _devices(nl, request.device)
-        if request.port is not None:
-            name, _, ports = devices[0]
-            if not 1 <= request.port <= ports:
-                raise NotFoundError(f"{name} has no port {request.port}", f"ports: 1-{ports}")
-        if request.kind is None:
-            return _show_summaries(inv, read_summaries(nl, devices))
-        objects = read_objects(
-            nl,
-            request.kind,
-            devices,
-            request.port,
-            inv.details,
-            inv.warn,
-            kernel_before_5_8=inv.host.kernel_before(5, 8),
-        )
+    netlink = inv.host.netlink("ibtool res asks the running kernel over netlink")
+    devices = netlink.devices(request.device)
+    if request.port is not None:
+        name, _, ports = devices[0]
+        if not 1 <= request.port <= ports:
+            raise NotFoundError(f"{name} has no port {request.port}", f"ports: 1-{ports}")
+    if request.kind is None:
+        return _show_summaries(inv, netlink.summaries(devices))
+    objects = netlink.resources(
+        request.kind,
+        devices,
+        request.port,
+        inv.details,
+        kernel_before_5_8=inv.host.kernel_before(5, 8),
+    )
     owners = Owners(read_comm)
     rows = [Row(o, owners.comm(o.owner)) for o in objects]
     rows = [r for r in rows if all(match(r) for match in request.filters)]

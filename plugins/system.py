@@ -4,14 +4,9 @@ has, asked of it command by command."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ibtool import hookimpl, render
 from ibtool.commands import Invocation
-from ibtool.errors import UnsupportedError, UsageError
-
-if TYPE_CHECKING:
-    from ibtool.model import NetlinkFeature, RdmaSystem
+from ibtool.errors import UsageError
 
 
 def _on_off(value: bool) -> str:
@@ -59,50 +54,13 @@ FEATURE_FIELDS = [
 ]
 
 
-def read_system(details: bool = False) -> tuple[RdmaSystem, list[NetlinkFeature] | None]:
-    """The settings, and with `details` the features the kernel has (else None)."""
-    from ibtool.sources.netlink import NldevClient, records
-
-    with NldevClient() as nl:
-        reply = nl.system()
-        if not details:
-            return records.rdma_system(reply), None
-        from ibtool.sources.netlink import features
-
-        return records.rdma_system(reply), features.probe(nl, reply)
-
-
-def change_setting(name: str, value: str) -> None:
+def change_setting(netlink, name: str, value: str) -> None:
     if name not in SETTINGS:
         raise UsageError(f"no system setting {name!r}", USAGE)
     attribute, values = SETTINGS[name]
     if value not in values:
         raise UsageError(f"{name} is one of {', '.join(values)}, not {value!r}", USAGE)
-    from ibtool.sources.netlink import NldevClient
-
-    with NldevClient() as nl:
-        try:
-            nl.set_system(attribute, values[value])
-        except UnsupportedError as e:
-            if _lacks(nl, attribute):
-                from ibtool.sources.netlink import attrs as A
-                from ibtool.sources.netlink.errors import not_in_kernel
-
-                since = A.SYS_ATTRIBUTE_SINCE.get(attribute)
-                raise not_in_kernel(attribute, since, SERVES.get(name), errno=e.errno) from e
-            raise UnsupportedError(f"cannot set {name}: {e.message}", e.hint, errno=e.errno) from e
-
-
-def _lacks(nl, attribute: str) -> bool:
-    """Whether SYS_GET, which reports every setting the kernel has, leaves `attribute` out:
-    then that is why SYS_SET refused it (a kernel older than the attribute rejects it as an
-    unknown attribute type, nldev.c parses SYS_SET strictly)."""
-    from ibtool.errors import IbtoolError
-
-    try:
-        return attribute not in nl.system()
-    except IbtoolError:
-        return False
+    netlink.set_system(attribute, values[value], SERVES.get(name), name)
 
 
 def run(inv: Invocation) -> None:
@@ -112,11 +70,13 @@ def run(inv: Invocation) -> None:
         raise UsageError(f"unexpected arguments: {' '.join(words)}", USAGE)
     if action == "set" and len(words) != 2:
         raise UsageError("system set takes a setting and its value", USAGE)
-    inv.host.require_live("ibtool system asks the running kernel over netlink")
+    what = "ibtool system asks the running kernel over netlink"
     if action == "set":
-        change_setting(*words)
+        inv.host.require_live(what)
+        change_setting(inv.host.netlink(what), *words)
         return
-    system, features = read_system(inv.details)
+    netlink = inv.host.netlink(what)
+    system, features = netlink.system_features() if inv.details else (netlink.system(), None)
     if inv.json:
         out = render.record_json(system, FIELDS, inv.details)
         if features is not None:

@@ -14,6 +14,7 @@ from ibtool.errors import IbtoolError, NotFoundError, PermissionDeniedError, Usa
 from ibtool.host import Host
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, messages
+from ibtool.sources.sysfs import SysfsSource
 from tests.fixtures import sysfs_trees
 from tests.unit.test_netlink_client import FakeKernel
 from tests.unit.test_netlink_codec import ack, done, nla, reply, string, u8, u32, u64
@@ -91,8 +92,7 @@ def live(tmp_path, monkeypatch):
         kernel = StatKernel(**kernel_args)
         monkeypatch.setattr(client, "open_socket", kernel.open)
         warnings: list[str] = []
-        host = Host(str(root), warn=warnings.append)
-        host.live = True
+        host = Host(warn=warnings.append, sysfs=SysfsSource(str(root), warnings.append))
         return host, kernel, warnings
 
     return make
@@ -107,8 +107,9 @@ def counters_cli(host, *words, json=False, details=False):
     )
     from ibtool.commands import Invocation
 
-    inv = Invocation(args=args, json=json, details=details, out=out, warn=warnings.append)
-    inv._host = host
+    inv = Invocation(
+        args=args, json=json, details=details, out=out, warn=warnings.append, _host=host
+    )
     counters.run(inv)
     return out.getvalue(), warnings
 
@@ -118,9 +119,11 @@ def test_enabled_optional_counters_join_the_sysfs_ones(live):
     samples = host.counters("mlx5_0/1")
     extra = [s for s in samples if s.via == "netlink"]
     assert [(s.name, s.value, s.source) for s in extra] == [("rdma_tx_bytes", 1041, "optional")]
-    # everything else is what sysfs says, and each socket was closed
+    # everything else is what sysfs says; one socket for the run, closed with the host
     assert {s.source for s in samples if s.via == "sysfs"} == {"pma", "hw"}
-    assert all(s.kernel_end.fileno() == -1 for s in kernel.sockets)
+    assert len(kernel.sockets) == 1
+    host.close()
+    assert kernel.sockets[0].kernel_end.fileno() == -1
     assert warnings == []
 
 

@@ -12,6 +12,7 @@ from ibtool.host import Host
 from ibtool.model import PortState
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, messages
+from ibtool.sources.sysfs import SysfsSource
 from tests.fixtures import sysfs_trees
 from tests.unit.test_netlink_client import FakeKernel
 from tests.unit.test_netlink_golden import replay
@@ -38,9 +39,9 @@ def host(monkeypatch):
 
     monkeypatch.setattr(client, "open_socket", open_socket)
     warnings: list[str] = []
-    h = Host(str(sysfs_trees.CAPTURED_RXE), warn=warnings.append, details=True)
-    h.live = True
-    h._verbs_error = Exception  # no verbs on this host: MTUs stay unknown, quietly
+    sysfs = SysfsSource(str(sysfs_trees.CAPTURED_RXE), warnings.append)
+    # no verbs on this host: MTUs stay unknown, quietly
+    h = Host(warn=warnings.append, details=True, sysfs=sysfs, verbs=lambda: None)
     h.sockets, h.warnings = sockets, warnings
     return h
 
@@ -62,7 +63,10 @@ def test_device_fields_netlink_answers_come_from_netlink(host):
     # the two sources agree on the captured kernel: merging changed no value
     plain = Host(str(sysfs_trees.CAPTURED_RXE), details=True).devices("rxe0")[0]
     assert rxe0 == plain
-    assert host.sockets and all(s.client_end.fileno() == -1 for s in host.sockets)
+    # one socket for the run, closed with the host
+    assert len(host.sockets) == 1 and host.sockets[0].client_end.fileno() != -1
+    host.close()
+    assert host.sockets[0].client_end.fileno() == -1
 
 
 def test_port_state_lid_and_netdev_from_netlink_rate_from_sysfs(host):

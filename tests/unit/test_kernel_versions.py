@@ -480,11 +480,10 @@ def live_mlx5(tmp_path, linux):
 
     def make(release: Release, **kw):
         from ibtool.host import Host
+        from ibtool.sources.sysfs import SysfsSource
 
         kernel = linux(release, devices=[Device("mlx5_0", 7, ports=2, **kw)])
-        host = Host(str(root))
-        host.live = True
-        return host, kernel
+        return Host(sysfs=SysfsSource(str(root))), kernel
 
     return make
 

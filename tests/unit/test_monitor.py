@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-from ibtool_plugins import monitor
-from ibtool_plugins.monitor import Event, PortView, Snapshot, diff, event_json, event_line
 
+from ibtool.changes import Event, Seen, diff, event_json, event_line, kernel_event
 from ibtool.errors import DataError, ExitCode, PermissionDeniedError
+from ibtool.model import PhysState, Port, PortState
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, events, messages
 from ibtool.sources.netlink.events import EventListener
@@ -97,7 +97,7 @@ KERNEL_EVENTS = [
 )
 def test_each_kernel_event_type_decodes_to_a_line_and_a_json_object(attributes, line, fields):
     (decoded,) = listen(event_message(**attributes))
-    e = monitor.kernel_event(decoded)
+    e = kernel_event(decoded)
     assert event_line(e) == f"- {line}"
     assert event_json(e) == {"time": None, **fields, "source": "kernel"}
 
@@ -128,15 +128,15 @@ def test_a_truncated_event_is_malformed():
 
 
 def test_the_latest_poll_names_what_rename_events_leave_out():
-    last = Snapshot({"rxe9": 3}, {("rxe9", 1): PortView(netdev="veth2", netdev_index=9)})
-    rename = monitor.kernel_event(
+    last = snap({("rxe9", 1): view(netdev="veth2", netdev_index=9)}, {"rxe9": 3})
+    rename = kernel_event(
         {"RDMA_NLDEV_ATTR_EVENT_TYPE": 4, "RDMA_NLDEV_ATTR_DEV_INDEX": 3,
          "RDMA_NLDEV_ATTR_DEV_NAME": "rxe10"},
         last,
     )  # fmt: skip
     assert event_line(rename) == "- rename rxe10 (was rxe9)"
     assert event_json(rename)["old_ifname"] == "rxe9"
-    netdev = monitor.kernel_event(
+    netdev = kernel_event(
         {"RDMA_NLDEV_ATTR_EVENT_TYPE": 5, "RDMA_NLDEV_ATTR_NDEV_INDEX": 9,
          "RDMA_NLDEV_ATTR_NDEV_NAME": "eth9"},
         last,
@@ -147,14 +147,24 @@ def test_the_latest_poll_names_what_rename_events_leave_out():
 
 # -- polling ------------------------------------------------------------------------------------
 
-UP = PortView("ACTIVE", "LINK_UP", netdev="veth0", netdev_index=4)
-DOWN = PortView("DOWN", "DISABLED", netdev="veth0", netdev_index=4)
+
+def view(state: str | None = None, physical_state: str | None = None, **fields) -> dict:
+    """A port's fields as a poll sees them; snap() puts it at its device and port."""
+    return dict(
+        state=PortState[state] if state else None,
+        physical_state=PhysState[physical_state] if physical_state else None,
+        **fields,
+    )
 
 
-def snap(ports: dict, devices: dict | None = None) -> Snapshot:
+UP = view("ACTIVE", "LINK_UP", netdev="veth0", netdev_index=4)
+DOWN = view("DOWN", "DISABLED", netdev="veth0", netdev_index=4)
+
+
+def snap(ports: dict, devices: dict | None = None) -> Seen:
     if devices is None:
         devices = {d: i for i, d in enumerate(dict.fromkeys(d for d, _ in ports))}
-    return Snapshot(devices, ports)
+    return Seen.of(devices, [Port(d, n, **fields) for (d, n), fields in ports.items()])
 
 
 def lines(events: list[Event]) -> list[str]:
@@ -181,16 +191,16 @@ def test_a_port_going_down_and_up():
 
 
 def test_only_the_physical_state_changing():
-    training = PortView("DOWN", "PORT_CONFIGURATION_TRAINING")
-    polling = PortView("DOWN", "POLLING")
+    training = view("DOWN", "PORT_CONFIGURATION_TRAINING")
+    polling = view("DOWN", "POLLING")
     assert lines(diff(snap({("mlx5_0", 1): polling}), snap({("mlx5_0", 1): training}), "x")) == [
         "port_state mlx5_0/1 state DOWN physical_state PORT_CONFIGURATION_TRAINING (was POLLING)"
     ]
 
 
 def test_an_sm_assigning_a_lid():
-    before = PortView("INIT", "LINK_UP", lid=0, sm_lid=0, lmc=0)
-    after = PortView("INIT", "LINK_UP", lid=28, sm_lid=1, lmc=0)
+    before = view("INIT", "LINK_UP", lid=0, sm_lid=0, lmc=0)
+    after = view("INIT", "LINK_UP", lid=28, sm_lid=1, lmc=0)
     (e,) = diff(snap({("mlx5_0", 1): before}), snap({("mlx5_0", 1): after}), "sysfs")
     assert event_line(e) == "- lid mlx5_0/1 lid 28 (was 0) sm_lid 1 (was 0)"
     assert {k: v for k, v in event_json(e).items() if "lid" in k or "lmc" in k} == {
@@ -202,8 +212,8 @@ def test_an_sm_assigning_a_lid():
 
 
 def test_a_device_appearing_and_leaving():
-    empty = Snapshot({}, {})
-    rxe9 = snap({("rxe9", 1): PortView("DOWN", "DISABLED", netdev="veth2", netdev_index=9)})
+    empty = Seen({}, {})
+    rxe9 = snap({("rxe9", 1): view("DOWN", "DISABLED", netdev="veth2", netdev_index=9)})
     assert lines(diff(empty, rxe9, "netlink")) == [
         "register rxe9",
         "netdev_attach rxe9/1 netdev veth2 ifindex 9",
@@ -228,9 +238,9 @@ def test_a_rename_is_known_by_the_device_index():
 
 
 def test_netdev_changes():
-    renamed = PortView("ACTIVE", "LINK_UP", netdev="eth0", netdev_index=4)
-    other = PortView("ACTIVE", "LINK_UP", netdev="veth5", netdev_index=12)
-    none = PortView("ACTIVE", "LINK_UP")
+    renamed = view("ACTIVE", "LINK_UP", netdev="eth0", netdev_index=4)
+    other = view("ACTIVE", "LINK_UP", netdev="veth5", netdev_index=12)
+    none = view("ACTIVE", "LINK_UP")
     assert lines(diff(snap({("r", 1): UP}), snap({("r", 1): renamed}), "netlink")) == [
         "netdev_rename r/1 netdev eth0 (was veth0) ifindex 4"
     ]
@@ -252,8 +262,8 @@ def test_with_kernel_events_polls_report_only_what_the_kernel_does_not():
 
 
 def test_devices_sort_naturally():
-    old = Snapshot({}, {})
-    new = snap({("mlx5_10", 1): PortView(), ("mlx5_2", 1): PortView()})
+    old = Seen({}, {})
+    new = snap({("mlx5_10", 1): view(), ("mlx5_2", 1): view()})
     assert lines(diff(old, new, "sysfs")) == ["register mlx5_2", "register mlx5_10"]
 
 

@@ -314,3 +314,14 @@ ATTRIBUTES: tuple[Attr, ...] = (
 
 BY_ID: dict[int, Attr] = {a.id: a for a in ATTRIBUTES}
 BY_NAME: dict[str, Attr] = {a.name: a for a in ATTRIBUTES}
+
+# enum rdma_nl_notify_event_type (include/uapi/rdma/rdma_netlink.h): RDMA_<NAME>_EVENT, the
+# EVENT_TYPE of a monitor event.
+EVENT_TYPES: dict[int, str] = {
+    0: "REGISTER",
+    1: "UNREGISTER",
+    2: "NETDEV_ATTACH",
+    3: "NETDEV_DETACH",
+    4: "RENAME",
+    5: "NETDEV_RENAME",
+}

@@ -28,16 +28,6 @@ from ibtool.sources.netlink.errors import malformed
 
 RDMA_NL_GROUP_NOTIFY = 4  # uapi rdma_netlink.h: the group monitor events go to
 
-# enum rdma_nl_notify_event_type: RDMA_<NAME>_EVENT
-EVENT_TYPES: dict[int, str] = {
-    0: "REGISTER",
-    1: "UNREGISTER",
-    2: "NETDEV_ATTACH",
-    3: "NETDEV_DETACH",
-    4: "RENAME",
-    5: "NETDEV_RENAME",
-}
-
 MONITOR = A.nlmsg_type(A.RDMA_NLDEV_CMD_MONITOR)
 
 

@@ -92,6 +92,7 @@ def port(reply: Reply) -> Port:
         # Low 32 bits: PortInfo CapabilityMask, what sysfs cap_mask holds; high: CapabilityMask2.
         cap_mask=caps & 0xFFFFFFFF if caps is not None else None,
         netdev=reply.get("RDMA_NLDEV_ATTR_NDEV_NAME"),
+        netdev_index=reply.get("RDMA_NLDEV_ATTR_NDEV_INDEX"),
     )
 
 

@@ -1,0 +1,456 @@
+"""The run's RDMA netlink session: requests in the commands' terms, model records out.
+
+One session per run, behind the host facade (`Host.netlink`): the client is opened on first
+use and every command's reads and changes go through it. The client comes from the factory
+the host was given: an NldevClient on the running kernel, a recorded one for a snapshot, a
+fake kernel's in the tests. No raw reply leaves this module except to ibtool's own merging.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from ibtool.errors import IbtoolError, NotFoundError, UnsupportedError
+from ibtool.model import CounterSample, Device, NetlinkFeature, Port, RdmaSystem
+
+# What each resource dump lists, for the line saying the kernel lacks it.
+LISTED = {
+    "qp": "QPs are listed",
+    "cm_id": "CM IDs are listed",
+    "cq": "CQs are listed",
+    "mr": "MRs are listed",
+    "pd": "PDs are listed",
+    "ctx": "contexts are listed",
+    "srq": "SRQs are listed",
+}
+
+
+class NetlinkDevice(NamedTuple):
+    name: str
+    index: int
+    port_count: int
+
+
+class Summary(NamedTuple):
+    """RES_GET of one device: how many objects of each type it has."""
+
+    device: str
+    index: int
+    counts: dict[str, int]
+
+
+class PortPoll(NamedTuple):
+    """What one poll of devices and ports saw: device name -> index, and the ports."""
+
+    devices: dict[str, int | None]
+    ports: list[Port]
+
+
+def open_nldev():
+    """The running kernel's RDMA netlink, as a blocking client."""
+    from ibtool.sources.netlink import NldevClient
+
+    return NldevClient()
+
+
+class NetlinkSession:
+    def __init__(self, open_client: Callable[[], Any], warn: Callable[[str], None], note):
+        self._open = open_client
+        self.warn = warn
+        self.note = note  # a diagnostic shown only under -d
+        self._client: Any = None
+        self._error: IbtoolError | None = None
+
+    @property
+    def client(self):
+        """The client, opened on first use; the error that stopped it, every time after."""
+        if self._client is None:
+            if self._error is not None:
+                raise self._error
+            try:
+                self._client = self._open()
+            except IbtoolError as e:
+                self._error = e
+                raise
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # -- devices and ports ---------------------------------------------------------------------
+
+    def device_replies(self) -> dict[str, dict]:
+        return {
+            r["RDMA_NLDEV_ATTR_DEV_NAME"]: r
+            for r in self.client.devices()
+            if "RDMA_NLDEV_ATTR_DEV_NAME" in r
+        }
+
+    def indexes(self) -> dict[str, int]:
+        """Device name -> index, of the devices netlink shows (in exclusive netns mode, those
+        of this network namespace)."""
+        return {
+            name: r["RDMA_NLDEV_ATTR_DEV_INDEX"]
+            for name, r in self.device_replies().items()
+            if "RDMA_NLDEV_ATTR_DEV_INDEX" in r
+        }
+
+    def devices(self, wanted: str | None = None) -> list[NetlinkDevice]:
+        """Every device, or the one asked for (NotFoundError if netlink does not show it)."""
+        from ibtool.sources.netlink import records
+
+        found = []
+        for reply in self.client.devices():
+            device = records.device(reply)
+            found.append(
+                NetlinkDevice(device.name, reply["RDMA_NLDEV_ATTR_DEV_INDEX"], device.port_count)
+            )
+        if wanted is None:
+            return found
+        chosen = [d for d in found if d.name == wanted]
+        if not chosen:
+            names = ", ".join(d.name for d in found) or "none"
+            raise NotFoundError(f"no RDMA device {wanted!r}", f"devices: {names}")
+        return chosen
+
+    def poll_ports(self) -> PortPoll:
+        """Devices and their ports from GET and PORT_GET dumps; a device unregistered between
+        the two is left out (the next poll says it is gone)."""
+        from ibtool.sources.netlink import records
+
+        devices: dict[str, int | None] = {}
+        ports: list[Port] = []
+        for reply in self.client.devices():
+            name = reply.get("RDMA_NLDEV_ATTR_DEV_NAME")
+            index = reply.get("RDMA_NLDEV_ATTR_DEV_INDEX")
+            if name is None or index is None:
+                continue
+            try:
+                port_replies = self.client.ports(index)
+            except IbtoolError:
+                continue
+            devices[name] = index
+            ports.extend(records.port(p) for p in port_replies if "RDMA_NLDEV_ATTR_PORT_INDEX" in p)
+        return PortPoll(devices, ports)
+
+    def device_of_netdev(self, netdev: str) -> str | None:
+        """The RDMA device whose port serves `netdev`, if netlink says."""
+        try:
+            for device in self.client.devices():
+                for port in self.client.ports(device["RDMA_NLDEV_ATTR_DEV_INDEX"]):
+                    if port.get("RDMA_NLDEV_ATTR_NDEV_NAME") == netdev:
+                        return device.get("RDMA_NLDEV_ATTR_DEV_NAME")
+        except (IbtoolError, KeyError):
+            pass
+        return None
+
+    def event_listener(self):
+        """A socket that has joined the kernel's RDMA monitor events (Linux 6.12)."""
+        from ibtool.sources.netlink import events
+
+        return events.EventListener()
+
+    def merger(self) -> Merger:
+        return Merger(self)
+
+    # -- system ------------------------------------------------------------------------------
+
+    def system(self) -> RdmaSystem:
+        """SYS_GET: the system-wide settings."""
+        from ibtool.sources.netlink import records
+
+        return records.rdma_system(self.client.system())
+
+    def system_features(self) -> tuple[RdmaSystem, list[NetlinkFeature]]:
+        """The settings, and the RDMA netlink features the kernel has, asked of it."""
+        from ibtool.sources.netlink import features, records
+
+        reply = self.client.system()
+        return records.rdma_system(reply), features.probe(self.client, reply)
+
+    def set_system(self, attribute: str, value: int, serves: str | None, name: str) -> None:
+        """SYS_SET of one setting; a kernel without it is said in one line."""
+        nl = self.client
+        try:
+            nl.set_system(attribute, value)
+        except UnsupportedError as e:
+            if self._lacks(attribute):
+                from ibtool.sources.netlink import attrs as A
+                from ibtool.sources.netlink.errors import not_in_kernel
+
+                since = A.SYS_ATTRIBUTE_SINCE.get(attribute)
+                raise not_in_kernel(attribute, since, serves, errno=e.errno) from e
+            raise UnsupportedError(f"cannot set {name}: {e.message}", e.hint, errno=e.errno) from e
+
+    def _lacks(self, attribute: str) -> bool:
+        """Whether SYS_GET, which reports every setting the kernel has, leaves `attribute` out:
+        then that is why SYS_SET refused it (a kernel older than the attribute rejects it as an
+        unknown attribute type, nldev.c parses SYS_SET strictly)."""
+        try:
+            return attribute not in self.client.system()
+        except IbtoolError:
+            return False
+
+    # -- counters ----------------------------------------------------------------------------
+
+    def counter_status(self, indexes: dict[str, int], device: str, port: int):
+        """Every driver counter of the port with its index; [] for a port without any."""
+        from ibtool.sources.netlink import attrs as A
+        from ibtool.sources.netlink import records
+        from ibtool.sources.netlink.errors import missing_command
+
+        if device not in indexes:
+            raise NotFoundError(
+                f"RDMA netlink does not show {device}",
+                "in exclusive netns mode a device answers only in its own network namespace",
+            )
+        nl = self.client
+        try:
+            return records.hw_counter_status(nl.hw_counter_status(indexes[device], port))
+        except UnsupportedError as e:
+            # EINVAL: a kernel without the command (netlink.c rdma_nl_rcv_msg), or a port
+            # without driver counters (nldev.c nldev_stat_get_counter_status_doit). STAT_GET,
+            # which every kernel with optional counters has, answers for a port with counters.
+            try:
+                nl.hw_counters(indexes[device], port)
+            except UnsupportedError:
+                return []
+            raise missing_command(
+                A.RDMA_NLDEV_CMD_STAT_GET_STATUS, "optional counters are listed", errno=e.errno
+            ) from e
+
+    def set_optional_counters(self, index: int, port: int, enabled: list[int]) -> None:
+        self.client.set_optional_counters(index, port, enabled)
+
+    def counter_reader(self) -> CounterReader:
+        return CounterReader(self)
+
+    # -- resources ---------------------------------------------------------------------------
+
+    def summaries(self, devices: list[NetlinkDevice]) -> list[Summary]:
+        from ibtool.sources.netlink import records
+
+        wanted = {d.index for d in devices}
+        summaries = []
+        for reply in self.client.resource_summaries():
+            index = reply.get("RDMA_NLDEV_ATTR_DEV_INDEX")
+            if index in wanted:
+                name = reply.get("RDMA_NLDEV_ATTR_DEV_NAME")
+                summaries.append(Summary(name, index, records.resource_summary(reply)))
+        return summaries
+
+    def resources(
+        self,
+        kind: str,
+        devices: list[NetlinkDevice],
+        port: int | None,
+        details: bool,
+        *,
+        kernel_before_5_8: bool,
+    ) -> list[Any]:
+        """Every object of a kind on these devices, one dump per device. A device that
+        disappears meanwhile is a warning; the others are still shown."""
+        from ibtool.sources.netlink import records
+
+        nl = self.client
+        options = {}
+        if kind == "cq":
+            options["old_poll_context"] = kernel_before_5_8
+        found = []
+        for device in devices:
+            try:
+                replies = nl.resource_dump(kind, device.index, port, driver_details=details)
+            except IbtoolError as e:
+                if e.errno not in (errno.ENODEV, errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
+                if e.errno != errno.EOPNOTSUPP and self._vanished(device.index):
+                    self.warn(f"{device.name} disappeared while its {kind} objects were read")
+                    continue
+                if e.errno == errno.ENODEV:
+                    raise
+                # A kernel without the command answers EINVAL before looking at the request
+                # (netlink.c rdma_nl_rcv_msg); the device is still there, so that is the cause.
+                raise _unsupported(kind, e) from e
+            # rdma lists the objects not bound to a port first: keep that order.
+            objects = records.resources(kind, replies, **options)
+            found += sorted(objects, key=lambda o: getattr(o, "port", None) is not None)
+        return found
+
+    def _vanished(self, index: int) -> bool:
+        try:
+            self.client.device(index)
+        except IbtoolError as e:
+            return e.errno in (errno.ENODEV, errno.EINVAL)
+        return False
+
+    # -- links -------------------------------------------------------------------------------
+
+    def new_link(self, name: str, link_type: str, netdev: str) -> None:
+        self.client.new_link(name, link_type, netdev)
+
+    def delete_link(self, index: int) -> None:
+        self.client.delete_link(index)
+
+
+def _unsupported(kind: str, e: IbtoolError) -> UnsupportedError:
+    from ibtool.sources.netlink import attrs as A
+    from ibtool.sources.netlink.errors import missing_command
+
+    return missing_command(
+        A.RESOURCE_COMMANDS[kind],
+        LISTED[kind],
+        "ibtool -d system lists the RDMA netlink commands this kernel has",
+        errno=e.errno,
+    )
+
+
+# -- merging netlink's answers into sysfs records (details only) -------------------------------
+
+# Model fields and the NLDEV attributes that answer them (GET for devices, PORT_GET for ports).
+DEVICE_ATTRS = {
+    "node_type": "RDMA_NLDEV_ATTR_DEV_NODE_TYPE",
+    "protocol": "RDMA_NLDEV_ATTR_DEV_PROTOCOL",
+    "fw_ver": "RDMA_NLDEV_ATTR_FW_VERSION",
+    "node_guid": "RDMA_NLDEV_ATTR_NODE_GUID",
+    "sys_image_guid": "RDMA_NLDEV_ATTR_SYS_IMAGE_GUID",
+    "port_count": "RDMA_NLDEV_ATTR_PORT_INDEX",
+}
+PORT_ATTRS = {
+    "state": "RDMA_NLDEV_ATTR_PORT_STATE",
+    "physical_state": "RDMA_NLDEV_ATTR_PORT_PHYS_STATE",
+    "lid": "RDMA_NLDEV_ATTR_LID",
+    "sm_lid": "RDMA_NLDEV_ATTR_SM_LID",
+    "lmc": "RDMA_NLDEV_ATTR_LMC",
+    "cap_mask": "RDMA_NLDEV_ATTR_CAP_FLAGS",
+    "netdev": "RDMA_NLDEV_ATTR_NDEV_NAME",
+}
+VERBS_FIELDS = ("active_mtu", "max_mtu")
+# Not model data with a source: keys, the sources themselves, and what change detection keeps.
+_KEYS = ("name", "device", "port", "ports", "sources", "netdev_index")
+
+
+def _merged(record, nl_record, answered, attrs: dict[str, str]):
+    """`record` with every field netlink answered taken from `nl_record`, and its sources."""
+    changes, sources = {}, {}
+    for f in dataclasses.fields(record):
+        if f.name in _KEYS:
+            continue
+        if attrs.get(f.name) in answered and getattr(nl_record, f.name) is not None:
+            changes[f.name] = getattr(nl_record, f.name)
+            sources[f.name] = "netlink"
+        elif getattr(record, f.name) not in (None, ()):
+            sources[f.name] = "verbs" if f.name in VERBS_FIELDS else "sysfs"
+    return dataclasses.replace(record, **changes, sources=sources)
+
+
+class Merger:
+    """Devices and ports as netlink sees them, merged into the sysfs records: each field from
+    netlink where it answers, with its source. Without netlink, the records stand (a note
+    under -d says why)."""
+
+    def __init__(self, session: NetlinkSession):
+        self.session = session
+        self.replies: dict[str, dict] = {}
+        self.port_replies: dict[str, dict[int, dict]] = {}
+        self.off = False
+        try:
+            self.replies = session.device_replies()
+        except IbtoolError as e:
+            session.note(f"sysfs only: RDMA netlink: {e.message}")
+            self.off = True
+
+    def device(self, device: Device) -> Device:
+        from ibtool.sources.netlink import records
+
+        reply = self.replies.get(device.name)
+        if reply is None:
+            return _merged(device, device, (), {})
+        return _merged(device, records.device(reply), reply, DEVICE_ATTRS)
+
+    def port(self, port: Port) -> Port:
+        from ibtool.sources.netlink import records
+
+        reply = self._port_replies(port.device).get(port.port)
+        if reply is None:
+            return _merged(port, port, (), {})
+        return _merged(port, records.port(reply), reply, PORT_ATTRS)
+
+    def _port_replies(self, device: str) -> dict[int, dict]:
+        if device not in self.port_replies:
+            self.port_replies[device] = {}
+            if not self.off and device in self.replies:
+                try:
+                    index = self.replies[device]["RDMA_NLDEV_ATTR_DEV_INDEX"]
+                    self.port_replies[device] = {
+                        r["RDMA_NLDEV_ATTR_PORT_INDEX"]: r for r in self.session.client.ports(index)
+                    }
+                except (IbtoolError, KeyError) as e:
+                    self.session.warn(f"{device}: netlink ports: {getattr(e, 'message', e)}")
+        return self.port_replies[device]
+
+
+class CounterReader:
+    """Driver counters from netlink STAT_GET that sysfs did not show, one port at a time.
+
+    Asks for the device indexes on first use. Without RDMA netlink, or on a kernel without
+    STAT_GET, the sysfs counters stand alone (a note under -d says why); a port whose request
+    fails is warned about and the others are still asked."""
+
+    def __init__(self, session: NetlinkSession):
+        self.session = session
+        self.indexes: dict[str, int] | None = None
+        self.off = False
+
+    def _open(self) -> bool:
+        if self.indexes is not None or self.off:
+            return not self.off
+        try:
+            self.indexes = self.session.indexes()
+        except IbtoolError as e:
+            self.off = True
+            self.session.note(f"counters from sysfs only: RDMA netlink: {e.message}")
+        return not self.off
+
+    def extra(self, device: str, port: int, have: list[CounterSample]) -> list[CounterSample]:
+        if not self._open() or device not in self.indexes:
+            return []  # in exclusive netns mode sysfs may list devices netlink does not
+        from ibtool.sources.netlink import records
+
+        session, nl = self.session, self.session.client
+        index = self.indexes[device]
+        try:
+            samples = records.hw_counters(nl.hw_counters(index, port))
+        except UnsupportedError as e:
+            session.note(f"{device}/{port}: no netlink counters: {e.message}")
+            return []
+        except IbtoolError as e:
+            session.warn(f"{device}/{port}: netlink counters: {e.message}")
+            return []
+        known = {s.name for s in have if s.source == "hw"}
+        extra = [s for s in samples if s.name not in known]
+        if not extra or not known:
+            return extra  # no sysfs hw_counters/ at all: netlink's are the driver counters
+        optional = set()
+        try:
+            status = records.hw_counter_status(nl.hw_counter_status(index, port))
+            optional = {c.name for c in status if c.optional}
+        except UnsupportedError:
+            # STAT_GET answered for this port, so it has driver counters and EINVAL means the
+            # command is missing; optional counters came with it: the ones shown are all hw.
+            from ibtool.sources.netlink import attrs as A
+            from ibtool.sources.netlink.errors import missing_command
+
+            missing = missing_command(
+                A.RDMA_NLDEV_CMD_STAT_GET_STATUS, "optional counters are listed"
+            )
+            session.note(f"{device}/{port}: which counters are optional is unknown: {missing}")
+        except IbtoolError as e:
+            session.note(f"{device}/{port}: which counters are optional is unknown: {e.message}")
+        return [
+            dataclasses.replace(s, source="optional") if s.name in optional else s for s in extra
+        ]
