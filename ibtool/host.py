@@ -27,6 +27,15 @@ def parse_selector(selector: str) -> tuple[str, int | None]:
     return name, int(port) if sep else None
 
 
+def read_comm(pid: int) -> str | None:
+    """A process's name as /proc/PID/comm has it (what rdma prints); None once it has exited."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().rstrip("\n")
+    except OSError:
+        return None
+
+
 def open_verbs():
     from ibtool.sources.verbs import VerbsSource
 
@@ -46,12 +55,14 @@ class Host:
         release: str | None = None,
         live: bool | None = None,
         not_live: str = "--root trees hold only sysfs",
+        comm: Callable[[int], str | None] | None = None,
     ):
         """`sysfs`: the source to read instead of root's (tests give the live host a tree);
         `netlink`, `verbs`: what opens an RDMA netlink client and the verbs source (default:
         the running kernel's, and neither under --root); `release`: the kernel release to go
         by (default: the running one's); `live`: whether this is the running kernel, which
-        can be changed (default: no --root); `not_live`: why it cannot, when not."""
+        can be changed (default: no --root); `not_live`: why it cannot, when not; `comm`:
+        the name of a process by pid (default: /proc's)."""
         self.warn = warn or (lambda message: None)
         self.root = root
         self.details = details
@@ -63,6 +74,7 @@ class Host:
         self._netlink = netlink and NetlinkSession(netlink, self.warn, self.note)
         self._open_verbs = verbs if verbs is not None or not self.live else open_verbs
         self._release = release
+        self._comm = comm
         self._verbs: Any = None
         self._verbs_error: IbtoolError | None = None
 
@@ -90,6 +102,10 @@ class Host:
     def netlink_session(self) -> NetlinkSession | None:
         """The netlink session, or None where there is no netlink (a --root tree)."""
         return self._netlink
+
+    def comm(self, pid: int) -> str | None:
+        """The name of the process `pid` (the holder of an RDMA object); None once it exited."""
+        return (self._comm or read_comm)(pid)
 
     def kernel_release(self) -> str:
         return self._release if self._release is not None else platform.release()

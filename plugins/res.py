@@ -25,15 +25,6 @@ USAGE = (
 # -- who holds an object ------------------------------------------------------------------------
 
 
-def read_comm(pid: int) -> str | None:
-    """The process name as /proc/PID/comm has it (what rdma prints); None once it has exited."""
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().rstrip("\n")
-    except OSError:
-        return None
-
-
 class Owners:
     """comm of each owner, each pid's read once per command."""
 
@@ -443,7 +434,7 @@ def run(inv: Invocation) -> None:
         inv.details,
         kernel_before_5_8=inv.host.kernel_before(5, 8),
     )
-    owners = Owners(read_comm)
+    owners = Owners(inv.host.comm)
     rows = [Row(o, owners.comm(o.owner)) for o in objects]
     rows = [r for r in rows if all(match(r) for match in request.filters)]
     fields = FIELDS_OF[request.kind]

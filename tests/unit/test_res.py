@@ -11,8 +11,8 @@ import platform
 import struct
 
 import pytest
-from ibtool_plugins import res
 
+from ibtool import host as host_module
 from ibtool.errors import ExitCode
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, messages, records
@@ -82,7 +82,7 @@ def kernel(monkeypatch):
         monkeypatch.setattr(client, "open_socket", open_socket)
         return kernels
 
-    monkeypatch.setattr(res, "read_comm", COMM.get)
+    monkeypatch.setattr(host_module, "read_comm", COMM.get)
     monkeypatch.setattr(platform, "release", lambda: "6.1.0-28-amd64")
     return install
 
@@ -320,7 +320,7 @@ def test_a_dump_of_a_thousand_qps_in_many_parts(cli, monkeypatch):
         return [*datagrams, done(seq)]
 
     monkeypatch.setattr(client, "open_socket", lambda: FakeKernel(answer))
-    monkeypatch.setattr(res, "read_comm", lambda pid: "bench")
+    monkeypatch.setattr(host_module, "read_comm", lambda pid: "bench")
     result = cli("-j", "res", "qp")
     assert lqpns(result) == list(range(1000, 2000))
     assert result.json[0] == {
@@ -351,7 +351,7 @@ def test_details_add_the_driver_attributes_as_rdma_dd_does(cli, monkeypatch):
         ]
 
     monkeypatch.setattr(client, "open_socket", lambda: FakeKernel(answer))
-    monkeypatch.setattr(res, "read_comm", lambda pid: None)  # the process has exited
+    monkeypatch.setattr(host_module, "read_comm", lambda pid: None)  # the process has exited
     (qp,) = cli("-d", "-j", "res", "qp").json
     assert qp["drv_sq_wqe_cnt"] == 64 and "comm" not in qp
     text = cli("-d", "res", "qp").out.splitlines()
