@@ -64,6 +64,12 @@ def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
         help="read DIR/sys/class/infiniband instead of /",
         **({"default": argparse.SUPPRESS} if suppress else {"default": "/"}),
     )
+    g.add_argument(
+        "--snapshot",
+        metavar="FILE",
+        help="read a snapshot (ibtool snapshot save) instead of this host",
+        **({"default": argparse.SUPPRESS} if suppress else {"default": None}),
+    )
     g.add_argument("--debug", action="store_true", help="show tracebacks of errors", **d)
 
 
@@ -247,12 +253,15 @@ def _main(argv: list[str], plugins: Iterable[object], out: _Stdout, err: TextIO)
             pretty=args.pretty,
             details=args.details,
             root=args.root,
+            snapshot=args.snapshot,
             out=out,
             warn=warn,
             plugins=loaded,
         )
         if inv.root != "/" and not os.path.isdir(inv.root):
             raise UsageError(f"--root {inv.root}: not a directory")
+        if inv.root != "/" and inv.snapshot is not None:
+            raise UsageError("--root and --snapshot both name what to read", "give one of them")
         previous = _unwind_on_sigterm()
         try:
             code = command.run(inv)

@@ -57,23 +57,34 @@ class Invocation:
     pretty: bool = False
     details: bool = False
     root: str = "/"
+    snapshot: str | None = None  # a snapshot file read instead of the host
     out: TextIO = field(default_factory=lambda: sys.stdout)
     warn: Callable[[str], None] = lambda message: None
     plugins: Any = None
     _host: Any = None
 
+    _snapshot: Any = None
+
     @property
     def host(self):
-        """The facade over sysfs (and verbs under -d), built on first use."""
+        """The facade over the host's sources (or a snapshot's), built on first use."""
         if self._host is None:
-            from ibtool.host import Host
+            if self.snapshot is not None:
+                from ibtool.snapshot import SnapshotHost
 
-            self._host = Host(root=self.root, warn=self.warn, details=self.details)
+                self._snapshot = SnapshotHost(self.snapshot, self.warn, self.details)
+                self._host = self._snapshot.host
+            else:
+                from ibtool.host import Host
+
+                self._host = Host(root=self.root, warn=self.warn, details=self.details)
         return self._host
 
     def close(self) -> None:
-        """Ends what the run opened (the host's netlink session)."""
-        if self._host is not None:
+        """Ends what the run opened (the host's netlink session, a snapshot's tree)."""
+        if self._snapshot is not None:
+            self._snapshot.close()
+        elif self._host is not None:
             self._host.close()
 
     def emit_json(self, data: Any) -> None:

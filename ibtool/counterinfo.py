@@ -267,3 +267,11 @@ def pma_width(name: str, wide: bool) -> int | None:
 def is_saturated(value: int | None, width: int | None) -> bool:
     """At the maximum of its width: a PMA counter stops there until it is cleared."""
     return value is not None and width is not None and value >= (1 << width) - 1
+
+
+def unit(name: str, source: str) -> str:
+    """What a counter counts, as ibtool shows it: bytes, packets, events or count."""
+    i = info(name, source)
+    return {"data": "bytes", "packets": "packets", "error": "events", "event": "events"}.get(
+        i.kind if i else "", "count"
+    )

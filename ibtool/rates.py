@@ -20,11 +20,10 @@ from ibtool.model import CounterSample
 _WRAP = 1 << 32
 
 
-def counter_rate(
-    old: CounterSample, new: CounterSample, seconds: float
-) -> tuple[float | None, str | None]:
-    """(units per second, note): note is None, "wrapped", "saturated", "reset" or "unknown"."""
-    if old.value is None or new.value is None or seconds <= 0:
+def counter_delta(old: CounterSample, new: CounterSample) -> tuple[int | None, str | None]:
+    """(how much the counter moved, in its unit, note): note is None, "wrapped",
+    "saturated", "reset" or "unknown"; the delta is None unless it is known."""
+    if old.value is None or new.value is None:
         return None, "unknown"
     delta = new.value - old.value
     note = None
@@ -37,8 +36,18 @@ def counter_rate(
         note = "wrapped"
     elif is_saturated(new):
         return None, "saturated"
+    return delta * new.scale, note
+
+
+def counter_rate(
+    old: CounterSample, new: CounterSample, seconds: float
+) -> tuple[float | None, str | None]:
+    """(units per second, note): note is None, "wrapped", "saturated", "reset" or "unknown"."""
+    if seconds <= 0:
+        return None, "unknown"
+    delta, note = counter_delta(old, new)
     # Python ints: a 64-bit word count times 4 stays exact until the division.
-    return delta * new.scale / seconds, note
+    return (None if delta is None else delta / seconds), note
 
 
 def is_saturated(sample: CounterSample) -> bool:

@@ -171,6 +171,9 @@ class NetlinkSession:
         from ibtool.sources.netlink import features, records
 
         reply = self.client.system()
+        recorded = getattr(self.client, "recorded_features", None)  # a snapshot's
+        if recorded is not None:
+            return records.rdma_system(reply), recorded
         return records.rdma_system(reply), features.probe(self.client, reply)
 
     def set_system(self, attribute: str, value: int, serves: str | None, name: str) -> None:

@@ -52,10 +52,7 @@ def _value(s: CounterSample) -> int | None:
 
 
 def _unit(s: CounterSample) -> str:
-    i = counterinfo.info(s.name, s.source)
-    return {"data": "bytes", "packets": "packets", "error": "events", "event": "events"}.get(
-        i.kind if i else "", "count"
-    )
+    return counterinfo.unit(s.name, s.source)
 
 
 FIELDS = [

@@ -24,7 +24,11 @@ def read_sysfs_from(monkeypatch, root: Path) -> None:
     from ibtool.host import Host
     from ibtool.sources.sysfs import SysfsSource
 
+    original = Invocation.host
+
     def host(inv: Invocation) -> Host:
+        if inv.snapshot is not None:
+            return original.fget(inv)  # a snapshot is what it holds, wherever it is read
         if inv._host is None:
             sysfs = SysfsSource(str(root), inv.warn)
             inv._host = Host(warn=inv.warn, details=inv.details, sysfs=sysfs)

@@ -1,0 +1,183 @@
+"""`ibtool snapshot`: save what every read-only command needs in one file, and compare two.
+
+    ibtool snapshot save FILE        capture this host (FILE.gz: gzip-compressed)
+    ibtool snapshot diff A B         what changed from A to B
+    ibtool --snapshot FILE OBJECT    any read-only command, as it was when FILE was saved
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+from ibtool import __version__, hookimpl, render
+from ibtool.changes import event_json, event_line
+from ibtool.commands import Invocation
+from ibtool.errors import UsageError
+
+USAGE = "ibtool snapshot save FILE | ibtool snapshot diff A B"
+
+
+def _configure(parser) -> None:
+    parser.add_argument("words", nargs="*", metavar="save FILE | diff A B")
+
+
+def _when(t: Any) -> str:
+    try:
+        return datetime.fromtimestamp(float(t)).astimezone().isoformat(timespec="seconds")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "unknown"
+
+
+def _save(inv: Invocation, path: str) -> None:
+    from ibtool import snapshot
+
+    if inv.snapshot is not None:
+        raise UsageError("snapshot save captures this host, not a snapshot", USAGE)
+    inv.host.require_live("snapshot save captures the running host")
+    started = time.monotonic()
+    data = snapshot.save(path, inv.warn, __version__)
+    summary = {
+        "file": path,
+        "host": data["host"],
+        "time": _when(data["time"]),
+        "kernel": data["kernel"],
+        "sysfs_entries": len(data["sysfs"]),
+        "netlink_answers": len(data["netlink"]),
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    if inv.json:
+        inv.emit_json(summary)
+        return
+    inv.print(
+        f"saved {path}: host {summary['host']}, kernel {summary['kernel']}, "
+        f"{summary['sysfs_entries']} sysfs entries, {summary['netlink_answers']} netlink answers"
+    )
+
+
+# -- diff ---------------------------------------------------------------------------------------
+
+COUNTER_FIELDS = [
+    render.Field("ifname", lambda c: c.sample.device, header="DEV"),
+    render.Field("port", lambda c: c.sample.port or None, header="PORT", text=str),
+    render.Field("counter", lambda c: c.sample.name, header="COUNTER"),
+    render.Field("source", lambda c: c.sample.source, header="SOURCE"),
+    render.Field("before", lambda c: c.before, header="BEFORE"),
+    render.Field("delta", lambda c: c.delta, header="DELTA", always=True),
+    render.Field("unit", lambda c: _unit(c), header="UNIT"),
+    render.Field("rate_per_sec", lambda c: c.rate, header="RATE/s", text=lambda v: f"{v:,.1f}"),
+    render.Field("note", lambda c: c.note, header="NOTE"),
+]
+OBJECT_FIELDS = [
+    render.Field("object", lambda o: o.kind, header="OBJECT"),
+    render.Field("ifname", lambda o: o.device, header="DEV"),
+    render.Field("pid", lambda o: o.pid, header="PID"),
+    render.Field("comm", lambda o: o.comm, header="COMM"),
+    render.Field("appeared", lambda o: o.appeared, header="APPEARED", always=True),
+    render.Field("gone", lambda o: o.gone, header="GONE", always=True),
+]
+GID_FIELDS = [
+    render.Field("ifname", lambda g: g.device),
+    render.Field("port", lambda g: g.port),
+    render.Field("index", lambda g: g.index),
+    render.Field("gid", lambda g: g.gid),
+    render.Field("type", lambda g: g.type.label if g.type is not None else None),
+    render.Field("netdev", lambda g: g.netdev),
+]
+
+
+def _unit(c) -> str:
+    from ibtool import counterinfo
+
+    return counterinfo.unit(c.sample.name, c.sample.source)
+
+
+def _meta(data: dict[str, Any], path: str) -> dict[str, Any]:
+    return {
+        "file": path,
+        "host": data.get("host"),
+        "time": _when(data.get("time")),
+        "kernel": data.get("kernel"),
+        "ibtool": data.get("ibtool"),
+    }
+
+
+def _diff(inv: Invocation, a_path: str, b_path: str) -> None:
+    from ibtool.snapdiff import compare
+    from ibtool.snapshot import SnapshotHost
+
+    a = SnapshotHost(a_path, inv.warn, False)
+    try:
+        b = SnapshotHost(b_path, inv.warn, False)
+        try:
+            seconds = float(b.data["time"]) - float(a.data["time"])
+            result = compare(a.host, b.host, seconds)
+        finally:
+            b.close()
+    finally:
+        a.close()
+    metas = _meta(a.data, a_path), _meta(b.data, b_path)
+    if metas[0]["host"] != metas[1]["host"]:
+        inv.warn(f"the snapshots are of two hosts: {metas[0]['host']} and {metas[1]['host']}")
+    if inv.json:
+        inv.emit_json(
+            {
+                "a": metas[0],
+                "b": metas[1],
+                "seconds": round(seconds, 3),
+                "events": [event_json(e) for e in result.events],
+                "gids_added": [render.record_json(g, GID_FIELDS, True) for g in result.gids_added],
+                "gids_removed": [
+                    render.record_json(g, GID_FIELDS, True) for g in result.gids_removed
+                ],
+                "counters": [render.record_json(c, COUNTER_FIELDS, True) for c in result.counters],
+                "objects": [render.record_json(o, OBJECT_FIELDS, True) for o in result.objects]
+                if result.objects_known
+                else None,
+            }
+        )
+        return
+    inv.print(
+        f"from {a_path} ({metas[0]['host']}, {metas[0]['time']}) "
+        f"to {b_path} ({metas[1]['host']}, {metas[1]['time']}): {seconds:,.1f} s"
+    )
+    for e in result.events:
+        inv.print(event_line(e).removeprefix("- "))
+    for sign, gids in (("+", result.gids_added), ("-", result.gids_removed)):
+        for g in gids:
+            where = f"{g.device}/{g.port}"
+            kind = g.type.label if g.type is not None else ""
+            inv.print(f"gid {sign} {where} {g.index} {g.gid} {kind} {g.netdev or ''}".rstrip())
+    if result.counters:
+        inv.print()
+        for line in render.table(result.counters, COUNTER_FIELDS, False):
+            inv.print(line)
+    if result.objects:
+        inv.print()
+        for line in render.table(result.objects, OBJECT_FIELDS, False):
+            inv.print(line)
+    elif not result.objects_known:
+        inv.warn("RDMA objects are not compared: a snapshot holds no resource dumps")
+
+
+def run(inv: Invocation) -> None:
+    words = list(inv.args.words)
+    if words[:1] == ["save"] and len(words) == 2:
+        return _save(inv, words[1])
+    if words[:1] == ["diff"] and len(words) == 3:
+        return _diff(inv, words[1], words[2])
+    if words[:1] in (["save"], ["diff"]):
+        need = "a file" if words[0] == "save" else "two files"
+        raise UsageError(f"snapshot {words[0]} takes {need}", USAGE)
+    raise UsageError(f"unknown snapshot action {' '.join(words[:1]) or '(none)'}", USAGE)
+
+
+@hookimpl
+def ibtool_register_commands(cli):
+    cli.add(
+        "snapshot",
+        run,
+        help="save this host's RDMA state in one file, or compare two such files",
+        configure=_configure,
+    )

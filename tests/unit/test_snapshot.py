@@ -1,0 +1,239 @@
+"""`ibtool snapshot`: a snapshot of the captured testbed host (rxe0 and rxe1: their sysfs tree,
+the kernel's netlink answers, the processes holding their objects) replays every read-only
+command with the output it had live; damaged and newer files are one error; `snapshot diff`
+says what changed."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import platform
+import shutil
+
+import pytest
+
+from ibtool import host as host_module
+from ibtool import snapshot
+from ibtool.errors import ExitCode, IbtoolError
+from ibtool.sources.netlink import client
+from tests.fixtures import captured_kernel
+from tests.unit.fake_host import read_sysfs_from
+from tests.unit.test_netlink_client import FakeKernel
+
+RELEASE = "6.1.0-28-amd64"
+
+
+def no_verbs():
+    raise IbtoolError("pyverbs is not installed", "apt install python3-pyverbs")
+
+
+@pytest.fixture
+def live(monkeypatch, tmp_path):
+    """The captured host as the running one; save(NAME) snapshots it into tmp_path."""
+    tree = tmp_path / "tree"
+    shutil.copytree(captured_kernel.TREE, tree, symlinks=True)
+    monkeypatch.setattr(client, "open_socket", lambda: FakeKernel(captured_kernel.answer))
+    monkeypatch.setattr(host_module, "read_comm", captured_kernel.COMM.get)
+    monkeypatch.setattr(host_module, "open_verbs", no_verbs)
+    monkeypatch.setattr(platform, "release", lambda: RELEASE)
+    read_sysfs_from(monkeypatch, tree)
+
+    def save(name: str = "host.json") -> str:
+        path = str(tmp_path / name)
+        warnings: list[str] = []
+        snapshot.save(path, warnings.append, "test", root=str(tree))
+        return path
+
+    save.tree = tree
+    return save
+
+
+READ_ONLY = [
+    ["dev"],
+    ["-j", "dev"],
+    ["-d", "dev"],
+    ["-d", "-j", "port"],
+    ["port", "rxe1/1"],
+    ["gids"],
+    ["-j", "gids", "--best"],
+    ["counters"],
+    ["-j", "counters", "rxe0"],
+    ["-j", "counters", "--errors"],
+    ["res"],
+    ["-j", "res"],
+    ["res", "qp"],
+    ["-j", "res", "qp", "rxe1", "lqpn", "1-100"],
+    ["-d", "-j", "res", "qp"],
+    ["res", "cm_id"],
+    ["-j", "res", "cq"],
+    ["res", "mr", "rxe0"],
+    ["-j", "res", "pd"],
+    ["res", "ctx"],
+    ["-j", "res", "srq"],
+    ["res", "qp", "comm", "python3"],
+    ["system"],
+    ["-j", "system"],
+    ["-d", "system"],
+    ["counters", "optional"],
+]
+
+
+@pytest.mark.parametrize("argv", READ_ONLY, ids=[" ".join(a) for a in READ_ONLY])
+def test_every_read_only_command_says_on_the_snapshot_what_it_said_live(cli, live, argv):
+    path = live()
+    was = cli(*argv)
+    assert was.code in (0, ExitCode.UNSUPPORTED), was  # the captured kernel answers it
+    now = cli("--snapshot", path, *argv)
+    assert (now.code, now.out, now.err) == (was.code, was.out, was.err)
+
+
+def test_a_compressed_snapshot_is_the_same(cli, live):
+    path = live("host.json.gz")
+    with open(path, "rb") as f:
+        assert f.read(2) == b"\x1f\x8b"
+    assert cli("--snapshot", path, "-j", "res", "qp").out == cli("-j", "res", "qp").out
+
+
+def test_the_file_holds_what_it_says(live):
+    path = live()
+    with open(path) as f:
+        data = json.load(f)
+    assert (data["format"], data["version"], data["kernel"]) == ("ibtool-snapshot", 1, RELEASE)
+    assert {"host", "time", "ibtool", "sysfs", "netlink", "verbs", "comm"} <= set(data)
+    paths = {e["path"] for e in data["sysfs"]}
+    assert "sys/class/infiniband/rxe0" in paths
+    assert "proc/net/vlan/config" in paths
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["link", "add", "rxe9", "type", "rxe", "netdev", "veth0"],
+        ["link", "delete", "rxe0"],
+        ["system", "set", "netns", "shared"],
+        ["counters", "enable", "rxe0/1", "x"],
+        ["loopback"],
+        ["ping", "--server"],
+        ["snapshot", "save", "/dev/null"],
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_what_needs_the_running_kernel_is_refused_on_a_snapshot(cli, live, argv):
+    r = cli("--snapshot", live(), *argv)
+    assert r.code == ExitCode.USAGE, r
+    assert r.err.count("\n") == 1 and r.err.startswith("ibtool: error: ")
+
+
+def damaged(tmp_path, text: bytes) -> str:
+    path = tmp_path / "bad.json"
+    path.write_bytes(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b'{"format": "ibtool-snapshot", "version": 1, "sysfs": [', "damaged"),
+        (gzip.compress(b"{}")[:-4], "damaged"),
+        (b'{"format": "something else"}', "is not an ibtool snapshot"),
+        (b"[1, 2]", "is not an ibtool snapshot"),
+        (b'{"format": "ibtool-snapshot", "version": 1}', "is damaged: its 'sysfs'"),
+        (
+            b'{"format": "ibtool-snapshot", "version": 1, "sysfs": [{"path": "../../etc/x",'
+            b' "text": ""}], "netlink": {}, "verbs": {}, "comm": {}}',
+            "outside its tree",
+        ),
+    ],
+    ids=["truncated", "truncated-gzip", "other-format", "not-an-object", "no-tree", "escape"],
+)
+def test_a_damaged_snapshot_is_one_line_and_exit_7(cli, tmp_path, content, said):
+    r = cli("--snapshot", damaged(tmp_path, content), "dev")
+    assert r.code == ExitCode.DATA_ERROR, r
+    assert r.err.count("\n") == 1 and said in r.err, r.err
+
+
+def test_a_snapshot_of_a_newer_format_says_which_ibtool_reads_it(cli, tmp_path):
+    newer = b'{"format": "ibtool-snapshot", "version": 99, "ibtool": "9.0"}'
+    r = cli("--snapshot", damaged(tmp_path, newer), "dev")
+    assert r.code == ExitCode.DATA_ERROR
+    assert r.err == (
+        f"ibtool: error: {tmp_path}/bad.json is a snapshot of format 99; this ibtool reads "
+        "format 1 and older (hint: read it with the ibtool that saved it (9.0) or newer)\n"
+    )
+
+
+def test_a_missing_snapshot_is_not_found(cli, tmp_path):
+    r = cli("--snapshot", str(tmp_path / "none.json"), "dev")
+    assert (r.code, r.err.count("\n")) == (ExitCode.NOT_FOUND, 1)
+
+
+def test_root_and_snapshot_together_are_a_usage_error(cli, live, tmp_path):
+    r = cli("--root", str(tmp_path), "--snapshot", live(), "dev")
+    assert r.code == ExitCode.USAGE and "--root and --snapshot" in r.err
+
+
+# -- diff ---------------------------------------------------------------------------------------
+
+
+def test_diff_of_a_snapshot_with_itself_says_nothing_changed(cli, live):
+    a = live("a.json")
+    r = cli("snapshot", "diff", a, a)
+    assert r.code == 0, r
+    assert r.out.splitlines()[1:] == []
+    j = cli("-j", "snapshot", "diff", a, a).json
+    assert (j["events"], j["counters"], j["objects"], j["gids_added"]) == ([], [], [], [])
+
+
+def test_diff_shows_counter_deltas_resets_and_gids(cli, live):
+    a = live("a.json")
+    port = live.tree / "sys/devices/virtual/infiniband/rxe0/ports/1"
+    before = {s["counter"]: s["value"] for s in cli("-j", "counters", "rxe0/1").json}
+    (port / "hw_counters/rcvd_pkts").write_text(f"{before['rcvd_pkts'] + 500}\n")
+    (port / "hw_counters/sent_pkts").write_text("0\n")  # a driver reload: it starts over
+    gid = port / "gids/1"
+    old_gid = gid.read_text().strip()
+    gid.write_text("0000:0000:0000:0000:0000:0000:0000:0000\n")
+    b = live("b.json")
+    j = cli("-j", "snapshot", "diff", a, b).json
+    counters = {c["counter"]: c for c in j["counters"]}
+    assert (counters["rcvd_pkts"]["delta"], counters["rcvd_pkts"]["note"]) == (500, None)
+    assert counters["rcvd_pkts"]["before"] == before["rcvd_pkts"]
+    if before["sent_pkts"]:
+        assert (counters["sent_pkts"]["delta"], counters["sent_pkts"]["note"]) == (None, "reset")
+    assert set(counters) <= {"rcvd_pkts", "sent_pkts"}
+    assert [(g["ifname"], g["port"], g["index"], g["gid"]) for g in j["gids_removed"]] == [
+        ("rxe0", 1, 1, old_gid)
+    ]
+    assert j["gids_added"] == [] and j["events"] == []
+    text = cli("snapshot", "diff", a, b)
+    assert text.code == 0, text
+    assert f"gid - rxe0/1 1 {old_gid} " in text.out
+    assert any(
+        line.startswith("rxe0") and "rcvd_pkts" in line and " 500 " in line
+        for line in text.out.splitlines()
+    ), text.out
+
+
+def test_a_dump_asked_for_on_one_port_is_the_recorded_device_dump_of_that_port():
+    calls = {}
+    dump = [
+        {"RDMA_NLDEV_ATTR_RES_LQPN": 1},  # not bound to a port yet: left out
+        {"RDMA_NLDEV_ATTR_RES_LQPN": 17, "RDMA_NLDEV_ATTR_PORT_INDEX": 1},
+        {"RDMA_NLDEV_ATTR_RES_LQPN": 18, "RDMA_NLDEV_ATTR_PORT_INDEX": 2},
+    ]
+    recorder = snapshot.Recorder(type("K", (), {"resource_dump": lambda *a, **k: dump})(), calls)
+    recorder.resource_dump("qp", 3, None, driver_details=False)
+    replay = snapshot.Replay(calls, "RDMA netlink", "x.json")
+    assert replay.resource_dump("qp", 3, 2, driver_details=False) == [dump[2]]
+    with pytest.raises(
+        snapshot.SnapshotError,
+        match=r"holds no RDMA netlink answer to "
+        r"resource_dump\('qp', 4, None, driver_details=False\)",
+    ):
+        replay.resource_dump("qp", 4, None, driver_details=False)
+
+
+def test_snapshot_save_and_diff_usage(cli):
+    for argv in (["snapshot"], ["snapshot", "save"], ["snapshot", "diff", "a"]):
+        r = cli(*argv)
+        assert r.code == ExitCode.USAGE and r.err.count("\n") == 1, (argv, r)
