@@ -163,4 +163,3 @@ def compare(a, b, seconds: float) -> SnapshotDiff:
         objects=_object_changes(a, b, objects_a or [], objects_b or []) if known else [],
         objects_known=known,
     )
-

@@ -162,7 +162,7 @@ class Replay:
     def _on_port(self, kind: str, index: int, port: int, **kwargs):
         """A dump asked for on one port: the kernel leaves out the objects of other ports and
         those bound to none (nldev.c res_get_common_dumpit); so does the recorded device dump."""
-        replies = getattr(self, "resource_dump")(kind, index, None, **kwargs)
+        replies = self.resource_dump(kind, index, None, **kwargs)
         return [r for r in replies if r.get("RDMA_NLDEV_ATTR_PORT_INDEX") == port]
 
 
@@ -238,7 +238,9 @@ def capture_tree(root: str = "/") -> list[dict[str, Any]]:
             net = os.path.join(real, "net")
             if os.path.isdir(net):
                 for netdev in sorted(os.listdir(net)):
-                    out.append({"path": os.path.relpath(os.path.join(net, netdev), root), "dir": True})
+                    out.append(
+                        {"path": os.path.relpath(os.path.join(net, netdev), root), "dir": True}
+                    )
                     port = _entry(os.path.join(net, netdev, "dev_port"), root)
                     if port is not None and "dir" not in port:
                         out.append(port)
@@ -445,7 +447,9 @@ class SnapshotHost:
             self.close()
             if isinstance(e, SnapshotError):
                 raise
-            raise SnapshotError(f"{path} is damaged: its sysfs tree cannot be built ({e})") from None
+            raise SnapshotError(
+                f"{path} is damaged: its sysfs tree cannot be built ({e})"
+            ) from None
         features = self.data.get("features")
         extra = {}
         if isinstance(features, list):

@@ -1,8 +1,8 @@
 """`ibtool snapshot`: save what every read-only command needs in one file, and compare two.
 
-    ibtool snapshot save FILE        capture this host (FILE.gz: gzip-compressed)
-    ibtool snapshot diff A B         what changed from A to B
-    ibtool --snapshot FILE OBJECT    any read-only command, as it was when FILE was saved
+ibtool snapshot save FILE        capture this host (FILE.gz: gzip-compressed)
+ibtool snapshot diff A B         what changed from A to B
+ibtool --snapshot FILE OBJECT    any read-only command, as it was when FILE was saved
 """
 
 from __future__ import annotations
