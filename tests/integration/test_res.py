@@ -4,10 +4,13 @@ object type (tests/testbed/res_holder.py) and an rping server's CM ID are alive.
 
 Once their objects are up, the traffic processes are stopped (SIGSTOP: under TCG their busy
 polling left the commands under test a fraction of the 2 vCPUs) and resumed only to be ended.
-Each ibtool snapshot is still taken between two rdma snapshots, in case the kernel moves
+Each ibtool listing is still taken between two rdma listings, in case the kernel moves
 anything meanwhile: an object both rdma snapshots show must be in ibtool's, every field rdma saw
 unchanged must be equal, a PSN that moved must lie between the two, and any other field that
 changed must be one of the two values.
+
+Snapshots too: `ibtool --snapshot` replays every read-only command as it ran live around the
+moment of `snapshot save`, and `snapshot diff` shows the counter deltas `rdma statistic` shows.
 """
 
 from __future__ import annotations
@@ -264,3 +267,113 @@ def test_without_cap_net_admin_keys_are_left_out_like_rdma(live):
     theirs = as_nobody("rdma", "-j", "res", "show", "mr", "pid", str(live["pid"]))
     assert ours == theirs and ours
     assert all("rkey" not in m and "lkey" not in m for m in ours)
+
+
+# -- snapshots: replayed against the live host at the same moment ------------------------------
+
+SNAPSHOT_COMMANDS = [
+    ["dev"],
+    ["-d", "-j", "dev"],
+    ["port"],
+    ["-d", "-j", "port"],
+    ["-j", "gids"],
+    ["gids", "--best"],
+    ["-j", "res"],
+    ["-j", "res", "qp"],
+    ["-d", "-j", "res", "qp"],
+    ["res", "cm_id"],
+    ["-j", "res", "cq"],
+    ["-j", "res", "mr"],
+    ["-j", "res", "pd"],
+    ["-j", "res", "ctx"],
+    ["-j", "res", "srq"],
+    ["-j", "res", "qp", "link", "rxe1/1"],
+    ["-d", "-j", "system"],
+    ["counters", "optional"],
+    ["-j", "counters"],
+]
+
+
+def in_process(*argv: str) -> tuple[int, str, str]:
+    """ibtool's main() in this process: the fresh-process floor under TCG is ~4 s a command."""
+    import io
+
+    from ibtool.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdout=out, stderr=err)
+    return int(code), out.getvalue(), err.getvalue()
+
+
+def _counters_between(before: str, replayed: str, after: str) -> None:
+    """Each counter of the snapshot lies between its live values before and after it."""
+    key = lambda row: (row["ifname"], row.get("port"), row["source"], row["counter"])  # noqa: E731
+    b, r, a = ({key(x): x for x in json.loads(t)} for t in (before, replayed, after))
+    assert set(r) == set(b) == set(a)
+    for k, row in r.items():
+        lo, hi = b[k]["value"], a[k]["value"]
+        assert lo is None and row["value"] is None or lo <= row["value"] <= hi, (k, lo, row, hi)
+
+
+def test_a_snapshot_replays_what_every_read_only_command_showed_live(live, tmp_path):
+    before = {tuple(c): in_process(*c) for c in SNAPSHOT_COMMANDS}
+    path = str(tmp_path / "host.json.gz")
+    code, out, err = in_process("snapshot", "save", path)
+    assert (code, err) == (0, ""), err
+    after = {tuple(c): in_process(*c) for c in SNAPSHOT_COMMANDS}
+    replayed = {tuple(c): in_process("--snapshot", path, *c) for c in SNAPSHOT_COMMANDS}
+    for command, got in replayed.items():
+        if command == ("-j", "counters"):
+            assert got[0] == before[command][0] == 0 and got[2] == before[command][2]
+            _counters_between(before[command][1], got[1], after[command][1])
+            continue
+        assert got in (before[command], after[command]), command
+    # For the host-side replay test: the snapshot and what the host showed around it.
+    keep = os.environ.get("IBTOOL_TB_OUT")
+    if keep:
+        os.makedirs(os.path.join(keep, "snapshot"), exist_ok=True)
+        shutil.copy(path, os.path.join(keep, "snapshot", "host.json.gz"))
+        shown = [{"argv": list(c), "before": before[c], "after": after[c]} for c in before]
+        with open(os.path.join(keep, "snapshot", "live.json"), "w") as f:
+            json.dump(shown, f, indent=1)
+
+
+def _statistic(device: str) -> dict[str, int]:
+    out = subprocess.run(
+        ["rdma", "-j", "statistic", "show", "link", f"{device}/1"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    (entry,) = json.loads(out)
+    counters = entry.get("counters", entry)  # newer iproute2 nests them
+    return {
+        k: v for k, v in counters.items() if isinstance(v, int) and k not in ("port", "ifindex")
+    }
+
+
+def test_snapshot_diff_shows_the_deltas_rdma_statistic_shows(testbed, tmp_path):
+    device = testbed["device"]
+    a, b = str(tmp_path / "a.json"), str(tmp_path / "b.json")
+    first = _statistic(device)
+    assert in_process("snapshot", "save", a)[0] == 0
+    again = _statistic(device)
+    subprocess.run(
+        [sys.executable, "-m", "ibtool", "loopback", device, "--iters", "2000", "--ops", "write"],
+        capture_output=True, timeout=300, check=True,
+    )  # fmt: skip
+    second = _statistic(device)
+    assert in_process("snapshot", "save", b)[0] == 0
+    last = _statistic(device)
+    code, out, err = in_process("-j", "snapshot", "diff", a, b)
+    assert code == 0, err
+    deltas = {
+        c["counter"]: c["delta"]
+        for c in json.loads(out)["counters"]
+        if c["ifname"] == device and c["port"] == 1 and c["source"] == "hw"
+    }
+    steady = [k for k in second if first.get(k) == again.get(k) and second[k] == last.get(k)]
+    moved = {k: second[k] - first[k] for k in steady if second[k] != first[k]}
+    assert moved, "the traffic moved no counter: the comparison proves nothing"
+    assert {k: deltas.get(k) for k in moved} == moved
+    assert all(deltas.get(k, 0) == 0 for k in steady if k not in moved)
+    diff_text = in_process("snapshot", "diff", a, b)
+    assert diff_text[0] == 0 and "sent_pkts" in diff_text[1]
