@@ -268,9 +268,12 @@ def test_every_json_key_is_in_the_output_section(loaded):
             keys = {k for record in json.loads(out.getvalue()) for k in record}
         else:
             module = plugins.pm.get_plugin(command.plugin)
+            # Field lists the module holds, or holds in a table (res: FIELDS_OF per object).
+            values = list(vars(module).values())
+            values += [v for d in values if isinstance(d, dict) for v in d.values()]
             keys = {
                 f.key
-                for value in vars(module).values()
+                for value in values
                 if isinstance(value, list) and value and isinstance(value[0], render.Field)
                 for f in value
             }
