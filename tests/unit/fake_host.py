@@ -37,6 +37,26 @@ def read_sysfs_from(monkeypatch, root: Path) -> None:
     monkeypatch.setattr(Invocation, "host", property(host))
 
 
+def counters_cli(host, *words, json=False, details=False):
+    """`ibtool counters WORDS` run on `host` (a Host given its sources): (stdout, warnings)."""
+    import argparse
+    import io
+
+    from ibtool_plugins import counters
+
+    out, warnings = io.StringIO(), []
+    args = argparse.Namespace(
+        words=list(words), explain=None, rate=False, watch=None, interval=1.0, errors=False
+    )
+    from ibtool.commands import Invocation
+
+    inv = Invocation(
+        args=args, json=json, details=details, out=out, warn=warnings.append, _host=host
+    )
+    counters.run(inv)
+    return out.getvalue(), warnings
+
+
 def _serve(port: int) -> None:
     from ibtool.rdma import ping
 

@@ -4,9 +4,7 @@ kernel that keeps the enabled set between requests as the real one does."""
 
 from __future__ import annotations
 
-import argparse
 import errno
-import io
 
 import pytest
 
@@ -16,8 +14,8 @@ from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, messages
 from ibtool.sources.sysfs import SysfsSource
 from tests.fixtures import sysfs_trees
-from tests.unit.test_netlink_client import FakeKernel
-from tests.unit.test_netlink_codec import ack, done, nla, reply, string, u8, u32, u64
+from tests.fixtures.netlink import FakeKernel, ack, done, nla, reply, string, u8, u32, u64
+from tests.unit.fake_host import counters_cli
 
 DEV_INDEX, DEV_NAME, PORT_INDEX = 1, 2, 3
 HWCOUNTERS, ENTRY, NAME, VALUE, INDEX, DYNAMIC = 80, 81, 82, 83, 94, 95
@@ -96,22 +94,6 @@ def live(tmp_path, monkeypatch):
         return host, kernel, warnings
 
     return make
-
-
-def counters_cli(host, *words, json=False, details=False):
-    from ibtool_plugins import counters
-
-    out, warnings = io.StringIO(), []
-    args = argparse.Namespace(
-        words=list(words), explain=None, rate=False, watch=None, interval=1.0, errors=False
-    )
-    from ibtool.commands import Invocation
-
-    inv = Invocation(
-        args=args, json=json, details=details, out=out, warn=warnings.append, _host=host
-    )
-    counters.run(inv)
-    return out.getvalue(), warnings
 
 
 def test_enabled_optional_counters_join_the_sysfs_ones(live):

@@ -14,8 +14,7 @@ from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, messages
 from ibtool.sources.sysfs import SysfsSource
 from tests.fixtures import sysfs_trees
-from tests.unit.test_netlink_client import FakeKernel
-from tests.unit.test_netlink_golden import replay
+from tests.fixtures.netlink import FakeKernel, replay
 
 
 def captured_kernel(request: bytes, seq: int) -> list[bytes]:

@@ -24,9 +24,8 @@ from ibtool.errors import ExitCode, IbtoolError
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, features, messages
 from tests.fixtures import sysfs_trees
-from tests.unit.test_counters_netlink import counters_cli
-from tests.unit.test_netlink_client import FakeKernel
-from tests.unit.test_netlink_codec import ack, done, nla, reply, string, u8, u32, u64
+from tests.fixtures.netlink import FakeKernel, ack, done, nla, reply, string, u8, u32, u64
+from tests.unit.fake_host import counters_cli
 
 C = A  # the commands, by their uapi names
 

@@ -14,9 +14,7 @@ from ibtool.errors import ExitCode
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client
 from ibtool.sources.netlink import features as netlink_features
-from tests.unit.test_netlink_client import FakeKernel
-from tests.unit.test_netlink_codec import ack
-from tests.unit.test_netlink_golden import replay
+from tests.fixtures.netlink import FakeKernel, ack, replay
 
 
 def command_of(request: bytes) -> int:

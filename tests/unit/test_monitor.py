@@ -24,8 +24,7 @@ from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, events, messages
 from ibtool.sources.netlink.events import EventListener
 from tests.fixtures import sysfs_trees
-from tests.unit.test_netlink_client import FakeKernel
-from tests.unit.test_netlink_codec import ack, done, reply, string, u8, u32
+from tests.fixtures.netlink import FakeKernel, ack, done, reply, string, u8, u32
 
 # -- kernel events ------------------------------------------------------------------------------
 

@@ -18,80 +18,22 @@ from ibtool.errors import DataError, ExitCode, IbtoolError
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, messages
 from ibtool.sources.netlink.client import AsyncNldevClient, NldevClient
-from tests.unit.test_netlink_codec import (
+from tests.fixtures.netlink import (
     DEV_INDEX,
     DEV_NAME,
+    FakeKernel,
     ack,
     done,
+    dumping,
+    failing,
     reply,
+    replying,
     string,
     u8,
     u32,
 )
 
 SYS_REPLY = (u8(66, 1), u8(96, 0), u8(93, 1))  # NETNS_MODE, PRIVILEGED_QKEY_MODE, COPY_ON_FORK
-
-
-class FakeKernel:
-    """Plays the kernel's side of a NETLINK_RDMA socket.
-
-    `answer(request_bytes, seq)` returns the datagrams to send back. With `later`, they are
-    sent from the event loop after the request, so the asyncio client has to wait for them.
-    """
-
-    def __init__(self, answer, *, later: bool = False):
-        self.answer = answer
-        self.later = later
-        self.requests: list[dict] = []
-        self.client_end, self.kernel_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-
-    def send(self, data: bytes) -> int:
-        (msg,) = messages.parse(data)
-        seq = msg["header"]["sequence_number"]
-        self.requests.append({**msg["header"], "attrs": messages.attributes(msg)})
-        datagrams = self.answer(data, seq)
-        if self.later:
-            loop = asyncio.get_running_loop()
-            for d in datagrams:
-                loop.call_soon(self.kernel_end.send, d)
-        else:
-            for d in datagrams:
-                self.kernel_end.send(d)
-        return len(data)
-
-    def __getattr__(self, name):  # recvmsg, settimeout, setblocking, fileno
-        return getattr(self.client_end, name)
-
-    def close(self) -> None:
-        self.client_end.close()
-        self.kernel_end.close()
-
-
-def replying(command: int, *replies: tuple, typed: int | None = None):
-    """A doit answer: each reply in its own datagram, then the ack in another."""
-
-    def answer(request, seq):
-        kind = typed if typed is not None else command
-        return [reply(kind, *attrs, seq=seq) for attrs in replies] + [ack(request)]
-
-    return answer
-
-
-def dumping(command: int, *datagrams: list[tuple]):
-    """A dump answer: the parts, datagram by datagram, then NLMSG_DONE."""
-
-    def answer(request, seq):
-        out = [
-            b"".join(reply(command, *attrs, flags=A.NLM_F_MULTI, seq=seq) for attrs in parts)
-            for parts in datagrams
-        ]
-        return [*out, done(seq)]
-
-    return answer
-
-
-def failing(code: int, **kw):
-    return lambda request, seq: [ack(request, code, **kw)]
 
 
 def nldev(answer, **kw) -> tuple[NldevClient, FakeKernel]:

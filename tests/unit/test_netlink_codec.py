@@ -16,70 +16,29 @@ from hypothesis import strategies as st
 from ibtool.errors import DataError, ExitCode
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import messages
+from tests.fixtures.netlink import (
+    DEV_INDEX,
+    DEV_NAME,
+    NODE_GUID,
+    PORT_STATE,
+    RES_LQPN,
+    RES_QP,
+    RES_QP_ENTRY,
+    RES_USECNT,
+    nla,
+    reply,
+    string,
+    u8,
+    u32,
+    u64,
+)
 
 # -- netlink by hand ---------------------------------------------------------------------------
-
-
-def nla(type_: int, payload: bytes = b"", *, nested: bool = False) -> bytes:
-    raw = struct.pack("=HH", 4 + len(payload), type_ | (A.NLA_F_NESTED if nested else 0))
-    return raw + payload + b"\0" * (-len(payload) % 4)
-
-
-def u8(type_: int, value: int) -> bytes:
-    return nla(type_, struct.pack("=B", value))
-
-
-def u32(type_: int, value: int) -> bytes:
-    return nla(type_, struct.pack("=I", value))
-
-
-def u64(type_: int, value: int) -> bytes:
-    return nla(type_, struct.pack("=Q", value))
-
-
-def string(type_: int, value: str) -> bytes:
-    return nla(type_, value.encode() + b"\0")
-
-
-def message(msg_type: int, *attributes: bytes, flags: int = 0, seq: int = 1) -> bytes:
-    body = b"".join(attributes)
-    return struct.pack("=IHHII", 16 + len(body), msg_type, flags, seq, 0) + body
-
-
-def reply(command: int, *attributes: bytes, flags: int = 0, seq: int = 1) -> bytes:
-    return message(A.nlmsg_type(command), *attributes, flags=flags, seq=seq)
-
-
-def done(seq: int = 1, code: int = 0) -> bytes:
-    return message(A.NLMSG_DONE, struct.pack("=i", -code), flags=A.NLM_F_MULTI, seq=seq)
-
-
-def ack(request: bytes, code: int = 0, *, extack: str | None = None, capped: bool = True):
-    """The NLMSG_ERROR answering `request`: the request's header only (NETLINK_CAP_ACK) or the
-    whole request, then an NLMSGERR_ATTR_MSG when there is an extended-ack message."""
-    seq = struct.unpack_from("=I", request, 8)[0]
-    echoed = request[:16] if capped else request
-    body = struct.pack("=i", -code) + echoed
-    flags = A.NLM_F_CAPPED if capped else 0
-    if extack is not None:
-        body += string(A.NLMSGERR_ATTR_MSG, extack)
-        flags |= A.NLM_F_ACK_TLVS
-    return message(A.NLMSG_ERROR, body, flags=flags, seq=seq)
 
 
 def decode_one(data: bytes) -> dict:
     (msg,) = messages.parse(data)
     return messages.attributes(msg)
-
-
-DEV_INDEX = A.BY_NAME["RDMA_NLDEV_ATTR_DEV_INDEX"].id
-DEV_NAME = A.BY_NAME["RDMA_NLDEV_ATTR_DEV_NAME"].id
-NODE_GUID = A.BY_NAME["RDMA_NLDEV_ATTR_NODE_GUID"].id
-PORT_STATE = A.BY_NAME["RDMA_NLDEV_ATTR_PORT_STATE"].id
-RES_QP = A.BY_NAME["RDMA_NLDEV_ATTR_RES_QP"].id
-RES_QP_ENTRY = A.BY_NAME["RDMA_NLDEV_ATTR_RES_QP_ENTRY"].id
-RES_LQPN = A.BY_NAME["RDMA_NLDEV_ATTR_RES_LQPN"].id
-RES_USECNT = A.BY_NAME["RDMA_NLDEV_ATTR_RES_USECNT"].id
 
 
 # -- the table ---------------------------------------------------------------------------------

@@ -13,10 +13,14 @@ from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import messages, records
 from ibtool.sources.netlink.client import NldevClient
 from ibtool.sources.sysfs import SysfsSource
+from tests.fixtures.netlink import (
+    NETLINK,
+    FakeKernel,
+    captured,
+    replay,
+)
 from tests.fixtures.sysfs_trees import CAPTURED
-from tests.unit.test_netlink_client import FakeKernel
 
-NETLINK = CAPTURED / "netlink"
 RXE_PAIR = CAPTURED / "rxe-pair"
 GUIDS = {"rxe0": "0024:13ff:fec5:518f", "rxe1": "f06b:52ff:fe7a:4f2d"}
 RXE_COUNTERS = {
@@ -36,10 +40,6 @@ RXE_COUNTERS = {
     "rdma_sends",
     "rdma_recvs",
 }
-
-
-def captured(name: str) -> bytes:
-    return (NETLINK / name).read_bytes()
 
 
 def decoded(name: str) -> tuple[list[int], list[dict]]:
@@ -169,23 +169,6 @@ def test_sys_get_on_debian_12s_kernel():
         None,  # 6.1 has no monitor events
         True,
     )
-
-
-def replay(name: str):
-    """The capture as the kernel's answer to a request, renumbered with its sequence number."""
-
-    def answer(request, seq):
-        data = bytearray(captured(name))
-        offset = 0
-        while offset < len(data):
-            struct.pack_into("=I", data, offset + 8, seq)
-            offset += (struct.unpack_from("=I", data, offset)[0] + 3) & ~3
-        acked = [] if struct.unpack_from("=H", request, 6)[0] & A.NLM_F_DUMP else [request[:16]]
-        return [bytes(data)] + [
-            struct.pack("=IHHIIi", 36, A.NLMSG_ERROR, A.NLM_F_CAPPED, seq, 0, 0) + h for h in acked
-        ]
-
-    return answer
 
 
 def test_the_client_reads_the_captured_replies():

@@ -14,9 +14,7 @@ import pytest
 from ibtool.errors import ExitCode
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client
-from tests.unit.test_netlink_client import FakeKernel, replying
-from tests.unit.test_netlink_codec import ack, u8
-from tests.unit.test_netlink_golden import replay
+from tests.fixtures.netlink import FakeKernel, ack, replay, replying, u8
 
 
 @pytest.fixture

@@ -16,9 +16,8 @@ from ibtool import host as host_module
 from ibtool.errors import ExitCode
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, messages, records
+from tests.fixtures.netlink import FakeKernel, ack, done, nla, reply, string, u8, u32, u64
 from tests.fixtures.sysfs_trees import CAPTURED
-from tests.unit.test_netlink_client import FakeKernel
-from tests.unit.test_netlink_codec import ack, done, nla, reply, string, u8, u32, u64
 
 RESOURCES = CAPTURED / "resources"
 NETLINK = CAPTURED / "netlink"
