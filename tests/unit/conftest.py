@@ -121,7 +121,11 @@ def empty_root(tmp_path) -> Ibtool:
 @pytest.fixture
 def captured_rxe() -> Ibtool:
     """rxe0 on veth0 as the testbed's kernel showed it (tests/testbed/guest.sh topology)."""
-    return _ibtool_on(sysfs_trees.CAPTURED_RXE)
+    return _ibtool_on(
+        sysfs_trees.require_capture(
+            sysfs_trees.CAPTURED_RXE / "sys" / "class" / "infiniband"
+        ).parents[2]
+    )
 
 
 @pytest.fixture

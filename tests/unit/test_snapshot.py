@@ -17,8 +17,9 @@ from ibtool import snapshot
 from ibtool.errors import ExitCode, IbtoolError
 from ibtool.sources.netlink import client
 from tests.fixtures import captured_kernel
+from tests.fixtures.netlink import FakeKernel
+from tests.fixtures.sysfs_trees import require_capture
 from tests.unit.fake_host import read_sysfs_from
-from tests.unit.test_netlink_client import FakeKernel
 
 RELEASE = "6.1.0-28-amd64"
 
@@ -237,3 +238,39 @@ def test_snapshot_save_and_diff_usage(cli):
     for argv in (["snapshot"], ["snapshot", "save"], ["snapshot", "diff", "a"]):
         r = cli(*argv)
         assert r.code == ExitCode.USAGE and r.err.count("\n") == 1, (argv, r)
+
+
+# -- a snapshot saved in the testbed, read on this host (no RDMA device here) -------------------
+
+TESTBED = captured_kernel.CAPTURED / "snapshot"
+
+
+def test_a_testbed_snapshot_replays_here_as_the_commands_ran_there(cli):
+    """tests/fixtures/captured/snapshot: saved by the integration suite (test_res.py) while the
+    resource holder and perftest held objects, with what each command printed live just before
+    and just after it. Read here, where no RDMA device exists."""
+    path = require_capture(TESTBED / "host.json.gz")
+    with open(require_capture(TESTBED / "live.json")) as f:
+        shown = json.load(f)
+    assert len(shown) >= 15
+    for command in shown:
+        _replays(cli, str(path), command)
+
+
+def _replays(cli, path: str, shown: dict) -> None:
+    got = cli("--snapshot", path, *shown["argv"])
+    before, after = tuple(shown["before"]), tuple(shown["after"])
+    if shown["argv"] == ["-j", "counters"]:
+        assert (got.code, got.err) == (before[0], before[2])
+
+        def values(text: str) -> dict:
+            return {
+                (r["ifname"], r.get("port"), r["counter"]): r["value"] for r in json.loads(text)
+            }
+
+        low, mine, high = values(before[1]), values(got.out), values(after[1])
+        assert set(mine) == set(low) == set(high)
+        for key, value in mine.items():
+            assert value == low[key] is None or low[key] <= value <= high[key], key
+        return
+    assert (got.code, got.out, got.err) in (before, after), shown["argv"]
