@@ -253,21 +253,32 @@ def capture_tree(root: str = "/") -> list[dict[str, Any]]:
 def build_tree(entries: list[dict[str, Any]], dest: str) -> None:
     """The captured entries as a directory tree under `dest`; a file the kernel would not let
     be read is an empty directory (reading it fails, as it did)."""
+    inside = os.path.join(dest, "")
+    made = {dest}
+
+    def directory(path: str) -> None:
+        if path not in made:
+            os.makedirs(path, exist_ok=True)
+            made.add(path)
+
     for e in entries:
         path = os.path.normpath(os.path.join(dest, e["path"]))
-        if not path.startswith(os.path.join(dest, "")) and path != dest:
+        if not path.startswith(inside) and path != dest:
             raise SnapshotError(f"snapshot entry outside its tree: {e['path']!r}")
-        parent = os.path.dirname(path)
-        os.makedirs(parent, exist_ok=True)
         if e.get("dir") or "unreadable" in e:
-            os.makedirs(path, exist_ok=True)
-        elif "link" in e:
+            directory(path)
+            continue
+        directory(os.path.dirname(path))
+        if "link" in e:
             if not os.path.lexists(path):
                 os.symlink(e["link"], path)
-        else:
-            data = e["text"].encode("utf-8") if "text" in e else base64.b64decode(e["bytes"])
-            with open(path, "wb") as f:
-                f.write(data)
+            continue
+        data = e["text"].encode("utf-8") if "text" in e else base64.b64decode(e["bytes"])
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
 
 
 # -- saving -------------------------------------------------------------------------------------
@@ -430,6 +441,14 @@ def load(path: str) -> dict[str, Any]:
     return data
 
 
+def _scratch() -> str | None:
+    """Where to build a snapshot's tree: memory (/dev/shm) unless TMPDIR says otherwise. The
+    tree of 500 SR-IOV functions is ~27,000 files: 0.4 s on tmpfs, 8 s on a loaded ext4."""
+    if os.environ.get("TMPDIR") is None and os.access("/dev/shm", os.W_OK | os.X_OK):
+        return "/dev/shm"
+    return None
+
+
 class SnapshotHost:
     """A snapshot read back: its tree built in a temporary directory, its Host."""
 
@@ -440,7 +459,7 @@ class SnapshotHost:
 
         self.data = load(path)
         self.path = path
-        self.tmp = tempfile.mkdtemp(prefix="ibtool-snapshot-")
+        self.tmp = tempfile.mkdtemp(prefix="ibtool-snapshot-", dir=_scratch())
         try:
             build_tree(self.data["sysfs"], self.tmp)
         except (OSError, KeyError, TypeError, ValueError) as e:
