@@ -392,7 +392,9 @@ def _features(host) -> list[dict[str, Any]] | None:
 
 
 def _write(path: str, data: dict[str, Any]) -> None:
-    text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+    # Key order is kept: a replayed dict (verbs capabilities, driver attributes) is printed in
+    # the order the source gave it.
+    text = json.dumps(data, separators=(",", ":"))
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         opener = gzip.open if path.endswith(".gz") else open

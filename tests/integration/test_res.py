@@ -271,25 +271,17 @@ def test_without_cap_net_admin_keys_are_left_out_like_rdma(live):
 
 # -- snapshots: replayed against the live host at the same moment ------------------------------
 
-SNAPSHOT_COMMANDS = [
-    ["dev"],
+SNAPSHOT_COMMANDS = [  # each is run three times in-process: ~3 s each under TCG
     ["-d", "-j", "dev"],
-    ["port"],
     ["-d", "-j", "port"],
     ["-j", "gids"],
-    ["gids", "--best"],
     ["-j", "res"],
     ["-j", "res", "qp"],
     ["-d", "-j", "res", "qp"],
     ["res", "cm_id"],
     ["-j", "res", "cq"],
     ["-j", "res", "mr"],
-    ["-j", "res", "pd"],
-    ["-j", "res", "ctx"],
-    ["-j", "res", "srq"],
-    ["-j", "res", "qp", "link", "rxe1/1"],
     ["-d", "-j", "system"],
-    ["counters", "optional"],
     ["-j", "counters"],
 ]
 

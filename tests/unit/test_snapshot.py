@@ -215,6 +215,19 @@ def test_diff_shows_counter_deltas_resets_and_gids(cli, live):
     ), text.out
 
 
+def test_a_recorded_answer_keeps_its_key_order_through_the_file(tmp_path):
+    calls = {}
+    caps = {"vendor_id": "0xffffff", "max_qp": 7, "atomic_caps": "HCA"}
+    snapshot.Recorder(type("V", (), {"device_caps": lambda self, name: caps})(), calls).device_caps(
+        "rxe0"
+    )
+    snapshot._write(str(tmp_path / "s.json"), {"calls": calls})
+    with open(tmp_path / "s.json") as f:
+        again = json.load(f)["calls"]
+    replayed = snapshot.Replay(again, "verbs", "s.json").device_caps("rxe0")
+    assert list(replayed.items()) == list(caps.items())
+
+
 def test_a_dump_asked_for_on_one_port_is_the_recorded_device_dump_of_that_port():
     calls = {}
     dump = [
@@ -252,7 +265,7 @@ def test_a_testbed_snapshot_replays_here_as_the_commands_ran_there(cli):
     path = require_capture(TESTBED / "host.json.gz")
     with open(require_capture(TESTBED / "live.json")) as f:
         shown = json.load(f)
-    assert len(shown) >= 15
+    assert len(shown) >= 10
     for command in shown:
         _replays(cli, str(path), command)
 
