@@ -15,7 +15,6 @@ from typing import Any
 
 from ibtool.errors import IbtoolError, NotFoundError, NotLiveError, UsageError
 from ibtool.model import CounterSample, Device, Gid, LinkLayer, Port
-from ibtool.session import NetlinkSession, open_nldev
 from ibtool.sources.sysfs import PORT_DETAILS, PORT_FIELDS, PORT_NETDEV, SysfsSource
 
 
@@ -69,9 +68,11 @@ class Host:
         self.live = root == "/" if live is None else live
         self.not_live = not_live
         self.sysfs = sysfs or SysfsSource(root, self.warn)
-        if netlink is None and self.live:
-            netlink = open_nldev
-        self._netlink = netlink and NetlinkSession(netlink, self.warn, self.note)
+        self._netlink = None
+        if netlink is not None or self.live:
+            from ibtool.session import NetlinkSession, open_nldev
+
+            self._netlink = NetlinkSession(netlink or open_nldev, self.warn, self.note)
         self._open_verbs = verbs if verbs is not None or not self.live else open_verbs
         self._release = release
         self._comm = comm
@@ -99,7 +100,7 @@ class Host:
         return self._netlink
 
     @property
-    def netlink_session(self) -> NetlinkSession | None:
+    def netlink_session(self):
         """The netlink session, or None where there is no netlink (a --root tree)."""
         return self._netlink
 

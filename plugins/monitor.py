@@ -12,12 +12,13 @@ import math
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ibtool import hookimpl
-from ibtool.changes import Event, event_json, event_line
 from ibtool.commands import Invocation
-from ibtool.watch import watching
+
+if TYPE_CHECKING:
+    from ibtool.changes import Event
 
 DEFAULT_INTERVAL = 1.0
 
@@ -62,6 +63,9 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(inv: Invocation) -> None:
+    from ibtool.changes import event_json, event_line
+    from ibtool.watch import watching
+
     args = inv.args
     deadline = time.monotonic() + args.timeout if args.timeout else math.inf
     shown = 0

@@ -12,7 +12,6 @@ from datetime import datetime
 from typing import Any
 
 from ibtool import __version__, hookimpl, render
-from ibtool.changes import event_json, event_line
 from ibtool.commands import Invocation
 from ibtool.errors import UsageError
 
@@ -104,6 +103,7 @@ def _meta(data: dict[str, Any], path: str) -> dict[str, Any]:
 
 
 def _diff(inv: Invocation, a_path: str, b_path: str) -> None:
+    from ibtool.changes import event_json, event_line
     from ibtool.snapdiff import compare
     from ibtool.snapshot import SnapshotHost
 
