@@ -86,11 +86,11 @@ class Host:
 
     # -- the running kernel ------------------------------------------------------------------
 
-    def require_live(self, what: str, why: str | None = None, hint: str | None = None) -> None:
+    def require_live(self, what: str, hint: str | None = None) -> None:
         """The one check for what only the running kernel can do: NotLiveError (a usage
         error) under --root or on a snapshot, saying what was asked and why this host cannot."""
         if not self.live:
-            raise NotLiveError(f"{what}; {why or self.not_live}", hint)
+            raise NotLiveError(f"{what}; {self.not_live}", hint)
 
     def netlink(self, what: str, hint: str | None = None):
         """The run's RDMA netlink session, for what only netlink answers; NotLiveError where

@@ -25,7 +25,7 @@ def _too_old(host, command: str, e: IbtoolError) -> UnsupportedError:
 
 def _session(host, verb: str):
     what = f"link {verb} changes the running kernel"
-    host.require_live(what, "--root is a copy")
+    host.require_live(what)
     return host.netlink(what)
 
 

@@ -158,7 +158,7 @@ def _optional(inv: Invocation, action: str, words: list[str]) -> None:
     if action != "optional" and len(words) < 2:
         raise UsageError(f"counters {action} takes DEV[/PORT] and counter names", USAGE)
     if action != "optional":
-        inv.host.require_live("optional counters exist only in netlink", hint=USAGE)
+        inv.host.require_live(f"counters {action} changes the running kernel", hint=USAGE)
     targets = _ports(inv, words[0] if words else None)
     names = _names(words[1:])
     indexes = netlink.indexes()
