@@ -16,6 +16,12 @@ Rules every plugin follows:
 
 A plugin that fails to import or to register is reported as one warning on stderr and the rest
 of ibtool keeps working.
+
+The health check, panel and metric hooks each get a ``register(name, function)``; the types
+those functions take and return are in ``ibtool.api``, which is cheap to import at a plugin's
+top. A hook implementation that raises, or registers a name already taken or something not
+callable, is one warning, and nothing it registered through that hook is kept.
+``ibtool.hooks`` calls these hooks and runs what they register.
 """
 
 from __future__ import annotations
@@ -42,9 +48,15 @@ def ibtool_register_commands(cli):
 def ibtool_health_checks(register):
     """Contribute health checks for ``ibtool health``.
 
-    Call ``register(name, check)`` where ``check(host)`` returns a list of results, each a
-    status (OK, WARNING, CRITICAL, UNKNOWN: the Nagios plugin convention) with a one-line
-    summary. Checks must not change kernel state and must finish within a few seconds.
+    Call ``register(name, check)`` once per check (``name``: a str without spaces, unique
+    among all plugins' checks). ``check(host)`` receives the :class:`ibtool.host.Host` facade
+    and returns a list (or yields) :class:`ibtool.api.HealthResult` objects: a
+    :class:`ibtool.api.Status` (OK, WARNING, CRITICAL, UNKNOWN: the Nagios plugin return
+    codes), the subject (``mlx5_0/1``, or '' for the host), a one-line summary and optional
+    :class:`ibtool.api.Perfdata` items. No result means nothing to report. The core fills in
+    each result's ``check`` with ``name``; a check that raises, or returns anything else, is
+    reported as one UNKNOWN result (:func:`ibtool.hooks.run_health_checks`). Checks must not
+    change kernel state and must finish within a few seconds.
     """
 
 
@@ -52,8 +64,11 @@ def ibtool_health_checks(register):
 def ibtool_tui_panels(register):
     """Contribute a panel to the ``ibtool tui`` dashboard.
 
-    Call ``register(name, factory)`` where ``factory()`` returns a Textual widget. Import
-    textual inside the factory: this hook is only called by ``ibtool tui``.
+    Call ``register(name, factory)`` once per panel. ``factory(host)`` receives the
+    :class:`ibtool.host.Host` facade, the same object for every panel of the dashboard (share
+    data through it, do not build your own), and returns a ``textual.widget.Widget``. Import
+    textual inside the factory: this hook is called by ``ibtool tui`` only, and the core only
+    collects the factories (:func:`ibtool.hooks.panel_factories`).
     """
 
 
@@ -61,7 +76,13 @@ def ibtool_tui_panels(register):
 def ibtool_metrics(register):
     """Contribute Prometheus metric families.
 
-    Call ``register(name, collect)`` where ``collect(host)`` yields
-    ``(metric_name, type, help, labels, value)`` tuples computed from the plugin's records.
-    Metric names follow Prometheus conventions (``ibtool_port_..._bytes_total``).
+    Call ``register(name, collect)`` once per collector. ``collect(host)`` receives the
+    :class:`ibtool.host.Host` facade and returns a list (or yields)
+    :class:`ibtool.api.MetricFamily` objects: ``MetricFamily(name, documentation, type,
+    unit="")`` with type ``"counter"`` or ``"gauge"``, filled with ``family.add(labels,
+    value)``, where labels is a dict of str to str. Names follow the Prometheus conventions
+    (``ibtool_port_rcv_bytes``); a counter is named without ``_total``, which the exposition
+    adds. :func:`ibtool.api.exposition` writes the text format. A collector that raises or
+    returns anything else is one warning and contributes nothing; a family whose name an earlier
+    family has is one warning and left out.
     """
