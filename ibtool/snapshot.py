@@ -4,20 +4,19 @@
 and netdevs, /proc/net/vlan/config), every RDMA netlink answer the read-only commands ask for
 (devices, ports, statistics, optional-counter status, resources of every kind, system
 settings and features), the verbs attributes `-d` shows, the names of the processes holding
-RDMA objects, and the kernel release, ibtool version, host name and time. `open_host` gives a
-Host whose sources answer from the file: every read-only command then prints what it printed
+RDMA objects, and the kernel release, ibtool version, host name and time. `SnapshotHost`
+gives a Host whose sources answer from the file: every read-only command then prints what it printed
 live at that moment.
 
-The answers are recorded where the host asks its sources (method, arguments -> value or
-error), so a replayed command takes the same path as the live one did. The file is JSON
+The answers are recorded where the host asks its sources (ibtool.replay: method, arguments ->
+value or error), so a replayed command takes the same path as the live one did; the tree is
+ibtool.snaptree's. The file is JSON
 (gzip-compressed when its name ends in .gz) with a format name and version: a file from a
 newer ibtool, or a damaged one, is one clear error.
 """
 
 from __future__ import annotations
 
-import base64
-import errno as errnos
 import gzip
 import json
 import os
@@ -29,256 +28,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ibtool import errors
-from ibtool.errors import DataError, IbtoolError
+from ibtool.errors import IbtoolError
+from ibtool.replay import SnapshotError, recording, replaying
+from ibtool.snaptree import build_tree, capture_tree
 
 FORMAT = "ibtool-snapshot"
 VERSION = 1
 NOT_LIVE = "a snapshot is a record of a host, not its running kernel"
-OPEN = "__open__"  # the key of an error the source's opening raised
-_SKIP_DIRS = {"power"}  # runtime PM attributes: not RDMA state, and reading them wakes devices
-
-
-class SnapshotError(DataError):
-    """A snapshot that cannot be read, or that lacks an answer a command needs."""
-
-
-# -- values as JSON ------------------------------------------------------------------------------
-
-
-def _enc(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return {"$bytes": value.hex()}
-    if isinstance(value, tuple):
-        return {"$tuple": [_enc(v) for v in value]}
-    if isinstance(value, list):
-        return [_enc(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _enc(v) for k, v in value.items()}
-    return value
-
-
-def _dec(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_dec(v) for v in value]
-    if isinstance(value, dict):
-        if len(value) == 1 and "$bytes" in value:
-            return bytes.fromhex(value["$bytes"])
-        if len(value) == 1 and "$tuple" in value:
-            return tuple(_dec(v) for v in value["$tuple"])
-        return {k: _dec(v) for k, v in value.items()}
-    return value
-
-
-def _key(name: str, args: tuple, kwargs: dict) -> str:
-    return json.dumps([name, _enc(list(args)), _enc(kwargs)], sort_keys=True)
-
-
-def _error_record(e: IbtoolError) -> dict[str, Any]:
-    return {"class": type(e).__name__, "message": e.message, "hint": e.hint, "errno": e.errno}
-
-
-def _error(record: dict[str, Any]) -> IbtoolError:
-    cls = getattr(errors, record.get("class", ""), None)
-    if not (isinstance(cls, type) and issubclass(cls, IbtoolError)):
-        cls = IbtoolError
-    return cls(record["message"], record.get("hint"), errno=record.get("errno"))
-
-
-# -- recording and replaying a source ----------------------------------------------------------
-
-
-class Recorder:
-    """A source (netlink client, verbs) whose every answer is written down as it is given."""
-
-    def __init__(self, target: Any, calls: dict[str, Any]):
-        self._target = target
-        self._calls = calls
-
-    def __getattr__(self, name: str):
-        attr = getattr(self._target, name)
-        if not callable(attr) or name == "close":
-            return attr
-
-        def call(*args, **kwargs):
-            key = _key(name, args, kwargs)
-            try:
-                value = attr(*args, **kwargs)
-            except IbtoolError as e:
-                self._calls[key] = {"error": _error_record(e)}
-                raise
-            self._calls[key] = {"value": _enc(value)}
-            return value
-
-        return call
-
-
-def recording(open_source: Callable[[], Any], calls: dict[str, Any]) -> Callable[[], Any]:
-    """`open_source`, with the source's answers (or the error opening it) recorded."""
-
-    def open_recorded():
-        try:
-            return Recorder(open_source(), calls)
-        except IbtoolError as e:
-            calls[OPEN] = {"error": _error_record(e)}
-            raise
-
-    return open_recorded
-
-
-class Replay:
-    """A source answering from recorded calls; a call nothing recorded is a SnapshotError."""
-
-    recorded_features = None  # the netlink features the saving host had, as records
-
-    def __init__(self, calls: dict[str, Any], what: str, path: str):
-        self._calls = calls
-        self._what = what
-        self._path = path
-
-    def close(self) -> None:
-        pass
-
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
-
-        def call(*args, **kwargs):
-            found = self._calls.get(_key(name, args, kwargs))
-            if found is None and name == "resource_dump" and len(args) > 2 and args[2]:
-                return self._on_port(*args, **kwargs)
-            if found is None:
-                said = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
-                raise SnapshotError(
-                    f"snapshot {self._path} holds no {self._what} answer to {name}({said})",
-                    "it was saved by another ibtool version, or the host changed while it was "
-                    "saved: save it again",
-                )
-            if "error" in found:
-                raise _error(found["error"])
-            return _dec(found["value"])
-
-        return call
-
-    def _on_port(self, kind: str, index: int, port: int, **kwargs):
-        """A dump asked for on one port: the kernel leaves out the objects of other ports and
-        those bound to none (nldev.c res_get_common_dumpit); so does the recorded device dump."""
-        replies = self.resource_dump(kind, index, None, **kwargs)
-        return [r for r in replies if r.get("RDMA_NLDEV_ATTR_PORT_INDEX") == port]
-
-
-def replaying(calls: dict[str, Any], what: str, path: str, extra: dict[str, Any] | None = None):
-    def open_replay():
-        if OPEN in calls:
-            raise _error(calls[OPEN]["error"])
-        replay = Replay(calls, what, path)
-        for name, value in (extra or {}).items():
-            setattr(replay, name, value)
-        return replay
-
-    return open_replay
-
-
-# -- the sysfs tree ---------------------------------------------------------------------------
-
-
-def _entry(path: str, root: str) -> dict[str, Any] | None:
-    rel = os.path.relpath(path, root)
-    if os.path.islink(path):
-        return {"path": rel, "link": os.readlink(path)}
-    if os.path.isdir(path):
-        return {"path": rel, "dir": True}
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        return {"path": rel, "unreadable": e.errno or errnos.EIO}
-    try:
-        return {"path": rel, "text": data.decode("utf-8")}
-    except UnicodeDecodeError:
-        return {"path": rel, "bytes": base64.b64encode(data).decode()}
-
-
-def _walk(top: str, root: str, out: list[dict[str, Any]]) -> None:
-    """Every entry under `top`, links as links (not followed)."""
-    for dirpath, dirnames, filenames in os.walk(top):
-        out.append({"path": os.path.relpath(dirpath, root), "dir": True})
-        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and d not in links)
-        for name in sorted(filenames + links):
-            if name != "uevent":
-                entry = _entry(os.path.join(dirpath, name), root)
-                if entry is not None:
-                    out.append(entry)
-
-
-def capture_tree(root: str = "/") -> list[dict[str, Any]]:
-    """What the sysfs source reads of the RDMA devices, as entries relative to `root`."""
-    out: list[dict[str, Any]] = []
-    class_dir = os.path.join(root, "sys", "class", "infiniband")
-    try:
-        names = sorted(os.listdir(class_dir))
-    except OSError:
-        names = []
-    out.append({"path": os.path.relpath(class_dir, root), "dir": True})
-    for name in names:
-        link = os.path.join(class_dir, name)
-        entry = _entry(link, root)
-        out.append(entry)
-        if "link" not in entry:
-            continue
-        device = os.path.realpath(link)
-        _walk(device, root, out)
-        bus = os.path.join(device, "device")
-        if os.path.isdir(bus):  # a hardware device: its driver link and netdevs
-            real = os.path.realpath(bus)
-            out.append({"path": os.path.relpath(real, root), "dir": True})
-            driver = _entry(os.path.join(real, "driver"), root)
-            if driver is not None and "link" in driver:
-                out.append(driver)
-            net = os.path.join(real, "net")
-            if os.path.isdir(net):
-                for netdev in sorted(os.listdir(net)):
-                    out.append(
-                        {"path": os.path.relpath(os.path.join(net, netdev), root), "dir": True}
-                    )
-                    port = _entry(os.path.join(net, netdev, "dev_port"), root)
-                    if port is not None and "dir" not in port:
-                        out.append(port)
-    vlan = os.path.join(root, "proc", "net", "vlan", "config")
-    if os.path.exists(vlan):
-        out.append(_entry(vlan, root))
-    return out
-
-
-def build_tree(entries: list[dict[str, Any]], dest: str) -> None:
-    """The captured entries as a directory tree under `dest`; a file the kernel would not let
-    be read is an empty directory (reading it fails, as it did)."""
-    inside = os.path.join(dest, "")
-    made = {dest}
-
-    def directory(path: str) -> None:
-        if path not in made:
-            os.makedirs(path, exist_ok=True)
-            made.add(path)
-
-    for e in entries:
-        path = os.path.normpath(os.path.join(dest, e["path"]))
-        if not path.startswith(inside) and path != dest:
-            raise SnapshotError(f"snapshot entry outside its tree: {e['path']!r}")
-        if e.get("dir") or "unreadable" in e:
-            directory(path)
-            continue
-        directory(os.path.dirname(path))
-        if "link" in e:
-            if not os.path.lexists(path):
-                os.symlink(e["link"], path)
-            continue
-        data = e["text"].encode("utf-8") if "text" in e else base64.b64decode(e["bytes"])
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
 
 
 # -- saving -------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from ibtool import host as host_module
-from ibtool import snapshot
+from ibtool import replay, snapshot
 from ibtool.errors import ExitCode, IbtoolError
 from ibtool.sources.netlink import client
 from tests.fixtures import captured_kernel
@@ -218,13 +218,13 @@ def test_diff_shows_counter_deltas_resets_and_gids(cli, live):
 def test_a_recorded_answer_keeps_its_key_order_through_the_file(tmp_path):
     calls = {}
     caps = {"vendor_id": "0xffffff", "max_qp": 7, "atomic_caps": "HCA"}
-    snapshot.Recorder(type("V", (), {"device_caps": lambda self, name: caps})(), calls).device_caps(
+    replay.Recorder(type("V", (), {"device_caps": lambda self, name: caps})(), calls).device_caps(
         "rxe0"
     )
     snapshot._write(str(tmp_path / "s.json"), {"calls": calls})
     with open(tmp_path / "s.json") as f:
         again = json.load(f)["calls"]
-    replayed = snapshot.Replay(again, "verbs", "s.json").device_caps("rxe0")
+    replayed = replay.Replay(again, "verbs", "s.json").device_caps("rxe0")
     assert list(replayed.items()) == list(caps.items())
 
 
@@ -235,16 +235,16 @@ def test_a_dump_asked_for_on_one_port_is_the_recorded_device_dump_of_that_port()
         {"RDMA_NLDEV_ATTR_RES_LQPN": 17, "RDMA_NLDEV_ATTR_PORT_INDEX": 1},
         {"RDMA_NLDEV_ATTR_RES_LQPN": 18, "RDMA_NLDEV_ATTR_PORT_INDEX": 2},
     ]
-    recorder = snapshot.Recorder(type("K", (), {"resource_dump": lambda *a, **k: dump})(), calls)
+    recorder = replay.Recorder(type("K", (), {"resource_dump": lambda *a, **k: dump})(), calls)
     recorder.resource_dump("qp", 3, None, driver_details=False)
-    replay = snapshot.Replay(calls, "RDMA netlink", "x.json")
-    assert replay.resource_dump("qp", 3, 2, driver_details=False) == [dump[2]]
+    replayed = replay.Replay(calls, "RDMA netlink", "x.json")
+    assert replayed.resource_dump("qp", 3, 2, driver_details=False) == [dump[2]]
     with pytest.raises(
-        snapshot.SnapshotError,
+        replay.SnapshotError,
         match=r"holds no RDMA netlink answer to "
         r"resource_dump\('qp', 4, None, driver_details=False\)",
     ):
-        replay.resource_dump("qp", 4, None, driver_details=False)
+        replayed.resource_dump("qp", 4, None, driver_details=False)
 
 
 def test_snapshot_save_and_diff_usage(cli):
