@@ -271,7 +271,7 @@ def test_without_cap_net_admin_keys_are_left_out_like_rdma(live):
 
 # -- snapshots: replayed against the live host at the same moment ------------------------------
 
-SNAPSHOT_COMMANDS = [  # each is run three times in-process: ~3 s each under TCG
+SNAPSHOT_COMMANDS = [  # each run in-process two or three times: ~3 s a run under TCG
     ["-d", "-j", "dev"],
     ["-d", "-j", "port"],
     ["-j", "gids"],
@@ -312,20 +312,25 @@ def test_a_snapshot_replays_what_every_read_only_command_showed_live(live, tmp_p
     path = str(tmp_path / "host.json.gz")
     code, out, err = in_process("snapshot", "save", path)
     assert (code, err) == (0, ""), err
-    after = {tuple(c): in_process(*c) for c in SNAPSHOT_COMMANDS}
     replayed = {tuple(c): in_process("--snapshot", path, *c) for c in SNAPSHOT_COMMANDS}
+    after = {}  # asked again only where the replay is not what was shown before the save
     for command, got in replayed.items():
         if command == ("-j", "counters"):
+            after[command] = in_process(*command)
             assert got[0] == before[command][0] == 0 and got[2] == before[command][2]
             _counters_between(before[command][1], got[1], after[command][1])
             continue
-        assert got in (before[command], after[command]), command
+        if got != before[command]:
+            after[command] = in_process(*command)
+            assert got == after[command], command
     # For the host-side replay test: the snapshot and what the host showed around it.
     keep = os.environ.get("IBTOOL_TB_OUT")
     if keep:
         os.makedirs(os.path.join(keep, "snapshot"), exist_ok=True)
         shutil.copy(path, os.path.join(keep, "snapshot", "host.json.gz"))
-        shown = [{"argv": list(c), "before": before[c], "after": after[c]} for c in before]
+        shown = [
+            {"argv": list(c), "before": before[c], "after": after.get(c, before[c])} for c in before
+        ]
         with open(os.path.join(keep, "snapshot", "live.json"), "w") as f:
             json.dump(shown, f, indent=1)
 
@@ -367,5 +372,3 @@ def test_snapshot_diff_shows_the_deltas_rdma_statistic_shows(testbed, tmp_path):
     assert moved, "the traffic moved no counter: the comparison proves nothing"
     assert {k: deltas.get(k) for k in moved} == moved
     assert all(deltas.get(k, 0) == 0 for k in steady if k not in moved)
-    diff_text = in_process("snapshot", "diff", a, b)
-    assert diff_text[0] == 0 and "sent_pkts" in diff_text[1]
