@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import json
 import platform
-import struct
 
 import pytest
 
@@ -16,27 +15,14 @@ from ibtool import host as host_module
 from ibtool.errors import ExitCode
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, messages, records
+from tests.fixtures.captured_kernel import COMM, NAMES, NETLINK, RESOURCES, renumbered
 from tests.fixtures.netlink import FakeKernel, ack, done, nla, reply, string, u8, u32, u64
-from tests.fixtures.sysfs_trees import CAPTURED
 
-RESOURCES = CAPTURED / "resources"
-NETLINK = CAPTURED / "netlink"
-COMM = {int(pid): name for pid, name in json.loads((RESOURCES / "comm.json").read_text()).items()}
 HOLDER = next(pid for pid, name in COMM.items() if name == "python3")
-NAMES = {0: "rxe0", 1: "rxe1"}
 
 
 def rdma_says(kind: str) -> list[dict]:
     return json.loads((RESOURCES / f"rdma_res_show_{kind}.json").read_text())
-
-
-def _renumbered(data: bytes, seq: int) -> bytes:
-    data = bytearray(data)
-    offset = 0
-    while offset < len(data):
-        struct.pack_into("=I", data, offset + 8, seq)
-        offset += (struct.unpack_from("=I", data, offset)[0] + 3) & ~3
-    return bytes(data)
 
 
 def captured_kernel(overrides=None):
@@ -53,16 +39,16 @@ def captured_kernel(overrides=None):
         if (command, index) in overrides:
             return overrides[(command, index)](request, seq)
         if command == A.RDMA_NLDEV_CMD_GET and index is None:
-            return [_renumbered((NETLINK / "get_dump.bin").read_bytes(), seq)]
+            return [renumbered((NETLINK / "get_dump.bin").read_bytes(), seq)]
         if command == A.RDMA_NLDEV_CMD_GET:
             data = (NETLINK / f"get_{NAMES[index]}.bin").read_bytes()
-            return [_renumbered(data, seq), ack(request)]
+            return [renumbered(data, seq), ack(request)]
         if command == A.RDMA_NLDEV_CMD_RES_GET:
-            return [_renumbered((NETLINK / "res_get_dump.bin").read_bytes(), seq)]
+            return [renumbered((NETLINK / "res_get_dump.bin").read_bytes(), seq)]
         name = A.COMMANDS[command].removeprefix("RDMA_NLDEV_CMD_").lower()
         assert command in commands, name
         data = (RESOURCES / f"{name}_dump_{NAMES[index]}.bin").read_bytes()
-        return [_renumbered(data, seq)]
+        return [renumbered(data, seq)]
 
     return answer
 
@@ -303,7 +289,7 @@ def test_a_dump_of_a_thousand_qps_in_many_parts(cli, monkeypatch):
     def answer(request, seq):
         (msg,) = messages.parse(request)
         if A.command_of(msg["header"]["type"]) == A.RDMA_NLDEV_CMD_GET:
-            return [_renumbered((NETLINK / "get_dump.bin").read_bytes(), seq)]
+            return [renumbered((NETLINK / "get_dump.bin").read_bytes(), seq)]
         if messages.attributes(msg)["RDMA_NLDEV_ATTR_DEV_INDEX"] == 1:
             return [done(seq)]
         datagrams = [
@@ -338,7 +324,7 @@ def test_details_add_the_driver_attributes_as_rdma_dd_does(cli, monkeypatch):
     def answer(request, seq):
         (msg,) = messages.parse(request)
         if A.command_of(msg["header"]["type"]) == A.RDMA_NLDEV_CMD_GET:
-            return [_renumbered((NETLINK / "get_dump.bin").read_bytes(), seq)]
+            return [renumbered((NETLINK / "get_dump.bin").read_bytes(), seq)]
         attrs = messages.attributes(msg)
         if attrs["RDMA_NLDEV_ATTR_DEV_INDEX"] == 1:
             return [done(seq)]
@@ -364,7 +350,7 @@ def test_u64_counts_in_the_summary_of_a_kernel_with_more_types(cli, monkeypatch)
     def answer(request, seq):
         (msg,) = messages.parse(request)
         if A.command_of(msg["header"]["type"]) == A.RDMA_NLDEV_CMD_GET:
-            return [_renumbered((NETLINK / "get_dump.bin").read_bytes(), seq)]
+            return [renumbered((NETLINK / "get_dump.bin").read_bytes(), seq)]
         body = (u32(1, 0), string(2, "rxe0"), nla(15, entry + extra))
         return [reply(9, *body, flags=A.NLM_F_MULTI, seq=seq), done(seq)]
 
