@@ -72,7 +72,7 @@ class Host:
         if netlink is not None or self.live:
             from ibtool.session import NetlinkSession, open_nldev
 
-            self._netlink = NetlinkSession(netlink or open_nldev, self.warn, self.note)
+            self._netlink = NetlinkSession(netlink or open_nldev, self)
         self._open_verbs = verbs if verbs is not None or not self.live else open_verbs
         self._release = release
         self._comm = comm

@@ -64,12 +64,16 @@ class Rated(NamedTuple):
     note: str | None
 
 
+def paired(before: Iterable[CounterSample], after: Iterable[CounterSample]):
+    """Each sample of `after` with the same counter's sample in `before` (None if new)."""
+    old = {(s.device, s.port, s.source, s.name): s for s in before}
+    return [(old.get((s.device, s.port, s.source, s.name)), s) for s in after]
+
+
 def rates(before: Iterable[CounterSample], after: Iterable[CounterSample], seconds: float):
     """Each sample of `after` with its rate since `before`."""
-    old = {(s.device, s.port, s.source, s.name): s for s in before}
     rows = []
-    for s in after:
-        prev = old.get((s.device, s.port, s.source, s.name))
+    for prev, s in paired(before, after):
         rate, note = counter_rate(prev, s, seconds) if prev else (None, "new")
         rows.append(Rated(s, rate, note))
     return rows

@@ -56,10 +56,11 @@ def open_nldev():
 
 
 class NetlinkSession:
-    def __init__(self, open_client: Callable[[], Any], warn: Callable[[str], None], note):
+    def __init__(self, open_client: Callable[[], Any], host):
         self._open = open_client
-        self.warn = warn
-        self.note = note  # a diagnostic shown only under -d
+        self.warn = host.warn
+        self.note = host.note  # a diagnostic shown only under -d
+        self._kernel_before = host.kernel_before
         self._client: Any = None
         self._error: IbtoolError | None = None
 
@@ -140,13 +141,10 @@ class NetlinkSession:
     def device_of_netdev(self, netdev: str) -> str | None:
         """The RDMA device whose port serves `netdev`, if netlink says."""
         try:
-            for device in self.client.devices():
-                for port in self.client.ports(device["RDMA_NLDEV_ATTR_DEV_INDEX"]):
-                    if port.get("RDMA_NLDEV_ATTR_NDEV_NAME") == netdev:
-                        return device.get("RDMA_NLDEV_ATTR_DEV_NAME")
-        except (IbtoolError, KeyError):
-            pass
-        return None
+            ports = self.poll_ports().ports
+        except IbtoolError:
+            return None
+        return next((p.device for p in ports if p.netdev == netdev), None)
 
     def event_listener(self):
         """A socket that has joined the kernel's RDMA monitor events (Linux 6.12)."""
@@ -258,8 +256,6 @@ class NetlinkSession:
         devices: list[NetlinkDevice],
         port: int | None,
         details: bool,
-        *,
-        kernel_before_5_8: bool,
     ) -> list[Any]:
         """Every object of a kind on these devices, one dump per device. A device that
         disappears meanwhile is a warning; the others are still shown."""
@@ -268,7 +264,7 @@ class NetlinkSession:
         nl = self.client
         options = {}
         if kind == "cq":
-            options["old_poll_context"] = kernel_before_5_8
+            options["old_poll_context"] = self._kernel_before(5, 8)
         found = []
         for device in devices:
             try:
@@ -287,6 +283,17 @@ class NetlinkSession:
             # rdma lists the objects not bound to a port first: keep that order.
             objects = records.resources(kind, replies, **options)
             found += sorted(objects, key=lambda o: getattr(o, "port", None) is not None)
+        return found
+
+    def every_resource(self, devices: list[NetlinkDevice], details: bool) -> list[tuple[str, Any]]:
+        """(kind, object) of every kind the kernel lists on these devices; a kind it does not
+        list (or a dump that fails) is left out."""
+        found = []
+        for kind in LISTED:
+            try:
+                found += [(kind, o) for o in self.resources(kind, devices, None, details)]
+            except IbtoolError:
+                continue
         return found
 
     def _vanished(self, index: int) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 from ibtool.changes import Event, Seen, diff
 from ibtool.errors import IbtoolError
 from ibtool.model import CounterSample, Gid
-from ibtool.rates import counter_delta
+from ibtool.rates import counter_delta, paired
 
 # The attribute that names an object of each kind (rdma res show's id column).
 OBJECT_ID = {
@@ -93,8 +93,7 @@ def _gid_key(g: Gid) -> tuple:
 
 
 def _objects(host) -> list[Any] | None:
-    from ibtool.session import LISTED
-
+    """(kind, object) of every RDMA object the snapshot holds; None without resource dumps."""
     session = host.netlink_session
     if session is None:
         return None
@@ -102,16 +101,7 @@ def _objects(host) -> list[Any] | None:
         devices = session.devices()
     except IbtoolError:
         return None
-    found = []
-    for kind in LISTED:
-        try:
-            objects = session.resources(
-                kind, devices, None, False, kernel_before_5_8=host.kernel_before(5, 8)
-            )
-        except IbtoolError:
-            continue
-        found += [(kind, o) for o in objects]
-    return found
+    return session.every_resource(devices, False)
 
 
 def _object_key(kind: str, o) -> tuple:
@@ -140,10 +130,8 @@ def compare(a, b, seconds: float) -> SnapshotDiff:
     events = diff(old, new, "snapshot") + _rate_events(old, new, a, b)
     gids_a = {_gid_key(g): g for g in _or_empty(a.gids)}
     gids_b = {_gid_key(g): g for g in _or_empty(b.gids)}
-    before = {(s.device, s.port, s.source, s.name): s for s in _or_empty(a.counters)}
     counters = []
-    for s in _or_empty(b.counters):
-        prev = before.get((s.device, s.port, s.source, s.name))
+    for prev, s in paired(_or_empty(a.counters), _or_empty(b.counters)):
         if prev is None:
             continue
         delta, note = counter_delta(prev, s)

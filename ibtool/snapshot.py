@@ -87,8 +87,6 @@ def save(
 
 def _ask_everything(host, comms: dict[str, str | None]) -> None:
     """Every read the read-only commands make, so that their answers are recorded."""
-    from ibtool.session import LISTED
-
     try:
         names = [name for name, _ in host.select(None)]
     except IbtoolError:
@@ -101,40 +99,31 @@ def _ask_everything(host, comms: dict[str, str | None]) -> None:
         for name in names:
             host.device_caps(name)
     session = host.netlink_session
-    attempts = [session.system, session.poll_ports, lambda: _resources(host, comms, LISTED)]
-    attempts += [lambda n=n: _optional(session, n) for n in names]
-    for attempt in attempts:
+    for attempt in (session.system, session.poll_ports, lambda: _resources(host, comms)):
         try:
             attempt()
         except IbtoolError:
             pass  # recorded: the replay raises it where the command asks
+    try:
+        indexes = session.indexes()
+    except IbtoolError:
+        return
+    for name in names:  # `counters optional` asks for the ports sysfs lists
+        for port in host.sysfs.port_numbers(name):
+            try:
+                session.counter_status(indexes, name, port)
+            except IbtoolError:
+                pass
 
 
-def _resources(host, comms: dict[str, str | None], kinds) -> None:
+def _resources(host, comms: dict[str, str | None]) -> None:
     session = host.netlink_session
     devices = session.devices()
     session.summaries(devices)
-    for kind in kinds:
-        for details in (False, True):
-            try:
-                objects = session.resources(
-                    kind, devices, None, details, kernel_before_5_8=host.kernel_before(5, 8)
-                )
-            except IbtoolError:
-                continue
-            for o in objects:
-                if o.owner.pid is not None and str(o.owner.pid) not in comms:
-                    comms[str(o.owner.pid)] = host.comm(o.owner.pid)
-
-
-def _optional(session, name: str) -> None:
-    indexes = session.indexes()
-    for reply in session.client.ports(indexes[name]) if name in indexes else ():
-        port = reply.get("RDMA_NLDEV_ATTR_PORT_INDEX")
-        try:
-            session.counter_status(indexes, name, port)
-        except IbtoolError:
-            pass
+    for details in (False, True):
+        for _, o in session.every_resource(devices, details):
+            if o.owner.pid is not None and str(o.owner.pid) not in comms:
+                comms[str(o.owner.pid)] = host.comm(o.owner.pid)
 
 
 def _features(host) -> list[dict[str, Any]] | None:
@@ -220,13 +209,13 @@ class SnapshotHost:
         self.tmp = tempfile.mkdtemp(prefix="ibtool-snapshot-", dir=_scratch())
         try:
             build_tree(self.data["sysfs"], self.tmp)
+        except SnapshotError:
+            self.close()
+            raise
         except (OSError, KeyError, TypeError, ValueError) as e:
             self.close()
-            if isinstance(e, SnapshotError):
-                raise
-            raise SnapshotError(
-                f"{path} is damaged: its sysfs tree cannot be built ({e})"
-            ) from None
+            why = f"its sysfs tree cannot be built ({e})"
+            raise SnapshotError(f"{path} is damaged: {why}") from None
         features = self.data.get("features")
         extra = {}
         if isinstance(features, list):

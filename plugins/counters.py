@@ -51,16 +51,12 @@ def _value(s: CounterSample) -> int | None:
     return None if s.value is None else s.value * s.scale
 
 
-def _unit(s: CounterSample) -> str:
-    return counterinfo.unit(s.name, s.source)
-
-
 FIELDS = [
     render.Field("ifname", lambda r: r[0].device, header="DEV"),
     render.Field("port", lambda r: r[0].port or None, header="PORT", text=str),
     render.Field("counter", lambda r: r[0].name, header="COUNTER"),
     render.Field("value", lambda r: _value(r[0]), header="VALUE", always=True),
-    render.Field("unit", lambda r: _unit(r[0]), header="UNIT"),
+    render.Field("unit", lambda r: counterinfo.unit(r[0].name, r[0].source), header="UNIT"),
     render.Field("source", lambda r: r[0].source, header="SOURCE"),
     render.Field(
         "error",

@@ -57,13 +57,7 @@ def run(inv: Invocation) -> None:
             raise NotFoundError(f"{name} has no port {request.port}", f"ports: 1-{ports}")
     if request.kind is None:
         return _show_summaries(inv, netlink.summaries(devices))
-    objects = netlink.resources(
-        request.kind,
-        devices,
-        request.port,
-        inv.details,
-        kernel_before_5_8=inv.host.kernel_before(5, 8),
-    )
+    objects = netlink.resources(request.kind, devices, request.port, inv.details)
     owners = Owners(inv.host.comm)
     rows = [Row(o, owners.comm(o.owner)) for o in objects]
     rows = [r for r in rows if all(match(r) for match in request.filters)]

@@ -11,7 +11,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from ibtool import __version__, hookimpl, render
+from ibtool import __version__, counterinfo, hookimpl, render
 from ibtool.commands import Invocation
 from ibtool.errors import UsageError
 
@@ -32,8 +32,6 @@ def _when(t: Any) -> str:
 def _save(inv: Invocation, path: str) -> None:
     from ibtool import snapshot
 
-    if inv.snapshot is not None:
-        raise UsageError("snapshot save captures this host, not a snapshot", USAGE)
     inv.host.require_live("snapshot save captures the running host")
     started = time.monotonic()
     data = snapshot.save(path, inv.warn, __version__)
@@ -64,7 +62,7 @@ COUNTER_FIELDS = [
     render.Field("source", lambda c: c.sample.source, header="SOURCE"),
     render.Field("before", lambda c: c.before, header="BEFORE"),
     render.Field("delta", lambda c: c.delta, header="DELTA", always=True),
-    render.Field("unit", lambda c: _unit(c), header="UNIT"),
+    render.Field("unit", lambda c: counterinfo.unit(c.sample.name, c.sample.source), header="UNIT"),
     render.Field("rate_per_sec", lambda c: c.rate, header="RATE/s", text=lambda v: f"{v:,.1f}"),
     render.Field("note", lambda c: c.note, header="NOTE"),
 ]
@@ -84,12 +82,6 @@ GID_FIELDS = [
     render.Field("type", lambda g: g.type.label if g.type is not None else None),
     render.Field("netdev", lambda g: g.netdev),
 ]
-
-
-def _unit(c) -> str:
-    from ibtool import counterinfo
-
-    return counterinfo.unit(c.sample.name, c.sample.source)
 
 
 def _meta(data: dict[str, Any], path: str) -> dict[str, Any]:
