@@ -61,6 +61,39 @@ _RANGE = re.compile(rf"@?(?:(?:~|{_NUMBER})?:)?(?:{_NUMBER})?")
 Threshold = Union[int, float, str, None]
 
 
+@dataclass(frozen=True)
+class Range:
+    """A Nagios threshold range (monitoring-plugins' "Threshold and Ranges"): `text` as given,
+    [@]start:end. A value outside start..end (ends included) alerts, or inside it with '@'.
+    '10' is 0:10 (alert below 0 or above 10), '10:' is 10 up to infinity, '~:10' minus
+    infinity to 10, '@10:20' alerts from 10 to 20."""
+
+    text: str
+    start: float
+    end: float
+    inside: bool = False
+
+    @classmethod
+    def parse(cls, value: int | float | str) -> Range:
+        """A range from its text, or from a number N (0:N); ValueError saying what is wrong."""
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError(f"a threshold is a number or a range string, not {value!r}")
+        text = value if isinstance(value, str) else _number(value, "threshold")
+        if not _RANGE.fullmatch(text) or not any(c.isdigit() for c in text):
+            raise ValueError(f"{text!r} is not a Nagios range ([@]start:end, e.g. 10, 10:, @5:10)")
+        body = text[1:] if text.startswith("@") else text
+        low, sep, high = body.rpartition(":") if ":" in body else ("0", "", body)
+        start = -math.inf if low == "~" else float(low or 0)
+        end = float(high) if high else math.inf
+        if start > end:
+            raise ValueError(f"{text!r}: the start of a range must not be above its end")
+        return cls(text, start, end, text.startswith("@"))
+
+    def alerts(self, value: float) -> bool:
+        within = self.start <= value <= self.end
+        return within if self.inside else not within
+
+
 def _one_line(text: object) -> bool:
     return isinstance(text, str) and text.splitlines() == [text]
 
@@ -163,7 +196,54 @@ class HealthResult:
             raise ValueError(f"perfdata must be ibtool.api.Perfdata items, not {bad[0]!r}")
 
 
-HealthCheck = Callable[["Host"], Iterable[HealthResult]]
+@dataclass
+class CheckContext:
+    """What one health check is given: the host, the configuration, and what it kept last time.
+
+    `previous` is what the check passed to `keep` at its last run (JSON: dicts, lists, str,
+    numbers, bool, None), or None on the first run or without a state file; `boot_id` and
+    `time` say when that was (the kernel's boot id and the Unix time of that run), so a check
+    can tell a baseline taken before a reboot; `stateful` is false when nothing is kept
+    (``--no-state``, a capture). `options` is the check's own table of the
+    configuration file (``[checks.NAME]``), `config` the whole parsed configuration
+    (ibtool.healthconfig.HealthConfig). `datapath` is true when the user asked for the tests
+    that move data (``--datapath``), and `deadline` is the time.monotonic() by which they
+    should be done.
+    """
+
+    host: Host
+    config: Any
+    options: Mapping[str, Any] = field(default_factory=dict)
+    previous: Any = None
+    boot_id: str | None = None  # of the run `previous` was kept at
+    time: float | None = None
+    now: float = 0.0  # this run's Unix time
+    this_boot: str | None = None  # this run's boot id
+    stateful: bool = False  # whether what the check keeps is saved for its next run
+    datapath: bool = False
+    deadline: float | None = None
+    kept: Any = None
+
+    @property
+    def same_boot(self) -> bool:
+        """Whether `previous` was kept since the host last booted (counters still count)."""
+        return (
+            self.previous is not None
+            and self.boot_id is not None
+            and (self.boot_id == self.this_boot)
+        )
+
+    @property
+    def interval(self) -> float | None:
+        """Seconds since `previous` was kept, or None."""
+        return None if self.time is None or self.previous is None else self.now - self.time
+
+    def keep(self, value: Any) -> None:
+        """What the next run gets as `previous` (JSON-serializable)."""
+        self.kept = value
+
+
+HealthCheck = Callable[[CheckContext], Iterable[HealthResult]]
 
 
 # -- metrics ----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ibtool.api import (
+    CheckContext,
     HealthCheck,
     HealthResult,
     MetricCollector,
@@ -94,10 +95,10 @@ def _error(e: Exception) -> str:
     return " ".join(text.split()) or type(e).__name__
 
 
-def _call(function: Callable[[Host], object], host: Host) -> object:
-    """What `function(host)` returned; an iterator (a generator function's) as a list, so that
-    its faults are raised here."""
-    returned = function(host)
+def _call(function: Callable[[Any], object], argument: object) -> object:
+    """What `function(argument)` returned; an iterator (a generator function's) as a list, so
+    that its faults are raised here."""
+    returned = function(argument)
     return list(returned) if isinstance(returned, Iterator) else returned
 
 
@@ -111,8 +112,11 @@ def _wrong(returned: object, kind: type) -> str | None:
     return None
 
 
-def run_health_checks(checks: Mapping[str, HealthCheck], host: Host) -> list[HealthResult]:
+def run_health_checks(
+    checks: Mapping[str, HealthCheck], context: Callable[[str], CheckContext]
+) -> list[HealthResult]:
     """Every check's results, in check order, each with `check` set to its check's name.
+    `context(name)` gives each check its CheckContext.
 
     A check that raises gives one UNKNOWN result instead, whose summary is the exception's
     type and message (an IbtoolError's message only; never a traceback), and so does a check
@@ -121,7 +125,7 @@ def run_health_checks(checks: Mapping[str, HealthCheck], host: Host) -> list[Hea
     results: list[HealthResult] = []
     for name, check in checks.items():
         try:
-            returned = _call(check, host)
+            returned = _call(check, context(name))
         except Exception as e:  # any fault of a plugin is its check's UNKNOWN, not ibtool's
             fault: str | None = _error(e)
         else:

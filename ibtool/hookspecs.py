@@ -49,14 +49,19 @@ def ibtool_health_checks(register):
     """Contribute health checks for ``ibtool health``.
 
     Call ``register(name, check)`` once per check (``name``: a str without spaces, unique
-    among all plugins' checks). ``check(host)`` receives the :class:`ibtool.host.Host` facade
-    and returns a list (or yields) :class:`ibtool.api.HealthResult` objects: a
-    :class:`ibtool.api.Status` (OK, WARNING, CRITICAL, UNKNOWN: the Nagios plugin return
-    codes), the subject (``mlx5_0/1``, or '' for the host), a one-line summary and optional
-    :class:`ibtool.api.Perfdata` items. No result means nothing to report. The core fills in
-    each result's ``check`` with ``name``; a check that raises, or returns anything else, is
-    reported as one UNKNOWN result (:func:`ibtool.hooks.run_health_checks`). Checks must not
-    change kernel state and must finish within a few seconds.
+    among all plugins' checks). ``check(ctx)`` receives an :class:`ibtool.api.CheckContext`:
+    ``ctx.host`` (the :class:`ibtool.host.Host` facade), ``ctx.config`` (the parsed
+    ``health.toml``) and ``ctx.options`` (its ``[checks.NAME]`` table), ``ctx.previous`` (what
+    the check passed to ``ctx.keep(value)`` at its last run, kept in the state file with the
+    boot id: ``ctx.same_boot``, ``ctx.interval``), and ``ctx.datapath``/``ctx.deadline`` for
+    checks that move data (run only with ``--datapath``). It returns a list (or yields)
+    :class:`ibtool.api.HealthResult` objects: a :class:`ibtool.api.Status` (OK, WARNING,
+    CRITICAL, UNKNOWN: the Nagios plugin return codes), the subject (``mlx5_0/1``, or '' for
+    the host), a one-line summary and optional :class:`ibtool.api.Perfdata` items. No result
+    means nothing to report. The core fills in each result's ``check`` with ``name``; a check
+    that raises, or returns anything else, is reported as one UNKNOWN result
+    (:func:`ibtool.hooks.run_health_checks`). Checks must not change kernel state and, without
+    ``--datapath``, must finish within a second: cron runs them every minute on every node.
     """
 
 

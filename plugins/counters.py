@@ -5,13 +5,15 @@ ibtool never resets a counter: rates come from two samples.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from ibtool import counterinfo, hookimpl, render
+from ibtool.api import HealthResult, MetricFamily, Status
 from ibtool.commands import Invocation, selector
 from ibtool.errors import NotFoundError, UsageError
 from ibtool.model import CounterSample
-from ibtool.rates import Sampler, is_saturated
+from ibtool.rates import Sampler, counter_delta, is_saturated
 
 ACTIONS = ("optional", "enable", "disable")
 USAGE = (
@@ -232,3 +234,135 @@ def ibtool_register_commands(cli):
         aliases=("stats",),
         help="port counters (PMA and driver), rates, errors, explanations",
     )
+
+
+# -- health and metrics --------------------------------------------------------------------------
+
+
+def _subject(s: CounterSample) -> str:
+    return s.device if s.port == 0 else f"{s.device}/{s.port}"
+
+
+def _watched(s: CounterSample, config) -> bool:
+    """Error counters, and whatever has a configured threshold (port_xmit_wait, say)."""
+    return s.name in config.thresholds or counterinfo.is_error(s.name, s.source)
+
+
+def _baseline(ctx, host) -> tuple[dict, set[str]]:
+    """What the last run kept, per device, where it still counts: same boot and the same
+    device (not one re-created under its name); and the devices re-created since."""
+    previous = ctx.previous if ctx.same_boot and isinstance(ctx.previous, dict) else {}
+    devices = previous.get("devices") if isinstance(previous.get("devices"), dict) else {}
+    usable, recreated = {}, set()
+    for name, entry in devices.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("counters"), dict):
+            continue
+        if entry.get("incarnation") != host.sysfs.incarnation(name):
+            recreated.add(name)
+        else:
+            usable[name] = entry["counters"]
+    return usable, recreated
+
+
+def _judge(s: CounterSample, delta: int, limits, since: str) -> tuple[Status, str] | None:
+    text = f"{s.name} +{delta} {since}"
+    if limits.critical is not None and limits.critical.alerts(delta):
+        return Status.CRITICAL, f"{text} (critical {limits.critical.text})"
+    if limits.warning is not None and limits.warning.alerts(delta):
+        return Status.WARNING, f"{text} (warning {limits.warning.text})"
+    if s.name == "link_downed" and delta > 0:
+        return Status.WARNING, f"link went down {delta} times {since} (flap)"
+    return None
+
+
+def _no_baseline(ctx) -> str:
+    if not ctx.stateful:
+        return "no state kept: error counters not compared"
+    if ctx.previous is not None and not ctx.same_boot:
+        return "rebooted since the last run: new baseline"
+    return "first run: baseline taken"
+
+
+def check_counters(ctx):
+    """The error counters' deltas since the last run against their thresholds (a link that
+    went down and up again between two runs shows in link_downed); saturated counters; resets
+    (a cleared counter, a re-created device, a reboot) taken as a new baseline, never an
+    alarm."""
+    host, config = ctx.host, ctx.config
+    samples = [s for s in host.counters() if s.value is not None and _watched(s, config)]
+    baseline, recreated = _baseline(ctx, host)
+    since = "since the last run"
+    kept: dict = {}
+    subjects: dict[str, list] = {}
+    for s in samples:
+        key = f"{s.port}/{s.source}/{s.name}"
+        entry = kept.setdefault(
+            s.device, {"incarnation": host.sysfs.incarnation(s.device), "counters": {}}
+        )
+        entry["counters"][key] = s.value
+        findings = subjects.setdefault(_subject(s), [])
+        limits = config.threshold(s.name, s.source)
+        if is_saturated(s):
+            findings.append((Status.WARNING, f"{s.name} saturated at {s.value}: clear it to count"))
+            continue
+        old = baseline.get(s.device, {}).get(key)
+        if not isinstance(old, int):
+            continue
+        delta, note = counter_delta(dataclasses.replace(s, value=old), s)
+        if note == "reset":
+            findings.append((Status.OK, f"{s.name} reset {since}: new baseline"))
+        elif delta:
+            found = _judge(s, delta, limits, since)
+            findings.append(found or (Status.OK, f"{s.name} +{delta} {since}"))
+    for subject, findings in subjects.items():
+        device = subject.partition("/")[0]
+        bad = [f for f in findings if f[0] != Status.OK]
+        for status, text in bad:
+            yield HealthResult(status, subject, text)
+        if bad:
+            continue
+        moved = [text for _, text in findings]
+        if device in recreated:
+            summary = "device re-created since the last run: new baseline"
+        elif device not in baseline:
+            summary = _no_baseline(ctx)
+        else:
+            summary = "; ".join(moved) if moved else f"no errors {since}"
+        yield HealthResult(Status.OK, subject, summary)
+    ctx.keep({"devices": kept})
+
+
+def counter_metrics(host):
+    """Every counter as a Prometheus counter: PMA counters under their own names (the data
+    counters in bytes), the driver's in one family labelled with the counter's name."""
+    families: dict[str, MetricFamily] = {}
+    hw = MetricFamily("ibtool_hw_counter", "Driver (hw_counters) counter", "counter")
+    for s in host.counters():
+        if s.value is None:
+            continue
+        labels = {"device": s.device, "port": str(s.port)}
+        if s.source != "pma":
+            hw.add({**labels, "counter": s.name}, s.value)
+            continue
+        name = s.name.lower()
+        name = "ibtool_" + (name if name.startswith("port_") else "port_" + name)
+        info = counterinfo.info(s.name, s.source)
+        if name not in families:
+            families[name] = MetricFamily(
+                name,
+                info.description if info else s.name,
+                "counter",
+                "bytes" if s.scale != 1 else "",
+            )
+        families[name].add(labels, s.value * s.scale)
+    return [*families.values(), hw]
+
+
+@hookimpl
+def ibtool_health_checks(register):
+    register("counters", check_counters)
+
+
+@hookimpl
+def ibtool_metrics(register):
+    register("counters", counter_metrics)

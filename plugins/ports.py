@@ -4,11 +4,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ibtool import hookimpl, links, render
+from ibtool.api import CheckContext, HealthResult, MetricFamily, Perfdata, Status
 from ibtool.commands import Invocation, add_selector, selector
-from ibtool.errors import UsageError
+from ibtool.errors import CommandFailed, UsageError
 from ibtool.host import Host
-from ibtool.model import Port
+from ibtool.model import LinkLayer, PhysState, Port, PortState
+from ibtool.sources.sysfs import PORT_FIELDS, PORT_NETDEV
 
 # IB PortInfo CapabilityMask bit positions (sysfs cap_mask holds the low 32 bits).
 PORT_CAP_FLAGS = {
@@ -157,3 +161,222 @@ def ibtool_register_commands(cli):
         configure=add_selector,
         aliases=("link",),
     )
+
+
+# -- health and metrics --------------------------------------------------------------------------
+
+
+def _rate(gbps: float, width: str | None = None) -> str:
+    return f"{gbps:g} Gb/s" + (f" {width}" if width else "")
+
+
+def _port_state(p: Port) -> tuple[Status, str] | None:
+    """CRITICAL unless ACTIVE with the physical link up; None when it is."""
+    if p.state is None or p.physical_state is None:
+        return Status.UNKNOWN, "state unreadable"
+    phys = p.physical_state.name
+    if p.state != PortState.ACTIVE:
+        why = f"state {p.state.name} (physical_state {phys})"
+        if p.state == PortState.INIT and p.link_layer == LinkLayer.INFINIBAND:
+            why += ": no subnet manager has brought it up"
+        elif p.physical_state in (PhysState.DISABLED, PhysState.POLLING):
+            why += ": no link (cable, peer port or netdev down)"
+        return Status.CRITICAL, why
+    if p.physical_state != PhysState.LINK_UP:
+        return Status.CRITICAL, f"physical_state {phys} while ACTIVE"
+    return None
+
+
+def _trained_down(p: Port, expect, best: float | None) -> str | None:
+    """Why the rate is below what it should be: the configured rate and width, else the best
+    this port has had."""
+    if p.rate is None:
+        return None
+    now = _rate(p.rate.gbps, p.rate.width)
+    if expect.rate is not None and p.rate.gbps < expect.rate:
+        return f"rate {now} below the configured {_rate(expect.rate)}"
+    if expect.width is not None and p.rate.width and p.rate.width != expect.width:
+        return f"width {p.rate.width}, configured {expect.width}: trained down ({now})"
+    if expect.rate is None and expect.width is None and best and p.rate.gbps < best:
+        return f"trained down: {now}, it had {_rate(best)}"
+    return None
+
+
+def _seen(p: Port) -> dict:
+    return {
+        "state": p.state.name if p.state is not None else None,
+        "physical_state": p.physical_state.name if p.physical_state is not None else None,
+        "lid": p.lid,
+        "sm_lid": p.sm_lid,
+        "netdev": p.netdev,
+    }
+
+
+def _was(before: dict, p: Port) -> Port | None:
+    """The port as the last run saw it, for the change engine."""
+    try:
+        return dataclasses.replace(
+            p,
+            state=PortState[before["state"]] if before.get("state") else None,
+            physical_state=(
+                PhysState[before["physical_state"]] if before.get("physical_state") else None
+            ),
+            lid=before.get("lid"),
+            sm_lid=before.get("sm_lid"),
+            lmc=p.lmc,
+            netdev=before.get("netdev"),
+        )
+    except (KeyError, TypeError):
+        return None
+
+
+def check_ports(ctx: CheckContext):
+    """Every port ACTIVE with its link up at the rate it should have; an IB port with a LID
+    and a subnet manager; a RoCE port with a RoCE v2 GID on its netdev; no carrier flap of
+    its netdev since the last run; the configured ports and RoCE netdevs present."""
+    from ibtool.changes import Seen, diff
+    from ibtool.gidrule import best_gid
+
+    host, config = ctx.host, ctx.config
+    previous = ctx.previous if isinstance(ctx.previous, dict) else {}
+    before = previous.get("ports") if isinstance(previous.get("ports"), dict) else {}
+    kept: dict = {}
+    ports = host.ports(fields=PORT_FIELDS + PORT_NETDEV)
+    by_key = {(p.device, p.port): p for p in ports}
+    gids: dict[str, list] = {}
+
+    def gids_of(device: str) -> list:
+        if device not in gids:
+            gids[device] = host.gids(device)
+        return gids[device]
+
+    for p in ports:
+        subject = f"{p.device}/{p.port}"
+        expect = config.expect(p.device, p.port)
+        if expect.ignore:
+            continue
+        was = before.get(subject) if isinstance(before.get(subject), dict) else {}
+        best = was.get("best_gbps") if isinstance(was.get("best_gbps"), (int, float)) else None
+        if p.state == PortState.ACTIVE and p.rate is not None:
+            best = max(best or 0, p.rate.gbps)
+        entry = {**_seen(p), "best_gbps": best}
+        findings: list[tuple[Status, str]] = []
+        bad_state = _port_state(p)
+        if bad_state:
+            findings.append(bad_state)
+        else:
+            slow = _trained_down(p, expect, best)
+            if slow:
+                findings.append((Status.WARNING, slow))
+            if p.link_layer == LinkLayer.INFINIBAND:
+                if not p.lid:
+                    findings.append((Status.CRITICAL, "no LID assigned: is a subnet manager up?"))
+                if not p.sm_lid:
+                    findings.append((Status.CRITICAL, "no subnet manager LID"))
+            if p.link_layer == LinkLayer.ETHERNET and p.netdev and not host.is_iwarp(p.device):
+                try:
+                    best_gid(gids_of(p.device), by_key, host.sysfs.vlans(), p.netdev)
+                except CommandFailed as e:
+                    findings.append((Status.WARNING, f"{e.message} ({e.hint})"))
+        if p.link_layer == LinkLayer.ETHERNET and p.netdev:
+            changes = host.sysfs.carrier_changes(p.netdev)
+            entry["carrier_changes"] = changes
+            old = was.get("carrier_changes")
+            if (
+                ctx.same_boot
+                and changes is not None
+                and isinstance(old, int)
+                and was.get("netdev") == p.netdev
+                and changes > old
+            ):
+                findings.append(
+                    (
+                        Status.WARNING,
+                        f"link flapped: {p.netdev} carrier changed {changes - old} times "
+                        "since the last run",
+                    )
+                )
+        then = _was(was, p) if was and ctx.same_boot else None
+        notes = []
+        for event in (
+            diff(
+                Seen({}, {(p.device, p.port): then}),
+                Seen({}, {(p.device, p.port): p}),
+                "health",
+                devices=False,
+            )
+            if then
+            else []
+        ):
+            # a LID the subnet manager moved, not one a port that came up was given
+            moved = [(k, old, new) for k, old, new in event.changes if old and new]
+            if event.event == "lid" and p.state == PortState.ACTIVE and moved:
+                text = ", ".join(f"{k} {new} (was {old})" for k, old, new in moved)
+                findings.append((Status.WARNING, f"{text} since the last run"))
+            elif event.event == "port_state" and not bad_state:
+                notes.append(f"up again (was {event.before('state')} at the last run)")
+        kept[subject] = entry
+        perfdata = ()
+        if p.rate is not None:
+            perfdata = (Perfdata(f"{subject} rate Gb/s", p.rate.gbps, min=0),)
+        if findings:
+            for status, text in findings:
+                yield HealthResult(status, subject, text, perfdata)
+                perfdata = ()
+            continue
+        summary = f"ACTIVE {_rate(p.rate.gbps, p.rate.width) if p.rate else 'rate unknown'}"
+        if p.link_layer == LinkLayer.INFINIBAND:
+            summary += f" lid {p.lid} sm_lid {p.sm_lid}"
+        elif p.netdev:
+            summary += f" netdev {p.netdev}"
+        yield HealthResult(Status.OK, subject, "; ".join([summary, *notes]), perfdata)
+    for key, expect in config.ports.items():
+        if "/" in key and not expect.ignore:
+            device, _, number = key.partition("/")
+            if (device, int(number)) not in by_key:
+                yield HealthResult(Status.CRITICAL, key, "configured port not present")
+    for target in config.netdevs:
+        every = [g for device in dict.fromkeys(p.device for p in ports) for g in gids_of(device)]
+        try:
+            g = best_gid(every, by_key, host.sysfs.vlans(), target)
+        except CommandFailed as e:
+            yield HealthResult(Status.CRITICAL, target, f"{e.message} ({e.hint})")
+            continue
+        yield HealthResult(
+            Status.OK, target, f"RoCE v2 GID index {g.index} on {g.device}/{g.port} ({g.netdev})"
+        )
+    ctx.keep({"ports": kept})
+
+
+def port_metrics(host: Host):
+    labels_of = lambda p: {"device": p.device, "port": str(p.port)}  # noqa: E731
+    state = MetricFamily("ibtool_port_state_id", "Port state (IBTA: 1 DOWN .. 4 ACTIVE)", "gauge")
+    phys = MetricFamily(
+        "ibtool_port_physical_state_id", "Physical port state (IBTA: 5 LinkUp)", "gauge"
+    )
+    rate = MetricFamily("ibtool_port_rate", "Port signalling rate", "gauge", "bytes_per_second")
+    lid = MetricFamily("ibtool_port_lid", "LID of an InfiniBand port (0: none)", "gauge")
+    info = MetricFamily("ibtool_port_info", "Port link layer and netdev (value 1)", "gauge")
+    for p in host.ports(fields=PORT_FIELDS + PORT_NETDEV):
+        labels = labels_of(p)
+        if p.state is not None:
+            state.add(labels, int(p.state))
+        if p.physical_state is not None:
+            phys.add(labels, int(p.physical_state))
+        if p.rate is not None:
+            rate.add(labels, p.rate.gbps * 1e9 / 8)
+        if p.link_layer == LinkLayer.INFINIBAND and p.lid is not None:
+            lid.add(labels, p.lid)
+        link_layer = p.link_layer.label if p.link_layer is not None else ""
+        info.add({**labels, "link_layer": link_layer, "netdev": p.netdev or ""}, 1)
+    return [state, phys, rate, lid, info]
+
+
+@hookimpl
+def ibtool_health_checks(register):
+    register("port", check_ports)
+
+
+@hookimpl
+def ibtool_metrics(register):
+    register("port", port_metrics)

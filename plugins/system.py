@@ -4,9 +4,12 @@ has, asked of it command by command."""
 
 from __future__ import annotations
 
+import os
+
 from ibtool import hookimpl, render
+from ibtool.api import HealthResult, Status
 from ibtool.commands import Invocation
-from ibtool.errors import UsageError
+from ibtool.errors import NoDevicesError, UsageError
 
 
 def _on_off(value: bool) -> str:
@@ -99,3 +102,83 @@ def ibtool_register_commands(cli):
         "RDMA netlink features it has",
         configure=_configure,
     )
+
+
+# -- health --------------------------------------------------------------------------------------
+
+# What shows that a module's function is there, also when it is built into the kernel (a
+# built-in module has no /sys/module entry unless it has parameters): its class or device.
+MODULE_SIGNS = {
+    "ib_core": "sys/class/infiniband",
+    "ib_uverbs": "sys/class/infiniband_verbs/abi_version",
+    "rdma_ucm": "sys/class/misc/rdma_cm",
+    "ib_umad": "sys/class/infiniband_mad/abi_version",
+}
+
+
+def _uverbs(root: str) -> dict[str, str]:
+    """RDMA device -> its uverbs char device (infiniband_verbs/uverbsN/ibdev)."""
+    base = os.path.join(root, "sys/class/infiniband_verbs")
+    found = {}
+    for entry in sorted(os.listdir(base)) if os.path.isdir(base) else ():
+        try:
+            with open(os.path.join(base, entry, "ibdev")) as f:
+                found[f.read().strip()] = entry
+        except OSError:
+            continue
+    return found
+
+
+def check_system(ctx):
+    """The RDMA stack is loaded (the configured modules, the uverbs ABI user space needs:
+    NHC's "OFED" check), every RDMA device has its uverbs device, and the configured devices
+    are all present."""
+    host, config = ctx.host, ctx.config
+    root = host.root
+    try:
+        names = host.sysfs.device_names()
+    except NoDevicesError as e:
+        names = []
+        yield HealthResult(Status.CRITICAL, "", e.message)
+    loaded = True
+    for module in config.modules:
+        sign = MODULE_SIGNS.get(module, f"sys/module/{module}")
+        if not os.path.exists(os.path.join(root, sign)):
+            loaded = False
+            yield HealthResult(
+                Status.CRITICAL, module, f"module not loaded (no /{sign}): modprobe {module}"
+            )
+    try:
+        with open(os.path.join(root, MODULE_SIGNS["ib_uverbs"])) as f:
+            abi = f.read().strip()
+    except OSError:
+        abi = None
+    uverbs = _uverbs(root)
+    for name in names:
+        if name not in uverbs:
+            if abi is not None:
+                yield HealthResult(
+                    Status.CRITICAL, name, "no uverbs device: user space cannot open it"
+                )
+            continue
+        if root == "/" and not os.path.exists(f"/dev/infiniband/{uverbs[name]}"):
+            yield HealthResult(
+                Status.CRITICAL,
+                name,
+                f"/dev/infiniband/{uverbs[name]} missing (udev rules of rdma-core?)",
+            )
+    missing = [d for d in config.devices if d not in names]
+    for device in missing:
+        yield HealthResult(Status.CRITICAL, device, "configured device not present")
+    if names:
+        parts = [f"{len(names)} RDMA device" + ("s" if len(names) != 1 else "")]
+        if abi is not None:
+            parts.append(f"uverbs ABI {abi}")
+        if loaded and config.modules:
+            parts.append("modules " + ",".join(config.modules))
+        yield HealthResult(Status.OK, "", "; ".join(p for p in parts if p))
+
+
+@hookimpl
+def ibtool_health_checks(register):
+    register("system", check_system)

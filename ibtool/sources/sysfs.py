@@ -614,6 +614,20 @@ class SysfsSource:
                 self.bad(path, f"malformed line {_shown(malformed)}")
         return self._vlans
 
+    def carrier_changes(self, netdev: str) -> int | None:
+        """How often the netdev's carrier went up or down since it was created
+        (/sys/class/net/NETDEV/carrier_changes, Linux 3.15); None where unreadable."""
+        path = os.path.join(self.root, "sys", "class", "net", netdev, "carrier_changes")
+        return self.parsed(path, parse_decimal(1 << 64), required=False)
+
+    def incarnation(self, device: str) -> int | None:
+        """What tells a device from one re-created under the same name: the inode of its
+        sysfs directory, which kernfs numbers anew for every directory it makes."""
+        try:
+            return os.stat(os.path.join(self.class_dir, device)).st_ino
+        except OSError:
+            return None
+
     # -- counters ----------------------------------------------------------------------------
 
     def counters(self, device: str, port: int) -> list[CounterSample]:

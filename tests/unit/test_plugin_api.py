@@ -15,6 +15,7 @@ import pytest
 
 from ibtool import hookimpl
 from ibtool.api import (
+    CheckContext,
     HealthResult,
     MetricFamily,
     Perfdata,
@@ -50,8 +51,8 @@ def make_api_plugin():
     """A plugin using every hook: a command, a health check, a metric collector, a panel."""
     plugin = types.ModuleType("api_plugin")
 
-    def port_states(host):
-        for port in host.ports():
+    def port_states(ctx):
+        for port in ctx.host.ports():
             subject = f"{port.device}/{port.port}"
             if port.state is None:
                 yield HealthResult(Status.UNKNOWN, subject, "state unreadable")
@@ -150,9 +151,14 @@ def test_the_plugin_command_runs_and_plugins_lists_its_four_hooks():
     assert listed["gids"] == ["ibtool_register_commands"]
 
 
+def context(host):
+    """The CheckContext factory run_health_checks takes: the same host for every check."""
+    return lambda name: CheckContext(host, config=None)
+
+
 def test_health_check_results_carry_the_check_name(host):
     found, _ = collect(make_api_plugin())
-    assert run_health_checks(found["checks"], host) == [
+    assert run_health_checks(found["checks"], context(host)) == [
         HealthResult(Status.UNKNOWN, "mlx4_0/1", "state unreadable", check="port_state"),
         HealthResult(
             Status.OK,
@@ -232,7 +238,7 @@ def test_a_bad_registration_is_one_warning_and_the_rest_comes_through(hook, regi
     }
 
 
-def _raises(host):
+def _raises(ctx):
     raise RuntimeError("check blew up\non two lines")
 
 
@@ -254,13 +260,13 @@ def _unknown_device(host):
     [
         (_raises, "RuntimeError: check blew up on two lines"),
         (_half_generator, "KeyError: 'mlx9_0'"),
-        (lambda host: 1 / 0, "ZeroDivisionError: division by zero"),
-        (lambda host: [][0], "IndexError: list index out of range"),
+        (lambda ctx: 1 / 0, "ZeroDivisionError: division by zero"),
+        (lambda ctx: [][0], "IndexError: list index out of range"),
         (_bare, "ValueError"),
         (_unknown_device, "unknown device 'mlx9_0'"),
-        (lambda host: [42], "the check returned int, not ibtool.api.HealthResult"),
-        (lambda host: None, "the check returned NoneType, not a list of ibtool.api.HealthResult"),
-        (lambda host: "OK", "the check returned str, not a list of ibtool.api.HealthResult"),
+        (lambda ctx: [42], "the check returned int, not ibtool.api.HealthResult"),
+        (lambda ctx: None, "the check returned NoneType, not a list of ibtool.api.HealthResult"),
+        (lambda ctx: "OK", "the check returned str, not a list of ibtool.api.HealthResult"),
         (
             lambda host: HealthResult(Status.OK, "", "one, not a list"),
             "the check returned HealthResult, not a list of ibtool.api.HealthResult",
@@ -275,7 +281,7 @@ def test_a_failing_check_is_one_unknown_result_and_the_others_run(host, check, s
     bad = make_plugin("bad", ibtool_health_checks=lambda register: register("broken", check))
     found, warnings = collect(make_api_plugin(), bad)
     assert list(found["checks"]) == ["broken", "port_state"] and warnings == []
-    results = run_health_checks(found["checks"], host)
+    results = run_health_checks(found["checks"], context(host))
     assert results[0] == HealthResult(Status.UNKNOWN, "", summary, check="broken")
     assert [(r.check, r.subject, r.status) for r in results[1:]] == [
         ("port_state", "mlx4_0/1", Status.UNKNOWN),

@@ -1,0 +1,301 @@
+"""The health check's configuration: /etc/ibtool/health.toml, what this node should look like.
+
+Every key is optional: without a file the checks use their defaults (every port ACTIVE at the
+best rate it has shown, infiniband-diags' error thresholds). A mistake is one error naming the
+file and line, never a half-read configuration: a typo in a key must not silently disable a
+check.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ibtool.api import Range
+from ibtool.errors import DataError, UnsupportedError
+
+DEFAULT_PATH = "/etc/ibtool/health.toml"
+
+# Deltas between two runs above which an error counter is a WARNING: infiniband-diags'
+# error_thresholds (ibqueryerrors), under the sysfs names of drivers/infiniband/core/sysfs.c.
+# port_xmit_wait counts congestion, not errors: reported, alarmed only where configured.
+PMA_THRESHOLDS = {
+    "symbol_error": "10",
+    "link_error_recovery": "10",
+    "link_downed": "10",
+    "port_rcv_errors": "10",
+    "local_link_integrity_errors": "10",
+    "excessive_buffer_overrun_errors": "10",
+    "port_rcv_remote_physical_errors": "100",
+    "port_xmit_discards": "100",
+    "VL15_dropped": "100",
+}
+# A driver's error counters (mlx5 Q counters, rxe) count transport events that a healthy job
+# also has a few of (an RNR NAK, a retransmission): a WARNING from 100 per run.
+HW_THRESHOLD = "100"
+
+
+class ConfigError(DataError):
+    """The configuration file cannot be used; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class PortExpect:
+    """What one port (or every port, "*") should be: its rate and width, or ignored."""
+
+    rate: float | None = None  # Gb/s
+    width: str | None = None  # "1X", "4X", ...
+    ignore: bool = False
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    warning: Range | None = None
+    critical: Range | None = None
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    path: str | None = None
+    skip: frozenset[str] = frozenset()
+    devices: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ("ib_core", "ib_uverbs")
+    ports: Mapping[str, PortExpect] = field(default_factory=dict)
+    netdevs: tuple[str, ...] = ()
+    thresholds: Mapping[str, Thresholds] = field(default_factory=dict)
+    datapath_budget: float = 20.0
+    peers: tuple[str, ...] = ()
+    checks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def expect(self, device: str, port: int) -> PortExpect:
+        """What DEV/PORT should be: its own table, else DEV's, else "*"'s, else nothing."""
+        for key in (f"{device}/{port}", device, "*"):
+            if key in self.ports:
+                return self.ports[key]
+        return PortExpect()
+
+    def threshold(self, name: str, source: str) -> Thresholds:
+        """The thresholds of counter `name` ("pma" or "hw"): configured, else the default
+        warning of an error counter, else none."""
+        if name in self.thresholds:
+            return self.thresholds[name]
+        from ibtool import counterinfo
+
+        if source == "pma" and name in PMA_THRESHOLDS:
+            return Thresholds(Range.parse(PMA_THRESHOLDS[name]))
+        if source != "pma" and counterinfo.is_error(name, source):
+            return Thresholds(Range.parse(HW_THRESHOLD))
+        return Thresholds()
+
+
+def _toml():
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib
+    try:
+        import tomli
+    except ImportError:
+        raise UnsupportedError(
+            "reading health.toml needs the tomli package on Python before 3.11",
+            "pip install tomli (or: python3-tomli)",
+        ) from None
+    return tomli
+
+
+def load(path: str | None, *, required: bool) -> HealthConfig:
+    """The configuration in `path`; without the file, the defaults unless `required` (a path
+    the user gave). Raises ConfigError naming the line of a mistake."""
+    if path is None:
+        return HealthConfig()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"config {path}: no such file", "see ibtool-health(8)") from None
+        return HealthConfig()
+    except OSError as e:
+        raise ConfigError(f"config {path}: {e.strerror}") from None
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config {path}: not UTF-8 text (byte {e.start})") from None
+    toml = _toml()
+    try:
+        data = toml.loads(text)
+    except toml.TOMLDecodeError as e:
+        raise ConfigError(_syntax_error(path, str(e), text), "see ibtool-health(8)") from None
+    return _Parser(path, text).config(data)
+
+
+def _syntax_error(path: str, message: str, text: str) -> str:
+    """The parser's message as PATH:LINE: problem (tomllib puts the place at its end)."""
+    m = re.search(r"\s*\(at line (\d+), column \d+\)$", message)
+    if m:
+        return f"config {path}:{m.group(1)}: {message[: m.start()]}"
+    m = re.search(r"\s*\(at end of document\)$", message)
+    if m:
+        line = len(text.splitlines()) or 1
+        return f"config {path}:{line}: {message[: m.start()]} at the end of the file"
+    return f"config {path}: {message}"
+
+
+_SECTIONS = {
+    "health": ("skip", "devices", "modules"),
+    "ports": None,  # "DEV/PORT", "DEV" or "*" -> table
+    "roce": ("netdevs",),
+    "thresholds": None,  # counter -> range or table
+    "datapath": ("budget", "peers"),
+    "checks": None,  # a plugin's check -> its own table
+}
+_PORT_KEYS = ("rate", "width", "ignore")
+_PORT_KEY = re.compile(r"\*|[^/\s]+(?:/[0-9]+)?")
+_WIDTH = re.compile(r"[0-9]+X")
+
+
+class _Parser:
+    def __init__(self, path: str, text: str):
+        self.path = path
+        self.lines = text.splitlines()
+
+    def line_of(self, section: str, key: str | None = None) -> int | None:
+        """The line of `key` in table [section] (or of the table's header), best effort: TOML
+        parsers give values, not positions."""
+        header = re.compile(
+            r"\s*\[\s*" + r"\s*\.\s*".join(_quoted(p) for p in section.split("\x00"))
+        )
+        current = None
+        for number, line in enumerate(self.lines, 1):
+            stripped = line.strip()
+            if stripped.startswith("["):
+                current = number if header.match(line) else None
+                if current is not None and key is None:
+                    return number
+                continue
+            if (
+                current is not None
+                and key is not None
+                and re.match(r"\s*" + _quoted(key) + r"\s*=", line)
+            ):
+                return number
+        # a dotted key or inline table at the top: find the key anywhere
+        if key is not None:
+            for number, line in enumerate(self.lines, 1):
+                if re.search(r"(^|[\s.{,])" + _quoted(key) + r"\s*=", line):
+                    return number
+        return None
+
+    def error(self, problem: str, section: str, key: str | None = None) -> ConfigError:
+        line = self.line_of(section, key)
+        where = f"{self.path}:{line}" if line else self.path
+        return ConfigError(f"config {where}: {problem}", "see ibtool-health(8), CONFIGURATION")
+
+    def config(self, data: dict[str, Any]) -> HealthConfig:
+        for name, value in data.items():
+            if name not in _SECTIONS:
+                known = ", ".join(f"[{s}]" for s in _SECTIONS)
+                raise self.error(f"unknown section [{name}] (known: {known})", name)
+            if not isinstance(value, dict):
+                raise self.error(f"{name} must be a table ([{name}])", name)
+            keys = _SECTIONS[name]
+            for key in value if keys is not None else ():
+                if key not in keys:
+                    raise self.error(
+                        f"unknown key {key!r} in [{name}] (known: {', '.join(keys)})", name, key
+                    )
+        health = data.get("health", {})
+        roce = data.get("roce", {})
+        datapath = data.get("datapath", {})
+        budget = datapath.get("budget", 20.0)
+        if (
+            isinstance(budget, bool)
+            or not isinstance(budget, (int, float))
+            or not (0 < budget < math.inf)
+        ):
+            raise self.error("budget must be a number of seconds above 0", "datapath", "budget")
+        return HealthConfig(
+            path=self.path,
+            skip=frozenset(self.words(health, "health", "skip")),
+            devices=self.words(health, "health", "devices"),
+            modules=self.words(health, "health", "modules", HealthConfig.modules),
+            ports=self.ports(data.get("ports", {})),
+            netdevs=self.words(roce, "roce", "netdevs"),
+            thresholds=self.thresholds(data.get("thresholds", {})),
+            datapath_budget=float(budget),
+            peers=self.words(datapath, "datapath", "peers"),
+            checks={name: dict(table) for name, table in data.get("checks", {}).items()},
+        )
+
+    def words(
+        self, table: dict, section: str, key: str, default: tuple[str, ...] = ()
+    ) -> tuple[str, ...]:
+        value = table.get(key, list(default))
+        if not isinstance(value, list) or not all(
+            isinstance(v, str) and v and not any(c.isspace() for c in v) for v in value
+        ):
+            raise self.error(f'{key} must be a list of names, e.g. ["a", "b"]', section, key)
+        return tuple(value)
+
+    def ports(self, table: dict) -> dict[str, PortExpect]:
+        ports = {}
+        for key, value in table.items():
+            if not _PORT_KEY.fullmatch(key):
+                raise self.error(f'bad port {key!r}: use "DEV/PORT", "DEV" or "*"', "ports")
+            section = f"ports\x00{key}"
+            if not isinstance(value, dict):
+                raise self.error(f"ports.{key} must be a table", "ports", key)
+            for k in value:
+                if k not in _PORT_KEYS:
+                    raise self.error(
+                        f"unknown key {k!r} for port {key} (known: {', '.join(_PORT_KEYS)})",
+                        section,
+                        k,
+                    )
+            rate = value.get("rate")
+            if rate is not None and (
+                isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0
+            ):
+                raise self.error("rate must be a number of Gb/s, e.g. 100", section, "rate")
+            width = value.get("width")
+            if width is not None and (not isinstance(width, str) or not _WIDTH.fullmatch(width)):
+                raise self.error('width must be like "4X"', section, "width")
+            ignore = value.get("ignore", False)
+            if not isinstance(ignore, bool):
+                raise self.error("ignore must be true or false", section, "ignore")
+            ports[key] = PortExpect(None if rate is None else float(rate), width, ignore)
+        return ports
+
+    def thresholds(self, table: dict) -> dict[str, Thresholds]:
+        found = {}
+        for name, value in table.items():
+            where = ("thresholds", name)
+            if isinstance(value, dict):
+                unknown = sorted(set(value) - {"warning", "critical"})
+                if unknown:
+                    raise self.error(
+                        f"unknown key {unknown[0]!r} for counter {name} (warning, critical)",
+                        f"thresholds\x00{name}",
+                        unknown[0],
+                    )
+                warning, critical = value.get("warning"), value.get("critical")
+            else:
+                warning, critical = value, None
+            try:
+                found[name] = Thresholds(
+                    None if warning is None else Range.parse(warning),
+                    None if critical is None else Range.parse(critical),
+                )
+            except ValueError as e:
+                raise self.error(f"threshold of {name}: {e}", *where) from None
+        return found
+
+
+def _quoted(name: str) -> str:
+    """A TOML key as it may be written: bare, or in double or single quotes."""
+    e = re.escape(name)
+    return f"(?:{e}|\"{e}\"|'{e}')"

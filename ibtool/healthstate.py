@@ -1,0 +1,153 @@
+"""The health check's memory between runs: one JSON file, one lock, written atomically.
+
+Cron may start a run while the last one still waits on a slow device: the lock (flock on a
+file beside the state) makes the second wait, then give up with UNKNOWN, rather than both
+reading the same baseline and writing over each other. The state is replaced by rename, so a
+run killed half-way leaves the previous file whole. What each check kept is stored with the
+kernel's boot id and the time, so the next run can tell a baseline from before a reboot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ibtool.errors import IbtoolError, PermissionDeniedError
+
+FORMAT = "ibtool-health-state"
+VERSION = 1
+
+
+class StateLocked(IbtoolError):
+    """Another run holds the state file's lock past the wait."""
+
+
+def default_path(env=os.environ) -> str:
+    """/var/lib/ibtool/health.json for root; $XDG_STATE_HOME/ibtool/health.json (or
+    ~/.local/state/...) for anyone else, who cannot write /var/lib."""
+    if os.geteuid() == 0:
+        return "/var/lib/ibtool/health.json"
+    base = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "ibtool", "health.json")
+
+
+def boot_id(root: str = "/") -> str | None:
+    """The kernel's random boot id (new at every boot), as the host under `root` has it."""
+    try:
+        with open(os.path.join(root, "proc/sys/kernel/random/boot_id")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+@dataclass
+class Saved:
+    """What the state file held: per check, (what it kept, boot id, time)."""
+
+    checks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    problem: str | None = None  # why an existing file was not usable
+
+    def of(self, check: str) -> tuple[Any, str | None, float | None]:
+        entry = self.checks.get(check)
+        if not isinstance(entry, dict):
+            return None, None, None
+        return entry.get("data"), entry.get("boot_id"), entry.get("time")
+
+
+class StateFile:
+    def __init__(self, path: str):
+        self.path = path
+
+    @contextlib.contextmanager
+    def locked(self, wait: float, clock=time.monotonic, sleep=time.sleep) -> Iterator[None]:
+        """Holds PATH.lock (created if need be) for the run; waits up to `wait` seconds for
+        another run to finish, then raises StateLocked."""
+        directory = os.path.dirname(self.path) or "."
+        try:
+            os.makedirs(directory, mode=0o755, exist_ok=True)
+            fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise _os_error(e, self.path + ".lock") from None
+        try:
+            deadline = clock() + wait
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as e:
+                    if e.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise _os_error(e, self.path + ".lock") from None
+                    if clock() >= deadline:
+                        raise StateLocked(
+                            f"state {self.path} is locked by another ibtool health run "
+                            f"(waited {wait:g} s)",
+                            "a run still going: is a device slow to answer? see --lock-wait",
+                        ) from None
+                    sleep(0.05)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def load(self) -> Saved:
+        """The saved state; an empty one for a missing file, and with `problem` set for a file
+        that is not a state file (it is then replaced, not trusted)."""
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return Saved()
+        except OSError as e:
+            raise _os_error(e, self.path) from None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return Saved(problem=f"state {self.path} is not JSON: starting a new baseline")
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            return Saved(problem=f"state {self.path} is not an ibtool health state: replaced")
+        if data.get("version") != VERSION or not isinstance(data.get("checks"), dict):
+            return Saved(problem=f"state {self.path} has another format version: replaced")
+        return Saved(data["checks"])
+
+    def save(self, checks: dict[str, dict[str, Any]]) -> None:
+        """Replaces the file with `checks` at once: a temporary file in the same directory,
+        flushed to disk, renamed over it."""
+        directory = os.path.dirname(self.path) or "."
+        data = {"format": FORMAT, "version": VERSION, "checks": checks}
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".health.", suffix=".tmp", dir=directory)
+        except OSError as e:
+            raise _os_error(e, self.path) from None
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, separators=(",", ":"), sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.path)
+        except BaseException as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if isinstance(e, OSError):
+                raise _os_error(e, self.path) from None
+            raise
+        with contextlib.suppress(OSError):
+            dirfd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dirfd)
+            finally:
+                os.close(dirfd)
+
+
+def _os_error(e: OSError, path: str) -> IbtoolError:
+    hint = "give another with --state FILE, or --no-state"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return PermissionDeniedError(f"state {path}: {e.strerror}", hint)
+    return IbtoolError(f"state {path}: {e.strerror}", hint)

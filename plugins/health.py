@@ -1,0 +1,159 @@
+"""`ibtool health`: the node check cron, Nagios/Icinga, Prometheus and Slurm run on every node.
+
+The checks are every plugin's (ibtool_health_checks); this command gives them the
+configuration and what they kept at the last run, and writes the report for the engine: a
+Nagios plugin's output and exit code, JSON, a node_exporter textfile.
+"""
+
+from __future__ import annotations
+
+from ibtool import hookimpl
+from ibtool.api import Status
+from ibtool.commands import Invocation
+from ibtool.errors import IbtoolError, UsageError
+
+LOCK_WAIT = 30.0
+
+
+def configure(parser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="what this node should look like (default /etc/ibtool/health.toml, if it exists)",
+    )
+    state = parser.add_mutually_exclusive_group()
+    state.add_argument(
+        "--state",
+        metavar="FILE",
+        help="the counter baselines between runs (default /var/lib/ibtool/health.json for root, "
+        "$XDG_STATE_HOME/ibtool/health.json otherwise; none under --root or --snapshot)",
+    )
+    state.add_argument(
+        "--no-state", action="store_true", help="keep no state: no counter deltas, no flaps"
+    )
+    parser.add_argument(
+        "--lock-wait",
+        type=float,
+        default=LOCK_WAIT,
+        metavar="SECONDS",
+        help=f"how long to wait for another run holding the state (default {LOCK_WAIT:g})",
+    )
+    parser.add_argument(
+        "--check",
+        action="append",
+        default=[],
+        metavar="NAME[,NAME]",
+        help="run only these checks (see --list)",
+    )
+    parser.add_argument(
+        "--skip", action="append", default=[], metavar="NAME[,NAME]", help="do not run these"
+    )
+    parser.add_argument(
+        "--datapath",
+        action="store_true",
+        help="also move data: the checks that run RDMA operations (loopback, ping to peers)",
+    )
+    parser.add_argument(
+        "--textfile",
+        metavar="PATH.prom",
+        help="also write the results and every metric for node_exporter's textfile collector",
+    )
+    parser.add_argument("--list", action="store_true", help="list the checks and exit")
+
+
+def _names(values: list[str]) -> list[str]:
+    return [n for v in values for n in v.split(",") if n]
+
+
+def _selected(checks: dict, inv: Invocation, config) -> dict:
+    wanted, skipped = _names(inv.args.check), _names(inv.args.skip)
+    unknown = [n for n in wanted + skipped if n not in checks]
+    if unknown:
+        raise UsageError(
+            f"no health check named {unknown[0]!r}", f"checks: {', '.join(checks) or 'none'}"
+        )
+    for name in sorted(config.skip - set(checks)):
+        inv.warn(f"config {config.path}: skip names no check {name!r}")
+    return {
+        name: check
+        for name, check in checks.items()
+        if (not wanted or name in wanted) and name not in skipped and name not in config.skip
+    }
+
+
+def _state_path(inv: Invocation) -> str | None:
+    from ibtool import healthstate
+
+    if inv.args.no_state:
+        return None
+    if inv.args.state:
+        return inv.args.state
+    if inv.root != "/" or inv.snapshot is not None:
+        return None  # a capture has no last run
+    return healthstate.default_path()
+
+
+def _report(inv: Invocation, checks: dict, config):
+    from ibtool import health, healthstate
+
+    host = inv.host
+    path = _state_path(inv)
+    boot = healthstate.boot_id(host.root)
+    if path is None:
+        return health.run(checks, host, config, None, boot_id=boot, datapath=inv.args.datapath)
+    state = healthstate.StateFile(path)
+    with state.locked(inv.args.lock_wait):
+        saved = state.load()
+        report = health.run(checks, host, config, saved, boot_id=boot, datapath=inv.args.datapath)
+        if saved.problem:
+            inv.warn(saved.problem)
+        state.save(report.kept)
+    return report
+
+
+def run(inv: Invocation) -> int:
+    from ibtool import health, healthconfig
+    from ibtool.hooks import health_checks
+
+    if inv.args.lock_wait < 0:
+        raise UsageError("--lock-wait must be 0 or more seconds")
+    try:
+        explicit = inv.args.config is not None
+        config = healthconfig.load(inv.args.config or healthconfig.DEFAULT_PATH, required=explicit)
+        checks = health_checks(inv.plugins, inv.warn)
+        if inv.args.list:
+            for name, check in checks.items():
+                doc = (check.__doc__ or "").strip().split("\n\n")[0]
+                inv.print(f"{name}: {' '.join(doc.split())}")
+            return 0
+        report = _report(inv, _selected(checks, inv, config), config)
+        if inv.args.textfile:
+            from ibtool import metrics
+
+            families = health.status_families(report)
+            families += metrics.collected(inv.plugins, inv.host, inv.warn)
+            metrics.write_textfile(inv.args.textfile, families)
+    except IbtoolError as e:
+        hint = f" (hint: {e.hint})" if e.hint else ""
+        if inv.json:
+            inv.emit_json(
+                {"status": "UNKNOWN", "exit_code": 3, "summary": e.message + hint, "results": []}
+            )
+        else:
+            inv.out.write(health.unknown(e.message + hint))
+        return int(Status.UNKNOWN)
+    if inv.json:
+        inv.emit_json(health.as_json(report))
+    else:
+        inv.out.write(health.nagios(report, inv.warn))
+    return int(report.status)
+
+
+@hookimpl
+def ibtool_register_commands(cli):
+    cli.add(
+        "health",
+        run,
+        help="check this node's RDMA health (Nagios output and exit codes, JSON, textfile)",
+        configure=configure,
+    )
