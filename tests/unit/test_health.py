@@ -65,7 +65,8 @@ def test_a_down_port_is_critical_and_named_on_the_first_line(node):
     assert r.code == 2, r.out
     assert first_line(r.out) == (
         "IBTOOL CRITICAL - mlx5_0/2: state DOWN (physical_state POLLING): no link "
-        "(cable, peer port or netdev down) | 'mlx5_0/1 rate Gb/s'=100;;;0 'mlx5_0/2 rate Gb/s'=10;;;0"
+        "(cable, peer port or netdev down) | "
+        "'mlx5_0/1 rate Gb/s'=100;;;0 'mlx5_0/2 rate Gb/s'=10;;;0"
     )
     assert r.out.splitlines()[1:] == [
         "[CRITICAL] port mlx5_0/2: state DOWN (physical_state POLLING): no link "
@@ -230,9 +231,7 @@ def test_the_configured_rate_and_width(node, tmp_path):
     assert "[WARNING] port mlx5_0/1: rate 100 Gb/s 4X below the configured 200 Gb/s" in r.out
     config.write_text('[ports.mlx5_0]\nwidth = "8X"\n')
     r = ib.health("--check", "port", "--config", str(config))
-    assert "[WARNING] port mlx5_0/1: width 4X, configured 8X: trained down (100 Gb/s 4X)" in (
-        r.out
-    )
+    assert "[WARNING] port mlx5_0/1: width 4X, configured 8X: trained down (100 Gb/s 4X)" in (r.out)
 
 
 def test_a_roce_carrier_flap_between_runs_warns(node):
@@ -256,8 +255,10 @@ def test_a_port_that_came_back_says_so_once(node):
     ib.write("sys/class/infiniband/mlx5_0/ports/2/sm_lid", "0x1")
     r = ib.health("--check", "port")
     assert r.code == 0, r.out
-    assert "[OK] port mlx5_0/2: ACTIVE 10 Gb/s 4X lid 2 sm_lid 1; up again (was DOWN at the " \
+    assert (
+        "[OK] port mlx5_0/2: ACTIVE 10 Gb/s 4X lid 2 sm_lid 1; up again (was DOWN at the "
         "last run)" in r.out
+    )
     assert "up again" not in ib.health("--check", "port").out
 
 
@@ -352,9 +353,7 @@ def test_a_garbage_state_file_is_replaced_with_a_warning(node):
     ib.state.write_text("{not json")
     r = ib.health("--check", "counters")
     assert r.code == 0
-    assert r.warnings == [
-        f"ibtool: warning: state {ib.state} is not JSON: starting a new baseline"
-    ]
+    assert r.warnings == [f"ibtool: warning: state {ib.state} is not JSON: starting a new baseline"]
     assert json.loads(ib.state.read_text())["format"] == "ibtool-health-state"
 
 
