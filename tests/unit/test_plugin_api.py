@@ -87,7 +87,7 @@ def make_api_plugin():
 
     @hookimpl
     def ibtool_metrics(register):
-        register("port", port_metrics)
+        register("api_port", port_metrics)
 
     @hookimpl
     def ibtool_tui_panels(register):
@@ -114,13 +114,22 @@ def host(tmp_path) -> Host:
     return Host(root=str(sysfs_trees.build("broken_device", tmp_path)))
 
 
+def _theirs(entries: dict) -> dict:
+    """What the plugins under test registered, without ibtool's own checks and collectors."""
+    return {
+        name: entry
+        for name, entry in entries.items()
+        if not getattr(entry, "__module__", "").startswith("ibtool_plugins.")
+    }
+
+
 def collect(*extra):
     warnings: list[str] = []
     plugins = build_plugins(extra=extra, warn=warnings.append)
     found = {
-        "checks": health_checks(plugins, warnings.append),
-        "metrics": metric_collectors(plugins, warnings.append),
-        "panels": panel_factories(plugins, warnings.append),
+        "checks": _theirs(health_checks(plugins, warnings.append)),
+        "metrics": _theirs(metric_collectors(plugins, warnings.append)),
+        "panels": _theirs(panel_factories(plugins, warnings.append)),
     }
     return found, warnings
 
@@ -133,7 +142,7 @@ def test_the_core_collects_what_every_hook_registers(host):
     assert warnings == []
     assert {k: list(v) for k, v in found.items()} == {
         "checks": ["port_state"],
-        "metrics": ["port"],
+        "metrics": ["api_port"],
         "panels": ["ports"],
     }
     panel = found["panels"]["ports"](host)
@@ -233,7 +242,7 @@ def test_a_bad_registration_is_one_warning_and_the_rest_comes_through(hook, regi
     assert warnings == [warning]
     assert {k: {n: f.__name__ for n, f in v.items()} for k, v in found.items()} == {
         "checks": {"port_state": "port_states"},
-        "metrics": {"port": "port_metrics"},
+        "metrics": {"api_port": "port_metrics"},
         "panels": {"ports": "Panel"},
     }
 
@@ -303,14 +312,15 @@ def test_a_failing_check_is_one_unknown_result_and_the_others_run(host, check, s
         ),
         (
             lambda host: [MetricFamily("ibtool_port_rate_bits_per_second", "again", "gauge")],
-            "metric collector rogue: ibtool_port_rate_bits_per_second already collected by port",
+            "metric collector rogue: ibtool_port_rate_bits_per_second already collected by "
+            "api_port",
         ),
     ],
 )
 def test_a_failing_metric_collector_is_one_warning_and_the_others_collect(host, collector, warning):
     bad = make_plugin("bad", ibtool_metrics=lambda register: register("rogue", collector))
     found, warnings = collect(make_api_plugin(), bad)
-    assert list(found["metrics"]) == ["port", "rogue"] and warnings == []
+    assert list(found["metrics"]) == ["api_port", "rogue"] and warnings == []
     families = collect_metrics(found["metrics"], host, warnings.append)
     assert warnings == [warning]
     assert [f.exposed_name for f in families] == [
