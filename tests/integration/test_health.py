@@ -1,0 +1,187 @@
+"""`ibtool health` on the real kernel: the rxe pair healthy, a port down and back, a flap between
+two runs, retransmissions from netem loss, a device re-created, overlapping runs, and the
+textfile promtool reads."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.integration import faults
+
+pytestmark = pytest.mark.integration
+
+
+class Health:
+    """`ibtool health` as cron runs it on this host, with a state file of its own."""
+
+    def __init__(self, tmp_path):
+        self.state = tmp_path / "health.json"
+        self.config = tmp_path / "health.toml"
+        self.config.write_text("")
+
+    def command(self, *args: str) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "ibtool",
+            "health",
+            "--state",
+            str(self.state),
+            "--config",
+            str(self.config),
+            *args,
+        ]
+
+    def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(self.command(*args), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def health(tmp_path, testbed):
+    return Health(tmp_path)
+
+
+def lines(r: subprocess.CompletedProcess) -> list[str]:
+    return r.stdout.splitlines()
+
+
+def test_the_healthy_testbed_is_ok(health, testbed):
+    r = health()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("IBTOOL OK - all OK: counters ")
+    out = lines(r)
+    for device, netdev in ((testbed["device"], testbed["netdev"]),):
+        assert f"[OK] port {device}/1: ACTIVE 10 Gb/s 1X netdev {netdev}" in out
+    assert any(line.startswith("[OK] system 2 RDMA devices; uverbs ABI ") for line in out), out
+    assert health().returncode == 0  # with a baseline now: still nothing to say
+
+
+def test_a_down_port_is_critical_then_ok_once_back(health, testbed):
+    assert health().returncode == 0
+    with faults.link_down(testbed):
+        r = health()
+        assert r.returncode == 2, r.stdout
+        first = lines(r)[0]
+        assert first.startswith(f"IBTOOL CRITICAL - {testbed['device']}/1: state DOWN"), first
+    r = health()
+    assert r.returncode == 0, r.stdout
+    assert (
+        f"[OK] port {testbed['device']}/1: ACTIVE 10 Gb/s 1X netdev {testbed['netdev']}; up "
+        "again (was DOWN at the last run)" in lines(r)
+    )
+
+
+def test_a_flap_between_two_runs_is_caught(health, testbed):
+    assert health().returncode == 0
+    with faults.link_down(testbed):
+        pass  # down, then up again before the next run
+    r = health()
+    assert r.returncode == 1, r.stdout
+    device, netdev = testbed["device"], testbed["netdev"]
+    out = lines(r)
+    assert f"[WARNING] counters {device}/1: link went down 1 times since the last run (flap)" in out
+    assert any(
+        line.startswith(f"[WARNING] port {device}/1: link flapped: {netdev} carrier changed ")
+        for line in out
+    ), out
+
+
+def perftest_across_the_pair(testbed, iters: int = 60) -> None:
+    """ib_write_bw from rxe0 to rxe1: traffic that crosses the veth pair (and its netem)."""
+    server = subprocess.Popen(
+        ["ib_write_bw", "-d", testbed["peer_device"], "-x", testbed["peer_ipv4_gid_index"],
+         "-s", "65536", "-n", str(iters), "-p", "18777"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(2)  # the server listens on its TCP port before the client connects
+        client = subprocess.run(
+            ["ib_write_bw", "-d", testbed["device"], "-x", testbed["ipv4_gid_index"],
+             "-s", "65536", "-n", str(iters), "-p", "18777", testbed["peer_ipv4"]],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert client.returncode == 0, client.stdout + client.stderr
+        server.wait(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def test_retransmissions_from_netem_loss_warn_naming_the_counters(health, testbed, netem):
+    assert health().returncode == 0
+    netem("loss 5%")
+    perftest_across_the_pair(testbed)
+    r = health("--check", "counters")
+    assert r.returncode == 1, r.stdout + r.stderr
+    warned = [line for line in lines(r) if line.startswith("[WARNING] counters ")]
+    assert warned, r.stdout
+    assert all("since the last run (warning 100)" in line for line in warned), warned
+    named = {line.split(": ", 1)[1].split(" +")[0] for line in warned}
+    # rxe counts a retransmitted request its responder saw out of order, and the NAKs for it
+    assert named & {"out_of_seq_request", "rcvd_seq_err", "duplicate_request"}, warned
+
+
+def test_a_recreated_device_is_no_alarm(health, testbed, netem):
+    netem("loss 5%")
+    perftest_across_the_pair(testbed, iters=30)  # error counters away from 0 first
+    health()
+    before = json.loads(health.state.read_text())
+    with faults.rxe_deleted(testbed):
+        pass  # deleted, then re-created on its netdev: every counter starts at 0 again
+    r = health()
+    assert r.returncode == 0, r.stdout + r.stderr
+    device = testbed["device"]
+    assert f"[OK] counters {device}/1: device re-created since the last run: new baseline" in (
+        lines(r)
+    )
+    after = json.loads(health.state.read_text())
+    incarnation = lambda state: state["checks"]["counters"]["data"]["devices"][device]  # noqa: E731
+    assert incarnation(before)["incarnation"] != incarnation(after)["incarnation"]
+
+
+def test_overlapping_runs_wait_for_each_other_and_the_state_stays_whole(health, testbed):
+    assert health().returncode == 0
+    with open(str(health.state) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a run that is still going
+        r = health("--lock-wait", "0.5")
+    assert r.returncode == 3
+    assert lines(r) == [
+        f"IBTOOL UNKNOWN - state {health.state} is locked by another ibtool health run "
+        "(waited 0.5 s) (hint: a run still going: is a device slow to answer? see --lock-wait)"
+    ]
+    runs = [
+        subprocess.Popen(health.command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(3)
+    ]
+    codes = [p.wait(timeout=180) for p in runs]
+    assert codes == [0, 0, 0], [p.stdout.read() for p in runs]
+    state = json.loads(health.state.read_text())
+    assert set(state["checks"]) == {"counters", "port"}  # what the checks keep
+    assert [n for n in os.listdir(health.state.parent) if n.endswith(".tmp")] == []
+
+
+def test_the_textfile_passes_promtool(health, testbed, tmp_path):
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool (Debian package prometheus) is not installed"
+    path = tmp_path / "ibtool.prom"
+    r = health("--textfile", str(path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(path) as f:
+        check = subprocess.run(
+            [promtool, "check", "metrics"], stdin=f, capture_output=True, text=True, timeout=60
+        )
+    assert check.returncode == 0, check.stdout + check.stderr
+    text = path.read_text()
+    assert "ibtool_health_status 0.0\n" in text
+    device = testbed["device"]
+    assert f'ibtool_hw_counter_total{{counter="sent_pkts",device="{device}",port="1"}}' in text
+    assert f'ibtool_port_state_id{{device="{device}",port="1"}} 4.0' in text
