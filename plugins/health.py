@@ -65,15 +65,16 @@ def _names(values: list[str]) -> list[str]:
     return [n for v in values for n in v.split(",") if n]
 
 
-def _selected(checks: dict, inv: Invocation, config) -> dict:
-    wanted, skipped = _names(inv.args.check), _names(inv.args.skip)
+def _selected(checks: dict, wanted: list[str], skipped: list[str], config, warn) -> dict:
+    """The checks to run: those `wanted` (all if none), less those skipped here or in the
+    configuration."""
     unknown = [n for n in wanted + skipped if n not in checks]
     if unknown:
         raise UsageError(
             f"no health check named {unknown[0]!r}", f"checks: {', '.join(checks) or 'none'}"
         )
     for name in sorted(config.skip - set(checks)):
-        inv.warn(f"config {config.path}: skip names no check {name!r}")
+        warn(f"config {config.path}: skip names no check {name!r}")
     return {
         name: check
         for name, check in checks.items()
@@ -126,7 +127,8 @@ def run(inv: Invocation) -> int:
                 doc = (check.__doc__ or "").strip().split("\n\n")[0]
                 inv.print(f"{name}: {' '.join(doc.split())}")
             return 0
-        report = _report(inv, _selected(checks, inv, config), config)
+        wanted, skipped = _names(inv.args.check), _names(inv.args.skip)
+        report = _report(inv, _selected(checks, wanted, skipped, config, inv.warn), config)
         if inv.args.textfile:
             from ibtool import metrics
 
@@ -149,6 +151,78 @@ def run(inv: Invocation) -> int:
     return int(report.status)
 
 
+# -- the exporter ---------------------------------------------------------------------------------
+
+
+def configure_exporter(parser) -> None:
+    from ibtool.exporter import DEFAULT_PORT
+
+    parser.add_argument(
+        "--listen",
+        default=f":{DEFAULT_PORT}",
+        metavar="ADDR:PORT",
+        help=f"where to serve /metrics (default :{DEFAULT_PORT}, every address)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="time between two polls of the host (default 15); scrapes get the latest",
+    )
+    parser.add_argument("--config", metavar="FILE", help="as for ibtool health")
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="NAME[,NAME]",
+        help="health checks not to run",
+    )
+
+
+def _poller(inv: Invocation, checks: dict, config):
+    """What one poll gives: the health results and every collector's families. The checks keep
+    their baselines in memory, so their counter deltas are per poll interval."""
+    from ibtool import health, healthstate, metrics
+    from ibtool.host import Host
+
+    saved = healthstate.Saved()
+
+    def poll():
+        nonlocal saved
+        host = inv.host if inv.root != "/" or inv.snapshot else Host(warn=inv.warn)
+        try:
+            boot = healthstate.boot_id(host.root)
+            report = health.run(checks, host, config, saved, boot_id=boot)
+            saved = healthstate.Saved(report.kept)
+            return health.status_families(report) + metrics.collected(inv.plugins, host, inv.warn)
+        finally:
+            if host is not inv._host:
+                host.close()
+
+    return poll
+
+
+def run_exporter(inv: Invocation) -> None:
+    from ibtool import exporter, healthconfig
+    from ibtool.hooks import health_checks
+
+    listen = exporter.parse_listen(inv.args.listen)
+    if not inv.args.interval > 0:
+        raise UsageError("--interval must be above 0 seconds")
+    explicit = inv.args.config is not None
+    config = healthconfig.load(inv.args.config or healthconfig.DEFAULT_PATH, required=explicit)
+    checks = health_checks(inv.plugins, inv.warn)
+    checks = _selected(checks, [], _names(inv.args.skip), config, inv.warn)
+
+    def ready(bound) -> None:
+        host, port = bound[0], bound[1]
+        inv.print(f"serving http://{'[' + host + ']' if ':' in host else host}:{port}/metrics")
+        inv.out.flush()
+
+    exporter.serve(listen, _poller(inv, checks, config), inv.args.interval, inv.warn, ready=ready)
+
+
 @hookimpl
 def ibtool_register_commands(cli):
     cli.add(
@@ -156,4 +230,10 @@ def ibtool_register_commands(cli):
         run,
         help="check this node's RDMA health (Nagios output and exit codes, JSON, textfile)",
         configure=configure,
+    )
+    cli.add(
+        "exporter",
+        run_exporter,
+        help="serve the health results and every counter to Prometheus over HTTP",
+        configure=configure_exporter,
     )
