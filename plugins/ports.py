@@ -282,11 +282,15 @@ def check_ports(ctx: CheckContext):
             changes = host.sysfs.carrier_changes(p.netdev)
             entry["carrier_changes"] = changes
             old = was.get("carrier_changes")
+            # ACTIVE at both runs and the carrier moved: it went down and came back between
+            # them (a run that saw the port down already said so)
             if (
                 ctx.same_boot
                 and changes is not None
                 and isinstance(old, int)
                 and was.get("netdev") == p.netdev
+                and was.get("state") == "ACTIVE"
+                and p.state == PortState.ACTIVE
                 and changes > old
             ):
                 findings.append(
