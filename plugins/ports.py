@@ -230,126 +230,147 @@ def _was(before: dict, p: Port) -> Port | None:
         return None
 
 
-def check_ports(ctx: CheckContext):
-    """Every port ACTIVE with its link up at the rate it should have; an IB port with a LID
-    and a subnet manager; a RoCE port with a RoCE v2 GID on its netdev; no carrier flap of
-    its netdev since the last run; the configured ports and RoCE netdevs present."""
-    from ibtool.changes import Seen, diff
-    from ibtool.gidrule import best_gid
+class _PortCheck:
+    """One run of the port check: the ports, their GIDs (read once per device), and what the
+    last run kept of each port."""
 
-    host, config = ctx.host, ctx.config
-    previous = ctx.previous if isinstance(ctx.previous, dict) else {}
-    before = previous.get("ports") if isinstance(previous.get("ports"), dict) else {}
-    kept: dict = {}
-    ports = host.ports(fields=PORT_FIELDS + PORT_NETDEV)
-    by_key = {(p.device, p.port): p for p in ports}
-    gids: dict[str, list] = {}
+    def __init__(self, ctx: CheckContext):
+        self.ctx, self.host = ctx, ctx.host
+        previous = ctx.previous if isinstance(ctx.previous, dict) else {}
+        before = previous.get("ports")
+        self.before = before if isinstance(before, dict) else {}
+        self.ports = self.host.ports(fields=PORT_FIELDS + PORT_NETDEV)
+        self.by_key = {(p.device, p.port): p for p in self.ports}
+        self._gids: dict[str, list] = {}
+        self.kept: dict[str, dict] = {}
 
-    def gids_of(device: str) -> list:
-        if device not in gids:
-            gids[device] = host.gids(device)
-        return gids[device]
+    def gids_of(self, device: str) -> list:
+        if device not in self._gids:
+            self._gids[device] = self.host.gids(device)
+        return self._gids[device]
 
-    for p in ports:
-        subject = f"{p.device}/{p.port}"
-        expect = config.expect(p.device, p.port)
-        if expect.ignore:
-            continue
-        was = before.get(subject) if isinstance(before.get(subject), dict) else {}
-        best = was.get("best_gbps") if isinstance(was.get("best_gbps"), (int, float)) else None
-        if p.state == PortState.ACTIVE and p.rate is not None:
-            best = max(best or 0, p.rate.gbps)
-        entry = {**_seen(p), "best_gbps": best}
-        findings: list[tuple[Status, str]] = []
-        bad_state = _port_state(p)
-        if bad_state:
-            findings.append(bad_state)
-        else:
-            slow = _trained_down(p, expect, best)
-            if slow:
-                findings.append((Status.WARNING, slow))
-            if p.link_layer == LinkLayer.INFINIBAND:
-                if not p.lid:
-                    findings.append((Status.CRITICAL, "no LID assigned: is a subnet manager up?"))
-                if not p.sm_lid:
-                    findings.append((Status.CRITICAL, "no subnet manager LID"))
-            if p.link_layer == LinkLayer.ETHERNET and p.netdev and not host.is_iwarp(p.device):
-                try:
-                    best_gid(gids_of(p.device), by_key, host.sysfs.vlans(), p.netdev)
-                except CommandFailed as e:
-                    findings.append((Status.WARNING, f"{e.message} ({e.hint})"))
-        if p.link_layer == LinkLayer.ETHERNET and p.netdev:
-            changes = host.sysfs.carrier_changes(p.netdev)
-            entry["carrier_changes"] = changes
-            old = was.get("carrier_changes")
-            # ACTIVE at both runs and the carrier moved: it went down and came back between
-            # them (a run that saw the port down already said so)
-            if (
-                ctx.same_boot
-                and changes is not None
-                and isinstance(old, int)
-                and was.get("netdev") == p.netdev
-                and was.get("state") == "ACTIVE"
-                and p.state == PortState.ACTIVE
-                and changes > old
-            ):
-                findings.append(
-                    (
-                        Status.WARNING,
-                        f"link flapped: {p.netdev} carrier changed {changes - old} times "
-                        "since the last run",
-                    )
-                )
-        then = _was(was, p) if was and ctx.same_boot else None
-        notes = []
-        for event in (
-            diff(
-                Seen({}, {(p.device, p.port): then}),
-                Seen({}, {(p.device, p.port): p}),
-                "health",
-                devices=False,
-            )
-            if then
-            else []
+    def roce_gid(self, target: str):
+        """The RoCE v2 GID of a netdev or address (CommandFailed saying why there is none)."""
+        from ibtool.gidrule import best_gid
+
+        devices = dict.fromkeys(p.device for p in self.ports)
+        every = [g for device in devices for g in self.gids_of(device)]
+        return best_gid(every, self.by_key, self.host.sysfs.vlans(), target)
+
+    def live(self, p: Port, expect, best: float | None) -> list[tuple[Status, str]]:
+        """What is wrong with an ACTIVE port: its rate, its LIDs, its RoCE GID."""
+        findings = []
+        slow = _trained_down(p, expect, best)
+        if slow:
+            findings.append((Status.WARNING, slow))
+        if p.link_layer == LinkLayer.INFINIBAND:
+            if not p.lid:
+                findings.append((Status.CRITICAL, "no LID assigned: is a subnet manager up?"))
+            if not p.sm_lid:
+                findings.append((Status.CRITICAL, "no subnet manager LID"))
+        if p.link_layer == LinkLayer.ETHERNET and p.netdev and not self.host.is_iwarp(p.device):
+            try:
+                self.roce_gid(p.netdev)
+            except CommandFailed as e:
+                findings.append((Status.WARNING, f"{e.message} ({e.hint})"))
+        return findings
+
+    def carrier_flap(self, p: Port, was: dict, entry: dict) -> str | None:
+        """A RoCE netdev whose carrier moved between two runs that both saw the port ACTIVE:
+        it went down and came back (a run that saw the port down already said so)."""
+        changes = self.host.sysfs.carrier_changes(p.netdev)
+        entry["carrier_changes"] = changes
+        old = was.get("carrier_changes")
+        if (
+            self.ctx.same_boot
+            and changes is not None
+            and isinstance(old, int)
+            and was.get("netdev") == p.netdev
+            and was.get("state") == "ACTIVE"
+            and p.state == PortState.ACTIVE
+            and changes > old
         ):
+            return (
+                f"link flapped: {p.netdev} carrier changed {changes - old} times since the last run"
+            )
+        return None
+
+    def since_last_run(self, p: Port, was: dict) -> tuple[list[tuple[Status, str]], list[str]]:
+        """The change engine's events between the port at the last run and now: a LID the
+        subnet manager moved (WARNING), a port up again (a note)."""
+        from ibtool.changes import Seen, diff
+
+        then = _was(was, p) if was and self.ctx.same_boot else None
+        if then is None:
+            return [], []
+        key = (p.device, p.port)
+        findings, notes = [], []
+        for event in diff(Seen({}, {key: then}), Seen({}, {key: p}), "health", devices=False):
             # a LID the subnet manager moved, not one a port that came up was given
             moved = [(k, old, new) for k, old, new in event.changes if old and new]
             if event.event == "lid" and p.state == PortState.ACTIVE and moved:
                 text = ", ".join(f"{k} {new} (was {old})" for k, old, new in moved)
                 findings.append((Status.WARNING, f"{text} since the last run"))
-            elif event.event == "port_state" and not bad_state:
+            elif event.event == "port_state" and p.state == PortState.ACTIVE:
                 notes.append(f"up again (was {event.before('state')} at the last run)")
-        kept[subject] = entry
-        perfdata = ()
-        if p.rate is not None:
-            perfdata = (Perfdata(f"{subject} rate Gb/s", p.rate.gbps, min=0),)
-        if findings:
-            for status, text in findings:
-                yield HealthResult(status, subject, text, perfdata)
-                perfdata = ()
-            continue
-        summary = f"ACTIVE {_rate(p.rate.gbps, p.rate.width) if p.rate else 'rate unknown'}"
-        if p.link_layer == LinkLayer.INFINIBAND:
-            summary += f" lid {p.lid} sm_lid {p.sm_lid}"
-        elif p.netdev:
-            summary += f" netdev {p.netdev}"
-        yield HealthResult(Status.OK, subject, "; ".join([summary, *notes]), perfdata)
-    for key, expect in config.ports.items():
-        if "/" in key and not expect.ignore:
-            device, _, number = key.partition("/")
-            if (device, int(number)) not in by_key:
-                yield HealthResult(Status.CRITICAL, key, "configured port not present")
-    for target in config.netdevs:
-        every = [g for device in dict.fromkeys(p.device for p in ports) for g in gids_of(device)]
-        try:
-            g = best_gid(every, by_key, host.sysfs.vlans(), target)
-        except CommandFailed as e:
-            yield HealthResult(Status.CRITICAL, target, f"{e.message} ({e.hint})")
-            continue
-        yield HealthResult(
-            Status.OK, target, f"RoCE v2 GID index {g.index} on {g.device}/{g.port} ({g.netdev})"
-        )
-    ctx.keep({"ports": kept})
+        return findings, notes
+
+    def port(self, p: Port):
+        subject = f"{p.device}/{p.port}"
+        expect = self.ctx.config.expect(p.device, p.port)
+        if expect.ignore:
+            return
+        was = self.before.get(subject) if isinstance(self.before.get(subject), dict) else {}
+        best = was.get("best_gbps") if isinstance(was.get("best_gbps"), (int, float)) else None
+        if p.state == PortState.ACTIVE and p.rate is not None:
+            best = max(best or 0, p.rate.gbps)
+        entry = self.kept[subject] = {**_seen(p), "best_gbps": best}
+        bad_state = _port_state(p)
+        findings = [bad_state] if bad_state else self.live(p, expect, best)
+        if p.link_layer == LinkLayer.ETHERNET and p.netdev:
+            flap = self.carrier_flap(p, was, entry)
+            if flap:
+                findings.append((Status.WARNING, flap))
+        moved, notes = self.since_last_run(p, was)
+        findings += moved
+        perfdata = (Perfdata(f"{subject} rate Gb/s", p.rate.gbps, min=0),) if p.rate else ()
+        for status, text in findings:
+            yield HealthResult(status, subject, text, perfdata)
+            perfdata = ()
+        if not findings:
+            summary = f"ACTIVE {_rate(p.rate.gbps, p.rate.width) if p.rate else 'rate unknown'}"
+            if p.link_layer == LinkLayer.INFINIBAND:
+                summary += f" lid {p.lid} sm_lid {p.sm_lid}"
+            elif p.netdev:
+                summary += f" netdev {p.netdev}"
+            yield HealthResult(Status.OK, subject, "; ".join([summary, *notes]), perfdata)
+
+    def configured(self):
+        """The ports and RoCE netdevs or addresses the configuration names."""
+        for key, expect in self.ctx.config.ports.items():
+            if "/" in key and not expect.ignore:
+                device, _, number = key.partition("/")
+                if (device, int(number)) not in self.by_key:
+                    yield HealthResult(Status.CRITICAL, key, "configured port not present")
+        for target in self.ctx.config.netdevs:
+            try:
+                g = self.roce_gid(target)
+            except CommandFailed as e:
+                yield HealthResult(Status.CRITICAL, target, f"{e.message} ({e.hint})")
+                continue
+            where = f"{g.device}/{g.port} ({g.netdev})"
+            yield HealthResult(Status.OK, target, f"RoCE v2 GID index {g.index} on {where}")
+
+
+def check_ports(ctx: CheckContext):
+    """Every port ACTIVE with its link up at the rate it should have; an IB port with a LID
+    and a subnet manager; a RoCE port with a RoCE v2 GID on its netdev; no carrier flap of
+    its netdev since the last run; the configured ports and RoCE netdevs present."""
+    check = _PortCheck(ctx)
+    for p in check.ports:
+        yield from check.port(p)
+    yield from check.configured()
+    ctx.keep({"ports": check.kept})
 
 
 def port_metrics(host: Host):
