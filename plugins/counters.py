@@ -336,13 +336,16 @@ def counter_metrics(host):
     """Every counter as a Prometheus counter: PMA counters under their own names (the data
     counters in bytes), the driver's in one family labelled with the counter's name."""
     families: dict[str, MetricFamily] = {}
-    hw = MetricFamily("ibtool_hw_counter", "Driver (hw_counters) counter", "counter")
+    # promtool refuses a counter named *counter*: rdma(8) calls these statistics
+    hw = MetricFamily(
+        "ibtool_hw_statistic", "A driver's counter (hw_counters, rdma statistic)", "counter"
+    )
     for s in host.counters():
         if s.value is None:
             continue
         labels = {"device": s.device, "port": str(s.port)}
         if s.source != "pma":
-            hw.add({**labels, "counter": s.name}, s.value)
+            hw.add({**labels, "name": s.name}, s.value)
             continue
         name = s.name.lower()
         name = "ibtool_" + (name if name.startswith("port_") else "port_" + name)

@@ -183,5 +183,5 @@ def test_the_textfile_passes_promtool(health, testbed, tmp_path):
     text = path.read_text()
     assert "ibtool_health_status 0.0\n" in text
     device = testbed["device"]
-    assert f'ibtool_hw_counter_total{{counter="sent_pkts",device="{device}",port="1"}}' in text
+    assert f'ibtool_hw_statistic_total{{device="{device}",name="sent_pkts",port="1"}}' in text
     assert f'ibtool_port_state_id{{device="{device}",port="1"}} 4.0' in text

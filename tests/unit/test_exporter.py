@@ -170,7 +170,7 @@ def test_the_command_serves_the_health_and_every_counter_of_the_host(tmp_path):
             time.sleep(0.05)
         assert "ibtool_health_status 2.0\n" in body  # mlx5_0/2 is down
         assert 'ibtool_port_xmit_data_bytes_total{device="mlx5_0",port="1"}' in body
-        assert 'ibtool_hw_counter_total{counter="out_of_buffer",device="mlx5_0",port="1"} 17.0' in (
+        assert 'ibtool_hw_statistic_total{device="mlx5_0",name="out_of_buffer",port="1"} 17.0' in (
             body
         )
     finally:
