@@ -99,7 +99,7 @@ def bench_exporter(work: Path, scrapes: int) -> None:
             times.append(time.perf_counter() - t0)
         with open(f"/proc/{proc.pid}/status") as f:
             hwm = int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1))
-        poll = re.search(rb"ibtool_exporter_poll_duration_seconds (\S+)", body).group(1)
+        poll = re.search(rb"^ibtool_exporter_poll_duration_seconds (\S+)", body, re.M).group(1)
         series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
     finally:
         proc.terminate()

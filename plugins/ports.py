@@ -241,21 +241,26 @@ class _PortCheck:
         self.before = before if isinstance(before, dict) else {}
         self.ports = self.host.ports(fields=PORT_FIELDS + PORT_NETDEV)
         self.by_key = {(p.device, p.port): p for p in self.ports}
-        self._gids: dict[str, list] = {}
+        self._gids: dict[str, list] | None = None
         self.kept: dict[str, dict] = {}
 
-    def gids_of(self, device: str) -> list:
-        if device not in self._gids:
-            self._gids[device] = self.host.gids(device)
-        return self._gids[device]
+    def gids_of(self, device: str | None = None) -> list:
+        """The GIDs of `device` (default: every device's), every table read once, in one pass
+        over the devices (a listing per device costs O(devices^2) on a host of 500 VFs)."""
+        if self._gids is None:
+            self._gids = {}
+            for g in self.host.gids():
+                self._gids.setdefault(g.device, []).append(g)
+        if device is None:
+            return [g for gids in self._gids.values() for g in gids]
+        return self._gids.get(device, [])
 
-    def roce_gid(self, target: str):
-        """The RoCE v2 GID of a netdev or address (CommandFailed saying why there is none)."""
+    def roce_gid(self, target: str, device: str | None = None):
+        """The RoCE v2 GID of a netdev or address, on `device` or any (CommandFailed saying
+        why there is none)."""
         from ibtool.gidrule import best_gid
 
-        devices = dict.fromkeys(p.device for p in self.ports)
-        every = [g for device in devices for g in self.gids_of(device)]
-        return best_gid(every, self.by_key, self.host.sysfs.vlans(), target)
+        return best_gid(self.gids_of(device), self.by_key, self.host.sysfs.vlans(), target)
 
     def live(self, p: Port, expect, best: float | None) -> list[tuple[Status, str]]:
         """What is wrong with an ACTIVE port: its rate, its LIDs, its RoCE GID."""
@@ -270,7 +275,7 @@ class _PortCheck:
                 findings.append((Status.CRITICAL, "no subnet manager LID"))
         if p.link_layer == LinkLayer.ETHERNET and p.netdev and not self.host.is_iwarp(p.device):
             try:
-                self.roce_gid(p.netdev)
+                self.roce_gid(p.netdev, p.device)
             except CommandFailed as e:
                 findings.append((Status.WARNING, f"{e.message} ({e.hint})"))
         return findings
