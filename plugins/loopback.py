@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ibtool import hookimpl, render
 from ibtool.commands import Invocation, selector
-from ibtool.errors import CommandFailed, UsageError
+from ibtool.errors import CommandFailed, IbtoolError, UsageError
 from ibtool.host import parse_selector
 from ibtool.model import PortState
 
@@ -109,3 +109,71 @@ def ibtool_register_commands(cli):
         configure=configure,
         help="self-test a port with every RDMA operation, data verified",
     )
+
+
+# -- health --------------------------------------------------------------------------------------
+
+DATAPATH_OPS = ("send", "write", "read")
+DATAPATH_SIZE, DATAPATH_ITERS = 4096, 10
+
+
+def _datapath_port(ctx, device: str, port: int):
+    """One port's loopback of SEND, WRITE and READ, as a health result."""
+    import time
+
+    from ibtool.api import HealthResult, Perfdata, Status
+    from ibtool.rdma import loopback
+
+    subject = f"{device}/{port}"
+    left = ctx.deadline - time.monotonic()
+    if left <= 0:
+        budget = f"{ctx.config.datapath_budget:g} s"
+        return HealthResult(
+            Status.UNKNOWN, subject, f"data path not tested: the {budget} were spent"
+        )
+    try:
+        gid_index = ctx.host.roce_gid_index(device, port)
+    except CommandFailed as e:
+        return HealthResult(Status.CRITICAL, subject, f"data path: {e.message}")
+    results = loopback.run(
+        device, port, gid_index, DATAPATH_OPS, DATAPATH_SIZE, DATAPATH_ITERS, min(5.0, left), 4
+    )
+    bad = [r for r in results if r.status != loopback.Status.PASS]
+    if bad:
+        text = "; ".join(
+            f"{r.op} {r.status.value}" + (f": {r.error}" if r.error else "") for r in bad
+        )
+        return HealthResult(Status.CRITICAL, subject, f"data path: {text}")
+    perfdata = tuple(
+        Perfdata(f"{subject} {r.op} p50", round(r.percentile(50), 1), "us", min=0) for r in results
+    )
+    ops = ", ".join(f"{r.op} {r.percentile(50):.0f}" for r in results)
+    how = f"{DATAPATH_ITERS} x {DATAPATH_SIZE} B, p50 us {ops}"
+    summary = f"data path: {', '.join(DATAPATH_OPS)} PASS ({how})"
+    return HealthResult(Status.OK, subject, summary, perfdata)
+
+
+def check_datapath(ctx):
+    """With --datapath only: SEND, WRITE and READ over two QPs on each ACTIVE port, the data
+    verified (ibtool loopback's test, short), within [datapath] budget seconds."""
+    from ibtool.api import HealthResult, Status
+
+    if not ctx.datapath:
+        return
+    if not ctx.host.live:
+        yield HealthResult(Status.UNKNOWN, "", f"data path not tested: {ctx.host.not_live}")
+        return
+    for p in ctx.host.ports(fields=("state",)):
+        if p.state != PortState.ACTIVE or ctx.config.expect(p.device, p.port).ignore:
+            continue  # the port check says why
+        try:
+            yield _datapath_port(ctx, p.device, p.port)
+        except IbtoolError as e:  # no pyverbs, no permission: the same for every port
+            hint = f" (hint: {e.hint})" if e.hint else ""
+            yield HealthResult(Status.UNKNOWN, "", f"data path not tested: {e.message}{hint}")
+            return
+
+
+@hookimpl
+def ibtool_health_checks(register):
+    register("datapath", check_datapath)

@@ -185,3 +185,54 @@ def test_the_textfile_passes_promtool(health, testbed, tmp_path):
     device = testbed["device"]
     assert f'ibtool_hw_statistic_total{{device="{device}",name="sent_pkts",port="1"}}' in text
     assert f'ibtool_port_state_id{{device="{device}",port="1"}} 4.0' in text
+
+
+def test_the_data_path_moves_data_on_every_active_port(health, testbed):
+    health.config.write_text("[datapath]\nbudget = 300\n")  # pyverbs and QPs under emulation
+    r = health("--datapath", "--check", "datapath", timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for device in (testbed["device"], testbed["peer_device"]):
+        assert any(
+            line.startswith(f"[OK] datapath {device}/1: data path: send, write, read PASS (")
+            for line in lines(r)
+        ), r.stdout
+    assert f"'{testbed['device']}/1 send p50'=" in lines(r)[0]
+    assert (
+        "ibtool"
+        not in subprocess.run(["rdma", "res", "show", "qp"], capture_output=True, text=True).stdout
+    )  # every QP the check made is gone
+
+
+def test_the_exporter_serves_what_promtool_and_an_http_client_read(testbed, tmp_path):
+    import urllib.request
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ibtool", "exporter", "--listen", "127.0.0.1:0", "--interval", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving http://127.0.0.1:"), line
+        url = line.split()[1]
+        body, deadline = "", time.monotonic() + 120
+        while "ibtool_exporter_poll_duration_seconds" not in body:
+            assert time.monotonic() < deadline, "no poll within 120 s"
+            with urllib.request.urlopen(url, timeout=30) as reply:
+                body = reply.read().decode()
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 143
+    device = testbed["device"]
+    assert "\nibtool_health_status 0.0\n" in body
+    assert f'ibtool_port_state_id{{device="{device}",port="1"}} 4.0' in body
+    check = subprocess.run(
+        [shutil.which("promtool") or "promtool", "check", "metrics"],
+        input=body,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr

@@ -361,7 +361,8 @@ def test_an_unknown_check_name_is_unknown(node):
     r = node("mlx5_ib_hca").health("--check", "nosuch")
     assert r.code == 3
     assert r.out == (
-        "IBTOOL UNKNOWN - no health check named 'nosuch' (hint: checks: counters, port, system)\n"
+        "IBTOOL UNKNOWN - no health check named 'nosuch' "
+        "(hint: checks: counters, datapath, peers, port, system)\n"
     )
 
 
@@ -428,3 +429,14 @@ def test_a_lid_the_subnet_manager_moved_warns_once(node):
     r = ib.health("--check", "port")
     assert "[WARNING] port mlx5_0/1: lid 29 (was 28) since the last run" in r.out.splitlines()
     assert "was 28" not in ib.health("--check", "port").out
+
+
+def test_the_data_path_runs_only_when_asked_and_needs_the_live_host(node):
+    ib = node("mlx5_ib_hca")
+    assert "datapath" not in ib.health().out
+    r = ib.health("--datapath", "--check", "datapath")
+    assert (r.code, r.out) == (
+        3,
+        "IBTOOL UNKNOWN - data path not tested: --root trees hold only sysfs\n"
+        "[UNKNOWN] datapath data path not tested: --root trees hold only sysfs\n",
+    )
