@@ -188,16 +188,20 @@ def _poller(inv: Invocation, checks: dict, config):
 
     saved = healthstate.Saved()
 
+    # The running host is read anew at each poll (its caches, such as the VLAN table, would
+    # go stale in a long-running process); a capture does not change.
+    fresh = inv.root == "/" and inv.snapshot is None
+
     def poll():
         nonlocal saved
-        host = inv.host if inv.root != "/" or inv.snapshot else Host(warn=inv.warn)
+        host = Host(warn=inv.warn) if fresh else inv.host
         try:
             boot = healthstate.boot_id(host.root)
             report = health.run(checks, host, config, saved, boot_id=boot)
             saved = healthstate.Saved(report.kept)
             return health.status_families(report) + metrics.collected(inv.plugins, host, inv.warn)
         finally:
-            if host is not inv._host:
+            if fresh:
                 host.close()
 
     return poll
