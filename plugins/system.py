@@ -140,6 +140,11 @@ def check_system(ctx):
     except NoDevicesError as e:
         names = []
         yield HealthResult(Status.CRITICAL, "", e.message)
+    captured = ("sys/module", "sys/class/infiniband_verbs")
+    if not host.live and not any(os.path.isdir(os.path.join(root, d)) for d in captured):
+        # a --root tree or a snapshot that holds no module state: not the same as unloaded
+        yield HealthResult(Status.UNKNOWN, "", "modules and uverbs: not in this capture")
+        return
     loaded = True
     for module in config.modules:
         sign = MODULE_SIGNS.get(module, f"sys/module/{module}")

@@ -283,6 +283,7 @@ def test_roce_netdevs_and_addresses_the_config_needs_a_gid_for(node, tmp_path):
 def test_without_uverbs_user_space_cannot_use_the_devices(node):
     ib = node("mlx5_ib_hca")
     shutil.rmtree(ib.root / "sys/class/infiniband_verbs")
+    (ib.root / "sys/module/ib_core").mkdir(parents=True)  # a capture that has the module list
     r = ib.health("--check", "system")
     assert (r.code, r.out) == (
         2,
@@ -291,6 +292,16 @@ def test_without_uverbs_user_space_cannot_use_the_devices(node):
         "[CRITICAL] system ib_uverbs: module not loaded (no /sys/class/infiniband_verbs/"
         "abi_version): modprobe ib_uverbs\n"
         "[OK] system 1 RDMA device\n",
+    )
+
+
+def test_a_capture_without_module_state_is_unknown_not_unloaded(node):
+    ib = node("mlx5_ib_hca")
+    shutil.rmtree(ib.root / "sys/class/infiniband_verbs")
+    r = ib.health("--check", "system")
+    assert (r.code, r.out.splitlines()[1:]) == (
+        3,
+        ["[UNKNOWN] system modules and uverbs: not in this capture"],
     )
 
 
