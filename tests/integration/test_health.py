@@ -197,10 +197,46 @@ def test_the_data_path_moves_data_on_every_active_port(health, testbed):
             for line in lines(r)
         ), r.stdout
     assert f"'{testbed['device']}/1 send p50'=" in lines(r)[0]
-    assert (
-        "ibtool"
-        not in subprocess.run(["rdma", "res", "show", "qp"], capture_output=True, text=True).stdout
-    )  # every QP the check made is gone
+    assert user_qps() == []  # every QP the check made is gone with it
+
+
+def user_qps() -> list[dict]:
+    out = subprocess.run(
+        ["rdma", "-j", "res", "show", "qp"], capture_output=True, text=True, check=True
+    ).stdout
+    return [q for q in json.loads(out or "[]") if "pid" in q]
+
+
+def test_configured_peers_answer_an_rdma_ping(health, testbed, wait_for):
+    import socket
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "ibtool", "ping", "--server", "--dev", testbed["peer_device"]],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def listening() -> bool:
+            assert server.poll() is None, server.stderr.read()
+            with socket.socket() as s:
+                return s.connect_ex((testbed["peer_ipv4"], 18520)) == 0
+
+        wait_for(listening, "the ping server to listen", timeout=120)
+        peer = testbed["peer_ipv4"]
+        health.config.write_text(f'[datapath]\nbudget = 300\npeers = ["{peer}", "192.0.2.1"]\n')
+        r = health("--datapath", "--check", "peers", timeout=400)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    out = lines(r)
+    assert r.returncode == 2, r.stdout + r.stderr  # 192.0.2.1 (TEST-NET-1) has no server
+    assert any(line.startswith(f"[OK] peers {peer}: RDMA ping from ") for line in out), out
+    assert any(
+        line.startswith("[CRITICAL] peers 192.0.2.1: RDMA ping: cannot reach the ping server")
+        for line in out
+    ), out
 
 
 def test_the_exporter_serves_what_promtool_and_an_http_client_read(testbed, tmp_path):
