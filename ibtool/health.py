@@ -26,10 +26,17 @@ class Report:
     time: float
     notes: list[str] = field(default_factory=list)  # what the run itself did (state, Slurm)
     kept: dict[str, dict[str, Any]] = field(default_factory=dict)  # the next run's state
+    faults: list[str] = field(default_factory=list)  # what the run itself failed to do
 
     @property
     def summary(self) -> str:
-        return summary(self.results)
+        text = summary(self.results)
+        return "; ".join([*self.faults, text]) if self.faults else text
+
+    def fault(self, text: str) -> None:
+        """Something the run failed to do (write the textfile, drain the node): UNKNOWN."""
+        self.faults.append(text)
+        self.status = Status.worst([self.status, Status.UNKNOWN])
 
 
 def run(
@@ -117,7 +124,7 @@ def nagios(report: Report, warn: Callable[[str], None] = lambda m: None) -> str:
     perfdata = _perfdata(report.results, warn)
     if perfdata:
         first += " | " + " ".join(perfdata)
-    lines = [first]
+    lines = [first, *(f"[UNKNOWN] {fault}" for fault in report.faults)]
     for r in ordered(report.results):
         lines.append(f"[{r.status.name}] {r.check} {_named(r)}")
     lines += report.notes
@@ -158,6 +165,7 @@ def as_json(report: Report) -> dict[str, Any]:
             for r in report.results
         ],
         "notes": report.notes,
+        "faults": report.faults,
     }
 
 

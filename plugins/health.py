@@ -129,12 +129,6 @@ def run(inv: Invocation) -> int:
             return 0
         wanted, skipped = _names(inv.args.check), _names(inv.args.skip)
         report = _report(inv, _selected(checks, wanted, skipped, config, inv.warn), config)
-        if inv.args.textfile:
-            from ibtool import metrics
-
-            families = health.status_families(report)
-            families += metrics.collected(inv.plugins, inv.host, inv.warn)
-            metrics.write_textfile(inv.args.textfile, families)
     except IbtoolError as e:
         hint = f" (hint: {e.hint})" if e.hint else ""
         if inv.json:
@@ -144,11 +138,27 @@ def run(inv: Invocation) -> int:
         else:
             inv.out.write(health.unknown(e.message + hint))
         return int(Status.UNKNOWN)
+    if inv.args.textfile:
+        _textfile(inv, report)
     if inv.json:
         inv.emit_json(health.as_json(report))
     else:
         inv.out.write(health.nagios(report, inv.warn))
     return int(report.status)
+
+
+def _textfile(inv: Invocation, report) -> None:
+    """The report and every metric in the textfile; a textfile that cannot be written is an
+    UNKNOWN note of the report, whose results are still printed."""
+    from ibtool import health, metrics
+
+    try:
+        families = health.status_families(report)
+        families += metrics.collected(inv.plugins, inv.host, inv.warn)
+        metrics.write_textfile(inv.args.textfile, families)
+    except IbtoolError as e:
+        hint = f" (hint: {e.hint})" if e.hint else ""
+        report.fault(f"{e.message}{hint}")
 
 
 # -- the exporter ---------------------------------------------------------------------------------

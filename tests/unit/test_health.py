@@ -428,9 +428,21 @@ def test_the_textfile_is_valid_exposition_with_the_health_and_every_counter(node
     assert [p.name for p in path.parent.iterdir()] == ["ibtool.prom"]  # no temporary left
 
 
-def test_a_textfile_not_named_prom_is_refused(node, tmp_path):
-    r = node("mlx5_ib_hca").health("--textfile", str(tmp_path / "ibtool.txt"))
-    assert r.code == 3 and "node_exporter reads only files named *.prom" in r.out
+def test_a_textfile_not_named_prom_is_refused_and_the_results_still_shown(node, tmp_path):
+    ib = node("mlx5_ib_hca")
+    r = ib.run_cli(["--root", str(ib.root), "health", "--check", "counters", "--textfile",
+                    str(tmp_path / "i.txt")])  # fmt: skip
+    assert r.code == 3
+    fault = (
+        f"--textfile {tmp_path}/i.txt: node_exporter reads only files named *.prom "
+        "(hint: e.g. --textfile /var/lib/node_exporter/textfile_collector/ibtool.prom)"
+    )
+    assert r.out.splitlines() == [
+        f"IBTOOL UNKNOWN - {fault}; all OK: counters 2",
+        f"[UNKNOWN] {fault}",
+        "[OK] counters mlx5_0/1: no state kept: error counters not compared",
+        "[OK] counters mlx5_0/2: no state kept: error counters not compared",
+    ]
 
 
 def test_a_lid_the_subnet_manager_moved_warns_once(node):
