@@ -271,7 +271,8 @@ def _judge(s: CounterSample, delta: int, limits, since: str) -> tuple[Status, st
     if limits.warning is not None and limits.warning.alerts(delta):
         return Status.WARNING, f"{text} (warning {limits.warning.text})"
     if s.name == "link_downed" and delta > 0:
-        return Status.WARNING, f"link went down {delta} times {since} (flap)"
+        times = "once" if delta == 1 else f"{delta} times"
+        return Status.WARNING, f"link went down {times} {since} (flap)"
     return None
 
 

@@ -87,7 +87,7 @@ def test_a_flap_between_two_runs_is_caught(health, testbed):
     assert r.returncode == 1, r.stdout
     device, netdev = testbed["device"], testbed["netdev"]
     out = lines(r)
-    assert f"[WARNING] counters {device}/1: link went down 1 times since the last run (flap)" in out
+    assert f"[WARNING] counters {device}/1: link went down once since the last run (flap)" in out
     assert any(
         line.startswith(f"[WARNING] port {device}/1: link flapped: {netdev} carrier changed ")
         for line in out
