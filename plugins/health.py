@@ -58,6 +58,11 @@ def configure(parser) -> None:
         metavar="PATH.prom",
         help="also write the results and every metric for node_exporter's textfile collector",
     )
+    parser.add_argument(
+        "--slurm-drain",
+        action="store_true",
+        help="drain this Slurm node when CRITICAL; resume it when OK again if ibtool drained it",
+    )
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
 
 
@@ -140,11 +145,30 @@ def run(inv: Invocation) -> int:
         return int(Status.UNKNOWN)
     if inv.args.textfile:
         _textfile(inv, report)
+    if inv.args.slurm_drain:
+        _slurm(report)
     if inv.json:
         inv.emit_json(health.as_json(report))
     else:
         inv.out.write(health.nagios(report, inv.warn))
     return int(report.status)
+
+
+def _slurm(report) -> None:
+    """Drains this node when CRITICAL, resumes it when OK or WARNING if ibtool drained it;
+    what it did is a note, a failure a fault of the run."""
+    from ibtool import slurm
+
+    if report.status == Status.UNKNOWN:
+        return  # a run that could not decide neither drains nor resumes
+    try:
+        done = slurm.apply(report.status == Status.CRITICAL, report.summary)
+    except IbtoolError as e:
+        hint = f" (hint: {e.hint})" if e.hint else ""
+        report.fault(f"slurm: {e.message}{hint}")
+        return
+    if done:
+        report.notes.append(done)
 
 
 def _textfile(inv: Invocation, report) -> None:
