@@ -64,6 +64,11 @@ def configure(parser) -> None:
         help="drain this Slurm node when CRITICAL; resume it when OK again if ibtool drained it",
     )
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
+    parser.add_argument(
+        "--print-nhc",
+        action="store_true",
+        help="print the LBNL NHC check file (check_ibtool) and exit",
+    )
 
 
 def _names(values: list[str]) -> list[str]:
@@ -121,6 +126,11 @@ def run(inv: Invocation) -> int:
     from ibtool import health, healthconfig
     from ibtool.hooks import health_checks
 
+    if inv.args.print_nhc:
+        from importlib import resources
+
+        inv.out.write(resources.files("ibtool").joinpath("data/ibtool.nhc").read_text())
+        return 0
     if inv.args.lock_wait < 0:
         raise UsageError("--lock-wait must be 0 or more seconds")
     try:
