@@ -41,8 +41,10 @@ def _munge() -> None:
             f.write(os.urandom(1024))
         sh("chown", "munge:munge", key)
         os.chmod(key, 0o400)
-    os.makedirs("/run/munge", exist_ok=True)
-    sh("chown", "munge:munge", "/run/munge")
+    # the guest's /var and /run are empty overlays: munged's directories, as its package makes them
+    for d in ("/run/munge", "/var/log/munge", "/var/lib/munge"):
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        sh("chown", "munge:munge", d)
     sh("runuser", "-u", "munge", "--", "munged", "--force")
 
 
