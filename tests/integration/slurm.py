@@ -51,7 +51,8 @@ def _munge() -> None:
 def _config(node: str, program: str | None, interval: int) -> str:
     lines = [
         "ClusterName=ibtooltest",
-        f"SlurmctldHost={node}",
+        # the guest's name is in no /etc/hosts: every daemon is reached on the loopback
+        f"SlurmctldHost={node}(127.0.0.1)",
         "SlurmUser=root",
         "AuthType=auth/munge",
         "ProctrackType=proctrack/linuxproc",
@@ -65,7 +66,7 @@ def _config(node: str, program: str | None, interval: int) -> str:
         "ReturnToService=2",
         "SchedulerType=sched/builtin",
         "SelectType=select/cons_tres",
-        f"NodeName={node} CPUs=1 State=UNKNOWN",
+        f"NodeName={node} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN",
         f"PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP",
     ]
     if program:
@@ -91,8 +92,11 @@ def slurm_node(program: str | None = None, interval: int = 0) -> Iterator[str]:
         f.write(_config(node, program, interval))
     try:
         _munge()
-        sh("slurmctld")
-        sh("slurmd")
+        for daemon in ("slurmctld", "slurmd"):
+            try:
+                sh(daemon)
+            except RuntimeError as e:
+                raise RuntimeError(f"{e}; its log ends: {_log_tail(daemon)}") from None
 
         def registered() -> bool:
             try:
@@ -113,6 +117,14 @@ def slurm_node(program: str | None = None, interval: int = 0) -> Iterator[str]:
         ):
             time.sleep(0.2)
         os.unlink(CONF)
+
+
+def _log_tail(daemon: str) -> str:
+    try:
+        with open(f"/var/log/slurm/{daemon}.log") as f:
+            return " | ".join(f.read().splitlines()[-5:])
+    except OSError as e:
+        return f"(no log: {e.strerror})"
 
 
 def _answers() -> bool:
