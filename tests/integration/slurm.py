@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from tests.integration.faults import sh, wait_for
 
 CONF = "/etc/slurm/slurm.conf"
+CGROUP_CONF = "/etc/slurm/cgroup.conf"
 DIRS = ("/var/spool/slurmctld", "/var/spool/slurmd", "/var/log/slurm")
 DAEMONS = ("slurmd", "slurmctld", "munged")
 
@@ -90,6 +91,12 @@ def slurm_node(program: str | None = None, interval: int = 0) -> Iterator[str]:
     os.makedirs(os.path.dirname(CONF), exist_ok=True)
     with open(CONF, "w") as f:
         f.write(_config(node, program, interval))
+    # slurmd 22.05 sets up a cgroup for its step daemons whatever the proctrack plugin; the guest
+    # has no systemd to ask for one (IgnoreSystemd: slurmd makes it in cgroupfs itself)
+    with open(CGROUP_CONF, "w") as f:
+        f.write("CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n")
+    if not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        sh("mount", "-t", "cgroup2", "none", "/sys/fs/cgroup")
     try:
         _munge()
         for daemon in ("slurmctld", "slurmd"):
@@ -117,6 +124,7 @@ def slurm_node(program: str | None = None, interval: int = 0) -> Iterator[str]:
         ):
             time.sleep(0.2)
         os.unlink(CONF)
+        os.unlink(CGROUP_CONF)
 
 
 def _log_tail(daemon: str) -> str:
