@@ -99,6 +99,7 @@ def check_version(tb):
 def check_plugins(tb):
     names = {p["name"] for p in ibtool_json("plugins")}
     want = {"devices", "ports", "gids", "counters", "res", "system", "monitor", "loopback", "ping"}
+    want |= {"health"}
     expect(want <= names, f"plugins missing: {sorted(want - names)}")
     return f"{len(names)} plugins"
 
@@ -230,6 +231,21 @@ def check_system_features(tb):
     return f"{len(features) - len(lacking)}/{len(features)}; lacks " + (
         ", ".join(lacking) or "none"
     )
+
+
+def check_health(tb):
+    """The node check on the healthy testbed: OK, and the textfile node_exporter would read."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        textfile = os.path.join(d, "ibtool.prom")
+        proc = ibtool("health", "--no-state", "--textfile", textfile, check=False)
+        first = proc.stdout.splitlines()[0] if proc.stdout else last_line(proc.stderr)
+        expect(proc.returncode == 0, f"exit {proc.returncode}: {first}")
+        with open(textfile) as f:
+            text = f.read()
+    expect("\nibtool_health_status 0.0\n" in text, "the textfile has no OK ibtool_health_status")
+    return first.split(" | ")[0]
 
 
 def check_missing_or_works(argv, netlink: str, since: str):
@@ -468,6 +484,7 @@ CHECKS = [
     ("system -d", check_system_features),
     ("link add/delete", check_link),
     ("monitor", check_monitor),
+    ("health", check_health),
     *((f"loopback {op}", check_loopback_op(op)) for op in OPS),
     ("ping send", check_ping("send")),
     ("ping write-imm", check_ping("write-imm")),
