@@ -97,6 +97,7 @@ def slurm_node(program: str | None = None, interval: int = 0) -> Iterator[str]:
         f.write("CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n")
     if not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
         sh("mount", "-t", "cgroup2", "none", "/sys/fs/cgroup")
+    os.makedirs("/sys/fs/cgroup/system.slice", exist_ok=True)  # where it puts its scope
     try:
         _munge()
         for daemon in ("slurmctld", "slurmd"):
