@@ -19,9 +19,10 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def program(tmp_path, testbed) -> str:
+@pytest.fixture(scope="module")
+def program(tmp_path_factory, testbed) -> str:
     """The HealthCheckProgram (slurmd runs it without arguments): ibtool health on the ports."""
+    tmp_path = tmp_path_factory.mktemp("slurm")
     path = tmp_path / "ibtool-health-slurm"
     pythonpath = os.environ.get("PYTHONPATH", "")
     path.write_text(
@@ -33,16 +34,23 @@ def program(tmp_path, testbed) -> str:
     return str(path)
 
 
-def test_a_down_link_drains_the_node_and_its_return_resumes_it(program, testbed):
-    with slurm_node(program, interval=5) as node:
-        assert "DRAIN" not in state_of(node)
-        with faults.link_down(testbed):
-            faults.wait_for(
-                lambda: "DRAIN" in state_of(node), f"{node} drained by the health check", 300
-            )
-            reason = reason_of(node)
-            assert reason.startswith(f"ibtool: {testbed['device']}/1: state DOWN"), reason
-        faults.wait_for(lambda: "DRAIN" not in state_of(node), f"{node} resumed", 300)
+@pytest.fixture(scope="module")
+def node(program) -> str:
+    """One Slurm for the module (it takes a while to start under emulation), running the
+    health check every 5 s."""
+    with slurm_node(program, interval=5) as name:
+        yield name
+
+
+def test_a_down_link_drains_the_node_and_its_return_resumes_it(node, testbed):
+    assert "DRAIN" not in state_of(node)
+    with faults.link_down(testbed):
+        faults.wait_for(
+            lambda: "DRAIN" in state_of(node), f"{node} drained by the health check", 300
+        )
+        reason = reason_of(node)
+        assert reason.startswith(f"ibtool: {testbed['device']}/1: state DOWN"), reason
+    faults.wait_for(lambda: "DRAIN" not in state_of(node), f"{node} resumed", 300)
 
 
 def port_seen(program: str, device: str) -> str | None:
@@ -56,12 +64,14 @@ def port_seen(program: str, device: str) -> str | None:
         return None
 
 
-def test_an_administrators_drain_is_left_alone(program, testbed):
+def test_an_administrators_drain_is_left_alone(node, program, testbed):
     device = testbed["device"]
-    with slurm_node(program, interval=5) as node:
-        faults.sh("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=new cable")
+    faults.sh("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=new cable")
+    try:
         with faults.link_down(testbed):
             faults.wait_for(lambda: port_seen(program, device) == "DOWN", "a CRITICAL run", 300)
             assert reason_of(node) == "new cable"
         faults.wait_for(lambda: port_seen(program, device) == "ACTIVE", "an OK run", 300)
         assert "DRAIN" in state_of(node) and reason_of(node) == "new cable"
+    finally:
+        faults.sh("scontrol", "update", f"NodeName={node}", "State=RESUME")
