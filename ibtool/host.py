@@ -17,6 +17,9 @@ from ibtool.errors import IbtoolError, NotFoundError, NotLiveError, UsageError
 from ibtool.model import CounterSample, Device, Gid, LinkLayer, Port
 from ibtool.sources.sysfs import PORT_DETAILS, PORT_FIELDS, PORT_NETDEV, SysfsSource
 
+# What `ibtool port` shows without -d: state, rate, LIDs and the netdev, all from sysfs.
+PORT_SHOWN = PORT_FIELDS + PORT_NETDEV
+
 
 def parse_selector(selector: str) -> tuple[str, int | None]:
     """'mlx5_0' -> ('mlx5_0', None); 'mlx5_0/1' -> ('mlx5_0', 1)."""
@@ -151,7 +154,7 @@ class Host:
         """Ports with `fields` read from sysfs (default: what `port` shows, with -d the details
         too); a command that shows less asks for less, and so warns only about what it shows."""
         if fields is None:
-            fields = PORT_FIELDS + PORT_NETDEV + (PORT_DETAILS if self.details else ())
+            fields = PORT_SHOWN + (PORT_DETAILS if self.details else ())
         ports = []
         for name, port in self.select(selector):
             numbers = [port] if port is not None else self.sysfs.port_numbers(name)
@@ -200,6 +203,10 @@ class Host:
         """A diagnostic that matters only to someone asking for details (-d)."""
         if self.details:
             self.warn(message)
+
+    def carrier_changes(self, netdev: str) -> int | None:
+        """How often a netdev's carrier went up or down since it was created (None: unknown)."""
+        return self.sysfs.carrier_changes(netdev)
 
     def is_iwarp(self, device: str) -> bool:
         return self.sysfs.iwarp(device)

@@ -45,9 +45,7 @@ def configure(parser) -> None:
         metavar="NAME[,NAME]",
         help="run only these checks (see --list)",
     )
-    parser.add_argument(
-        "--skip", action="append", default=[], metavar="NAME[,NAME]", help="do not run these"
-    )
+    _add_skip(parser)
     parser.add_argument(
         "--datapath",
         action="store_true",
@@ -68,6 +66,16 @@ def configure(parser) -> None:
         "--print-nhc",
         action="store_true",
         help="print the LBNL NHC check file (check_ibtool) and exit",
+    )
+
+
+def _add_skip(parser) -> None:
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="NAME[,NAME]",
+        help="health checks not to run; may be repeated",
     )
 
 
@@ -215,13 +223,7 @@ def configure_exporter(parser) -> None:
         help="time between two polls of the host (default 15); scrapes get the latest",
     )
     parser.add_argument("--config", metavar="FILE", help="as for ibtool health")
-    parser.add_argument(
-        "--skip",
-        action="append",
-        default=[],
-        metavar="NAME[,NAME]",
-        help="health checks not to run",
-    )
+    _add_skip(parser)
 
 
 def _poller(inv: Invocation, checks: dict, config):

@@ -10,9 +10,8 @@ from ibtool import hookimpl, links, render
 from ibtool.api import CheckContext, HealthResult, MetricFamily, Perfdata, Status
 from ibtool.commands import Invocation, add_selector, selector
 from ibtool.errors import CommandFailed, UsageError
-from ibtool.host import Host
+from ibtool.host import PORT_SHOWN, Host
 from ibtool.model import LinkLayer, PhysState, Port, PortState
-from ibtool.sources.sysfs import PORT_FIELDS, PORT_NETDEV
 
 # IB PortInfo CapabilityMask bit positions (sysfs cap_mask holds the low 32 bits).
 PORT_CAP_FLAGS = {
@@ -239,7 +238,7 @@ class _PortCheck:
         previous = ctx.previous if isinstance(ctx.previous, dict) else {}
         before = previous.get("ports")
         self.before = before if isinstance(before, dict) else {}
-        self.ports = self.host.ports(fields=PORT_FIELDS + PORT_NETDEV)
+        self.ports = self.host.ports(fields=PORT_SHOWN)
         self.by_key = {(p.device, p.port): p for p in self.ports}
         self._gids: dict[str, list] | None = None
         self.kept: dict[str, dict] = {}
@@ -283,7 +282,7 @@ class _PortCheck:
     def carrier_flap(self, p: Port, was: dict, entry: dict) -> str | None:
         """A RoCE netdev whose carrier moved between two runs that both saw the port ACTIVE:
         it went down and came back (a run that saw the port down already said so)."""
-        changes = self.host.sysfs.carrier_changes(p.netdev)
+        changes = self.host.carrier_changes(p.netdev)
         entry["carrier_changes"] = changes
         old = was.get("carrier_changes")
         if (
@@ -387,7 +386,7 @@ def port_metrics(host: Host):
     rate = MetricFamily("ibtool_port_rate", "Port signalling rate", "gauge", "bytes_per_second")
     lid = MetricFamily("ibtool_port_lid", "LID of an InfiniBand port (0: none)", "gauge")
     info = MetricFamily("ibtool_port_info", "Port link layer and netdev (value 1)", "gauge")
-    for p in host.ports(fields=PORT_FIELDS + PORT_NETDEV):
+    for p in host.ports(fields=PORT_SHOWN):
         labels = labels_of(p)
         if p.state is not None:
             state.add(labels, int(p.state))
