@@ -204,6 +204,10 @@ class Host:
         if self.details:
             self.warn(message)
 
+    def incarnation(self, device: str) -> int | None:
+        """What tells a device from one re-created under its name (None: gone)."""
+        return self.sysfs.incarnation(device)
+
     def carrier_changes(self, netdev: str) -> int | None:
         """How often a netdev's carrier went up or down since it was created (None: unknown)."""
         return self.sysfs.carrier_changes(netdev)

@@ -248,7 +248,7 @@ def _watched(s: CounterSample, config) -> bool:
     return s.name in config.thresholds or counterinfo.is_error(s.name, s.source)
 
 
-def _baseline(ctx, host) -> tuple[dict, set[str]]:
+def _baseline(ctx, incarnation) -> tuple[dict, set[str]]:
     """What the last run kept, per device, where it still counts: same boot and the same
     device (not one re-created under its name); and the devices re-created since."""
     previous = ctx.previous if ctx.same_boot and isinstance(ctx.previous, dict) else {}
@@ -257,7 +257,7 @@ def _baseline(ctx, host) -> tuple[dict, set[str]]:
     for name, entry in devices.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("counters"), dict):
             continue
-        if entry.get("incarnation") != host.sysfs.incarnation(name):
+        if entry.get("incarnation") != incarnation(name):
             recreated.add(name)
         else:
             usable[name] = entry["counters"]
@@ -291,15 +291,20 @@ def check_counters(ctx):
     alarm."""
     host, config = ctx.host, ctx.config
     samples = [s for s in host.counters() if s.value is not None and _watched(s, config)]
-    baseline, recreated = _baseline(ctx, host)
+    incarnations: dict[str, int | None] = {}
+
+    def incarnation(device: str) -> int | None:  # one stat per device and run
+        if device not in incarnations:
+            incarnations[device] = host.incarnation(device)
+        return incarnations[device]
+
+    baseline, recreated = _baseline(ctx, incarnation)
     since = "since the last run"
     kept: dict = {}
     subjects: dict[str, list] = {}
     for s in samples:
         key = f"{s.port}/{s.source}/{s.name}"
-        entry = kept.setdefault(
-            s.device, {"incarnation": host.sysfs.incarnation(s.device), "counters": {}}
-        )
+        entry = kept.setdefault(s.device, {"incarnation": incarnation(s.device), "counters": {}})
         entry["counters"][key] = s.value
         findings = subjects.setdefault(_subject(s), [])
         limits = config.threshold(s.name, s.source)
