@@ -236,6 +236,17 @@ WRAPS_AT_32 = frozenset(
 )
 
 
+# A port's throughput, per direction: the first of these counters the port has. The PMA data
+# counters count octets / 4 (CounterSample.scale makes them bytes); rxe counts packets only
+# (drivers/infiniband/sw/rxe/rxe_hw_counters.c), efa and bnxt_re have their own byte counters.
+TRAFFIC: dict[str, tuple[tuple[str, str], ...]] = {
+    "tx_bytes": (("pma", "port_xmit_data"), ("hw", "tx_bytes")),
+    "rx_bytes": (("pma", "port_rcv_data"), ("hw", "rx_bytes")),
+    "tx_packets": (("pma", "port_xmit_packets"), ("hw", "sent_pkts"), ("hw", "tx_pkts")),
+    "rx_packets": (("pma", "port_rcv_packets"), ("hw", "rcvd_pkts"), ("hw", "rx_pkts")),
+}
+
+
 def info(name: str, source: str) -> CounterInfo | None:
     return (PMA if source == "pma" else HW).get(name) or PMA.get(name) or HW.get(name)
 

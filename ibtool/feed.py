@@ -1,0 +1,370 @@
+"""The dashboard's data service: one poller, and what each poll gives every panel.
+
+A `Feed` reads the host once per poll (ports, every counter, the health checks now and then,
+the GID table and resources of the one port being looked at) and returns a `Frame`: the
+records, each counter's rate against the poll before (the Sampler), per-port throughput and
+error deltas, each port's health, the change engine's events since the poll before and a
+short history of every rate. Panels read frames; none of them reads the kernel. No textual
+here: the dashboard imports this, never the other way round.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ibtool import counterinfo
+from ibtool.api import HealthResult, Status
+from ibtool.changes import Event, Seen, diff
+from ibtool.errors import IbtoolError, NoDevicesError
+from ibtool.model import CounterSample, Gid, Port
+from ibtool.rates import Rated, Sampler, counter_delta, paired
+
+HISTORY = 60  # rates kept per counter: a minute at the default refresh, as rdmatop keeps
+PortKey = tuple[str, int]
+CounterKey = tuple[str, int, str, str]  # device, port, source, name
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """A port's throughput in the last interval (per second; None: not counted or first poll),
+    from the PMA data counters (octets, sysfs counters/ x 4) or a driver's own counters."""
+
+    tx_bytes: float | None = None
+    rx_bytes: float | None = None
+    tx_packets: float | None = None
+    rx_packets: float | None = None
+
+
+@dataclass(frozen=True)
+class PortRow:
+    port: Port
+    traffic: Traffic = Traffic()
+    errors: int = 0  # error events counted since the dashboard started
+    new_errors: int = 0  # of which in the last interval
+    health: Status | None = None  # the worst finding about this port (None: not checked)
+    degraded: str | None = None  # why the rate is below what this port should have
+    findings: tuple[HealthResult, ...] = ()
+
+    @property
+    def key(self) -> PortKey:
+        return (self.port.device, self.port.port)
+
+
+@dataclass(frozen=True)
+class Owned:
+    """What one process (or kernel user) holds on a port: QPs, CQs and MRs, as `ibtool res`."""
+
+    pid: int | None
+    comm: str | None
+    qp: int = 0
+    cq: int = 0
+    mr: int = 0
+
+
+@dataclass(frozen=True)
+class Focus:
+    """The port being looked at closely: its GID table and resources, read for it alone."""
+
+    device: str
+    port: int
+    gids: tuple[Gid, ...] = ()
+    best_gid: int | None = None
+    gid_note: str | None = None
+    owners: tuple[Owned, ...] = ()
+    resources_note: str | None = None  # why the resources are not shown (no netlink, ...)
+
+
+@dataclass(frozen=True)
+class Frame:
+    number: int  # 1 for the first poll
+    time: float  # wall clock of the poll
+    interval: float | None  # seconds since the poll before (None: first poll or a capture)
+    live: bool
+    source: str  # what was read: "this host", a --root directory, a snapshot file
+    rows: tuple[PortRow, ...] = ()
+    counters: Mapping[PortKey, tuple[Rated, ...]] = field(default_factory=dict)
+    history: Mapping[CounterKey, tuple[float | None, ...]] = field(default_factory=dict)
+    host_findings: tuple[HealthResult, ...] = ()  # findings about no port ('' or a device)
+    health_time: float | None = None
+    events: tuple[Event, ...] = ()  # since the poll before, oldest first
+    notes: tuple[str, ...] = ()  # warnings of this poll, each once
+    focus: Focus | None = None
+    error: str | None = None  # the poll found nothing to show, and why
+
+    def row(self, key: PortKey) -> PortRow | None:
+        return next((r for r in self.rows if r.key == key), None)
+
+
+def counter_key(s: CounterSample) -> CounterKey:
+    return (s.device, s.port, s.source, s.name)
+
+
+def traffic(rated: tuple[Rated, ...] | list[Rated]) -> Traffic:
+    """The port's throughput from its rated counters: the first of each TRAFFIC list it has."""
+    by_name = {(r.sample.source, r.sample.name): r.rate for r in rated}
+    picked = {}
+    for what, candidates in counterinfo.TRAFFIC.items():
+        picked[what] = next((by_name[c] for c in candidates if c in by_name), None)
+    return Traffic(**picked)
+
+
+def _stamp(wall: float) -> str:
+    return datetime.fromtimestamp(wall).astimezone().isoformat(timespec="seconds")
+
+
+class Feed:
+    """Polls a host for the dashboard. `host()` gives the Host to read, its `warn` being
+    `note` (the running host is read anew each poll: its caches would go stale; a capture is
+    one Host); `poll()` is
+    called from one thread at a time and returns a new Frame; `focus` is the port whose GIDs
+    and resources the next poll reads (set from any thread)."""
+
+    def __init__(
+        self,
+        host: Callable[[], Any],
+        *,
+        live: bool,
+        source: str,
+        checks: Mapping[str, Callable] | None = None,
+        config: Any = None,
+        health_every: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        stamp: Callable[[float], str] = _stamp,
+        boot_id: Callable[[Any], str | None] = lambda host: None,
+    ) -> None:
+        self._host, self.live, self.source = host, live, source
+        self.checks, self.config = dict(checks or {}), config
+        self.health_every = health_every
+        self.clock, self.wall, self.stamp, self._boot_id = clock, wall, stamp, boot_id
+        self.focus: PortKey | None = None
+        self.latest: Frame | None = None
+        self._reading: Any = None
+        self._sampler = Sampler(lambda: self._reading.counters(), clock)
+        self._seen: Seen | None = None
+        self._history: dict[CounterKey, tuple[float | None, ...]] = {}
+        self._errors: dict[PortKey, int] = {}
+        self._moved: dict[PortKey, int] = {}
+        self._best: dict[PortKey, float] = {}
+        self._saved: Any = None
+        self._health: tuple[list[HealthResult], float] | None = None
+        self._health_at: float | None = None
+        self._polled_at: float | None = None
+        self._number = 0
+        self._notes: list[str] = []
+
+    def note(self, message: str) -> None:
+        """A warning of the poll under way (give it to the Host as its `warn`): the frame
+        carries it, for the dashboard to show once."""
+        self._notes.append(message)
+
+    def poll(self) -> Frame:
+        notes = self._notes = []
+        host = self._host()
+        self._reading = host
+        try:
+            frame = self._read(host, notes)
+        finally:
+            if self.live:
+                host.close()
+            self._reading = None
+        self.latest = frame
+        return frame
+
+    # -- one poll -------------------------------------------------------------------------------
+
+    def _read(self, host, notes: list[str]) -> Frame:
+        self._number += 1
+        self._moved = {}
+        now, wall = self.clock(), self.wall()
+        interval = None if self._polled_at is None else now - self._polled_at
+        self._polled_at = now
+        base = dict(number=self._number, time=wall, live=self.live, source=self.source)
+        try:
+            names = [name for name, _ in host.select(None)]
+            ports = host.ports()
+        except NoDevicesError as e:
+            names, ports = [], []
+            error: str | None = e.message + (f" (hint: {e.hint})" if e.hint else "")
+        except IbtoolError as e:
+            return Frame(**base, interval=interval, error=e.message, notes=_once(notes))
+        else:
+            error = None
+        seen = Seen.of(dict.fromkeys(names), ports)
+        events = [] if self._seen is None else diff(self._seen, seen, "poll")
+        self._seen = seen
+        rated = self._sample(host, notes) if ports else []
+        events += self._resets(rated)
+        events = [_timed(e, self.stamp(wall)) for e in events]
+        by_port: dict[PortKey, list[Rated]] = {}
+        for r in rated:
+            by_port.setdefault((r.sample.device, r.sample.port), []).append(r)
+        findings, health_time = self._checked(host, now, bool(events))
+        rows = tuple(self._row(p, by_port.get((p.device, p.port), []), findings) for p in ports)
+        keys = {r.key for r in rows}
+        host_findings = tuple(
+            f for f in findings if _port_of(f.subject) not in keys or not f.subject
+        )
+        return Frame(
+            **base,
+            interval=interval,
+            rows=rows,
+            counters={k: tuple(v) for k, v in by_port.items()},
+            history=dict(self._history),
+            host_findings=host_findings,
+            health_time=health_time,
+            events=tuple(events),
+            notes=_once(notes),
+            focus=self._focused(host, keys),
+            error=error,
+        )
+
+    def _sample(self, host, notes: list[str]) -> list[Rated]:
+        before = self._sampler.last or []
+        try:
+            rated = self._sampler.sample()
+        except IbtoolError as e:
+            notes.append(f"counters: {e.message}")
+            return []
+        history = {}
+        for r in rated:
+            key = counter_key(r.sample)
+            history[key] = (self._history.get(key, ()) + (r.rate,))[-HISTORY:]
+        self._history = history  # a counter gone is forgotten with its history
+        self._moved = {}
+        for old, new in paired(before, [r.sample for r in rated]):
+            if old is not None and counterinfo.is_error(new.name, new.source):
+                delta, _ = counter_delta(old, new)
+                if delta:
+                    key = (new.device, new.port)
+                    self._moved[key] = self._moved.get(key, 0) + delta
+        return rated
+
+    def _resets(self, rated: list[Rated]) -> list[Event]:
+        return [
+            Event(
+                "counter_reset",
+                r.sample.device,
+                r.sample.port or None,
+                source=r.sample.source,
+                changes=(("counter", None, r.sample.name),),
+            )
+            for r in rated
+            if r.note == "reset"
+        ]
+
+    def _row(self, port: Port, rated: list[Rated], findings: list[HealthResult]) -> PortRow:
+        key = (port.device, port.port)
+        new = self._moved.get(key, 0)
+        self._errors[key] = self._errors.get(key, 0) + new
+        mine = tuple(f for f in findings if _about(f.subject, key))
+        status = Status.worst(f.status for f in mine) if mine else None
+        return PortRow(
+            port,
+            traffic(rated),
+            errors=self._errors[key],
+            new_errors=new,
+            health=status,
+            degraded=self._degraded(port, mine),
+            findings=mine,
+        )
+
+    def _degraded(self, port: Port, findings: tuple[HealthResult, ...]) -> str | None:
+        """The port check's own finding of a link trained down, else a rate below the best
+        this port had while the dashboard watched it."""
+        said = next((f.summary for f in findings if f.check == "port" and _slow(f.summary)), None)
+        if said is not None or port.rate is None:
+            return said
+        key = (port.device, port.port)
+        best = max(self._best.get(key, 0.0), port.rate.gbps)
+        self._best[key] = best
+        if port.rate.gbps < best:
+            return f"trained down: {port.rate.gbps:g} Gb/s, it had {best:g} Gb/s"
+        return None
+
+    # -- health and focus -----------------------------------------------------------------------
+
+    def _checked(self, host, now: float, changed: bool) -> tuple[list[HealthResult], float | None]:
+        """The checks' findings: run at the first poll, every `health_every` seconds and at
+        once when a device or port changed; the last run's in between."""
+        due = self._health_at is None or changed or now - self._health_at >= self.health_every
+        if self.checks and due and (self.live or self._health is None):
+            from ibtool import health
+            from ibtool.healthstate import Saved
+
+            saved = self._saved if self._saved is not None else Saved()
+            report = health.run(self.checks, host, self.config, saved, boot_id=self._boot_id(host))
+            self._saved = Saved(report.kept)
+            self._health = (report.results, self.wall())
+            self._health_at = now
+        if self._health is None:
+            return [], None
+        return self._health
+
+    def _focused(self, host, keys: set[PortKey]) -> Focus | None:
+        focus = self.focus
+        if focus is None or focus not in keys:
+            return None
+        device, port = focus
+        gids: tuple[Gid, ...] = ()
+        best = gid_note = None
+        try:
+            gids = tuple(host.gids(f"{device}/{port}"))
+            best = host.roce_gid_index(device, port)
+        except IbtoolError as e:
+            gid_note = e.message
+        owners, note = _owners(host, device, port)
+        return Focus(device, port, gids, best, gid_note, owners, note)
+
+
+def _owners(host, device: str, port: int) -> tuple[tuple[Owned, ...], str | None]:
+    """QPs (of this port), CQs and MRs (of its device) per holder, or why they are not known."""
+    from ibtool.resources import Owners
+
+    try:
+        netlink = host.netlink("resources are read from the running kernel over netlink")
+        devices = netlink.devices(device)
+        objects = {
+            kind: netlink.resources(kind, devices, port if kind == "qp" else None, False)
+            for kind in ("qp", "cq", "mr")
+        }
+    except IbtoolError as e:
+        return (), e.message + (f" (hint: {e.hint})" if e.hint else "")
+    names = Owners(host.comm)
+    counts: dict[tuple[int | None, str | None], dict[str, int]] = {}
+    for kind, records in objects.items():
+        for record in records:
+            holder = (record.owner.pid, names.comm(record.owner))
+            tally = counts.setdefault(holder, {})
+            tally[kind] = tally.get(kind, 0) + 1
+    owned = [Owned(pid, comm, **tally) for (pid, comm), tally in counts.items()]
+    owned.sort(key=lambda o: (-(o.qp + o.cq + o.mr), o.pid if o.pid is not None else -1))
+    return tuple(owned), None
+
+
+def _once(notes: list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(notes))
+
+
+def _timed(e: Event, stamp: str) -> Event:
+    import dataclasses
+
+    return dataclasses.replace(e, time=stamp)
+
+
+def _slow(summary: str) -> bool:
+    return "trained down" in summary or "below the configured" in summary
+
+
+def _port_of(subject: str) -> PortKey | None:
+    device, _, port = subject.partition("/")
+    return (device, int(port)) if port.isdigit() else None
+
+
+def _about(subject: str, key: PortKey) -> bool:
+    """A finding about this port, or about its whole device."""
+    return subject == key[0] or _port_of(subject) == key

@@ -1,0 +1,310 @@
+"""The dashboard: the overview of every port, a port's detail, the events, the actions.
+
+One poller feeds every screen and panel: a thread worker reads the host (`Feed.poll`), posts
+the frame, and only then is the next poll armed, so polls never overlap and a slow read
+delays the next frame, never the keys. Screens that are not shown are brought up to date
+when they come back, not at every frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import DataTable, Footer, Input, Static
+
+from ibtool.api import Status
+from ibtool.errors import IbtoolError
+from ibtool.feed import Feed, Frame
+from ibtool.tui import format
+from ibtool.tui.messages import Polled
+from ibtool.tui.screens.detail import PortScreen
+from ibtool.tui.screens.help import HelpScreen
+from ibtool.tui.screens.loopback import LoopbackScreen, Runner
+from ibtool.tui.widgets.events import EventLog
+from ibtool.tui.widgets.ports import PortTable
+from ibtool.tui.widgets.statusline import StatusLine
+
+INTERVALS = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)  # `<` and `>` step through these, as rdmatop's
+SHOWN_FINDINGS = 4
+
+
+def findings_text(frame: Frame):
+    """The findings that are not OK, worst first: why a port says CRIT."""
+    from rich.text import Text
+
+    found = [f for r in frame.rows for f in r.findings] + list(frame.host_findings)
+    bad = sorted({f for f in found if f.status != Status.OK}, key=_worst_first)
+    if frame.error:
+        return Text(f" {frame.error}", style="bold red")
+    if not bad:
+        return Text(" health: every check OK" if found else "", style="green")
+    text = Text()
+    for f in bad[:SHOWN_FINDINGS]:
+        text.append(f" {format.STATUS_WORD[f.status]} ", style=format.STATUS_STYLE[f.status])
+        where = f"{f.subject}: " if f.subject else ""
+        text.append(f"{where}{f.summary}\n")
+    if len(bad) > SHOWN_FINDINGS:
+        text.append(f" … and {len(bad) - SHOWN_FINDINGS} more (Enter on a port shows its own)")
+    return text.rstrip() or text
+
+
+def _worst_first(f):
+    order = {Status.CRITICAL: 0, Status.WARNING: 1, Status.UNKNOWN: 2, Status.OK: 3}
+    return (order[f.status], f.subject, f.summary)
+
+
+class Dashboard(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "ibtool"
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("enter", "open", "Port detail", show=False),
+        Binding("l", "loopback", "Loopback"),
+        Binding("p", "pause", "Pause"),
+        Binding("r", "refresh", "Read now"),
+        Binding("less_than_sign", "slower", "Slower", key_display="<"),
+        Binding("greater_than_sign", "faster", "Faster", key_display=">"),
+        Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+    ]
+
+    def __init__(
+        self,
+        feed: Feed,
+        *,
+        interval: float = 1.0,
+        panels: dict[str, Callable] | None = None,
+        loopback: Runner | None = None,
+    ) -> None:
+        super().__init__()
+        self.feed = feed
+        self.interval = interval
+        self.paused = False
+        self.frame: Frame | None = None
+        self.loopback_runner = loopback
+        self._panel_factories = panels or {}
+        self.panels: list = []
+        self._timer = None
+        self._polling = False
+        self._notes_seen: set[str] = set()
+
+    # -- layout --------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield StatusLine(id="status")
+        yield PortTable(id="ports")
+        yield Static(id="findings")
+        yield Input(
+            placeholder="filter ports: name, netdev, state or health (Escape clears)", id="filter"
+        )
+        with VerticalScroll(id="events-box"):
+            yield EventLog(id="events")
+        if self._panel_factories:
+            with Horizontal(id="panels"):
+                for name, factory in self._panel_factories.items():
+                    yield self._panel(name, factory)
+        yield Footer()
+
+    def _panel(self, name: str, factory: Callable):
+        try:
+            panel = factory(self.feed)
+            panel.border_title = name
+        except Exception as e:  # a plugin's panel fails alone, shown in its place
+            panel = Static(f"panel {name} failed: {type(e).__name__}: {e}")
+            panel.border_title = name
+        else:
+            self.panels.append(panel)
+        panel.add_class("panel")
+        return panel
+
+    @property
+    def overview(self):
+        """The first screen: the port table, findings, events and panels, shown or not."""
+        return self.screen_stack[0]
+
+    def on_mount(self) -> None:
+        self.overview.query_one("#filter", Input).display = False
+        self.overview.query_one("#events-box").border_title = "events, newest first"
+        self.overview.query_one(PortTable).focus()
+        self._start_poll()
+
+    def _start_poll(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        self._polling = True
+        self.poll()
+
+    # -- polling -------------------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="poll")
+    def poll(self) -> None:
+        try:
+            frame = self.feed.poll()
+        except IbtoolError as e:
+            frame = _failed(self.feed, e.message)
+        except Exception as e:  # one bad poll is shown and the next one tried
+            frame = _failed(self.feed, f"poll failed: {type(e).__name__}: {e}")
+        self.post_message(Polled(frame))
+
+    def on_polled(self, message: Polled) -> None:
+        self.frame = message.frame
+        self._polling = False
+        self._show()
+        for panel in self.panels:
+            panel.post_message(Polled(message.frame))
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        if self.feed.live and not self.paused:
+            self._timer = self.set_timer(self.interval, self._start_poll)
+
+    def _show(self) -> None:
+        frame = self.frame
+        if frame is None:
+            return
+        for note in frame.notes:
+            if note not in self._notes_seen:
+                self._notes_seen.add(note)
+                self.notify(note, severity="warning", timeout=8)
+        self.overview.query_one(EventLog).add(frame.events)
+        screen = self.screen
+        if isinstance(screen, PortScreen):
+            screen.show_frame(frame, self.interval, self.paused)
+        elif screen is self.screen_stack[0]:
+            self._show_overview()
+
+    def _show_overview(self) -> None:
+        frame = self.frame
+        self.overview.query_one(StatusLine).show(frame, self.interval, self.paused)
+        if frame is None:
+            return
+        self.overview.query_one(PortTable).show(frame)
+        self.overview.query_one("#findings", Static).update(findings_text(frame))
+
+    def on_screen_resume(self) -> None:
+        self._show_overview()
+
+    # -- actions -------------------------------------------------------------------------------
+
+    def _selected(self):
+        screen = self.screen
+        if isinstance(screen, PortScreen):
+            return screen.key
+        return self.overview.query_one(PortTable).selected
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if isinstance(event.data_table, PortTable):
+            self.action_open()
+
+    def action_open(self) -> None:
+        key = self.overview.query_one(PortTable).selected
+        if key is None or isinstance(self.screen, PortScreen):
+            return
+        self.feed.focus = key
+        screen = PortScreen(key)
+        self.push_screen(screen)
+        if self.frame is not None:
+            self.call_after_refresh(screen.show_frame, self.frame, self.interval, self.paused)
+        self._poll_soon()
+
+    def action_pop_screen(self) -> None:
+        if isinstance(self.screen, PortScreen):
+            self.feed.focus = None
+        self.pop_screen()
+
+    def _poll_soon(self) -> None:
+        """A poll now, unless one is running (its frame comes soon) or the app is paused."""
+        if self.feed.live and not self.paused and not self._polling:
+            self._start_poll()
+
+    def action_refresh(self) -> None:
+        """One poll now, paused or not (a capture is read again too)."""
+        if not self._polling:
+            self._start_poll()
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        if self.paused:
+            if self._timer is not None:
+                self._timer.stop()
+                self._timer = None
+        else:
+            self._poll_soon()
+        self._show_status()
+
+    def _show_status(self) -> None:
+        for status in self.screen.query(StatusLine):
+            status.show(self.frame, self.interval, self.paused)
+
+    def _step(self, by: int) -> None:
+        now = min(INTERVALS, key=lambda i: abs(i - self.interval))
+        index = max(0, min(len(INTERVALS) - 1, INTERVALS.index(now) + by))
+        self.interval = INTERVALS[index]
+        self._show_status()
+        if not self._polling:
+            self._arm()  # the next poll at the new interval
+
+    def action_slower(self) -> None:
+        self._step(+1)
+
+    def action_faster(self) -> None:
+        self._step(-1)
+
+    def action_filter(self) -> None:
+        field = self.overview.query_one("#filter", Input)
+        field.display = True
+        field.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        table = self.overview.query_one(PortTable)
+        table.filter = event.value.strip()
+        if self.frame is not None:
+            table.show(self.frame)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.overview.query_one(PortTable).focus()
+
+    def on_key(self, event) -> None:
+        field = self.overview.query_one("#filter", Input)
+        if event.key == "escape" and field.has_focus:
+            field.value = ""
+            field.display = False
+            self.overview.query_one(PortTable).focus()
+            event.stop()
+
+    def action_help(self) -> None:
+        sections = [("Overview", self.BINDINGS), ("Port detail", PortScreen.BINDINGS)]
+        self.push_screen(HelpScreen(sections))
+
+    def action_loopback(self) -> None:
+        key = self._selected()
+        if key is None:
+            return
+        if not self.feed.live or self.loopback_runner is None:
+            self.notify(
+                "the loopback test needs this host's RDMA devices, not a capture",
+                severity="error",
+            )
+            return
+        row = self.frame.row(key) if self.frame else None
+        if row is not None and row.port.state is not None and row.port.state.name != "ACTIVE":
+            self.notify(
+                f"{key[0]}/{key[1]} is {row.port.state.name}: bring the link up and retry",
+                severity="error",
+            )
+            return
+        self.push_screen(LoopbackScreen(key[0], key[1], self.loopback_runner))
+
+
+def _failed(feed: Feed, error: str) -> Frame:
+    return Frame(
+        number=0, time=feed.wall(), interval=None, live=feed.live, source=feed.source, error=error
+    )

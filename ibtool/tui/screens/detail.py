@@ -1,0 +1,114 @@
+"""A port up close: every counter with its rate and history, the GID table, the resources."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
+
+from ibtool.api import Status
+from ibtool.feed import Frame, PortKey
+from ibtool.tui import format
+from ibtool.tui.widgets.counters import CounterTable, explain
+from ibtool.tui.widgets.gids import GidTable
+from ibtool.tui.widgets.owners import OwnerTable
+from ibtool.tui.widgets.ports import _address, _phys, _rate, _state
+from ibtool.tui.widgets.statusline import StatusLine
+
+
+def facts(frame: Frame, key: PortKey) -> Text:
+    row = frame.row(key)
+    name = f"{key[0]}/{key[1]}"
+    if row is None:
+        return Text(f" {name}: gone (the device or port is no longer there)", style="bold red")
+    p = row.port
+    text = Text(f" {name} ", style="bold")
+    for part in (_state(row), _phys(row), _rate(row)):
+        text.append_text(part)
+        text.append("  ")
+    text.append(f"{p.link_layer.label if p.link_layer else '?'}  {_address(row)}")
+    text.append("  health ")
+    text.append_text(format.status(row.health))
+    for f in row.findings:
+        if f.status != Status.OK:
+            text.append(
+                f"\n   {format.STATUS_WORD[f.status]} ", style=format.STATUS_STYLE[f.status]
+            )
+            text.append(f"{f.check}: {f.summary}")
+    if row.degraded:
+        text.append(f"\n   link: {row.degraded}", style="yellow")
+    return text
+
+
+class PortScreen(Screen):
+    BINDINGS = [
+        ("escape", "app.pop_screen", "Back"),
+        ("l", "app.loopback", "Loopback"),
+    ]
+
+    def __init__(self, key: PortKey) -> None:
+        super().__init__()
+        self.key = key
+        self.frame: Frame | None = None
+
+    def compose(self) -> ComposeResult:
+        yield StatusLine(id="status")
+        yield Static(id="facts")
+        with TabbedContent(id="tabs"):
+            with TabPane("Counters", id="counters-tab"):
+                yield CounterTable(self.key, id="counters")
+                yield Static(id="explain")
+            with TabPane("GIDs", id="gids-tab"):
+                yield Static(id="gid-note")
+                yield GidTable(id="gids")
+            with TabPane("Resources", id="resources-tab"):
+                yield Static(id="owner-note")
+                yield OwnerTable(id="owners")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(CounterTable).focus()
+
+    def show_frame(self, frame: Frame, interval: float, paused: bool) -> None:
+        self.frame = frame
+        self.query_one(StatusLine).show(frame, interval, paused)
+        self.query_one("#facts", Static).update(facts(frame, self.key))
+        counters = self.query_one(CounterTable)
+        counters.show(frame)
+        if not frame.counters.get(self.key):
+            self.query_one("#explain", Static).update("no counters on this port")
+        else:
+            self._explain()
+        focus = (
+            frame.focus
+            if frame.focus and (frame.focus.device, frame.focus.port) == self.key
+            else None
+        )
+        gid_note = owner_note = "reading…" if focus is None else None
+        if focus is not None:
+            self.query_one(GidTable).show(focus)
+            self.query_one(OwnerTable).show(focus)
+            gid_note = focus.gid_note or self._gid_summary(focus)
+            owner_note = focus.resources_note or (
+                f"{len(focus.owners)} holder(s) of QPs on this port, CQs and MRs on {self.key[0]}"
+                if focus.owners
+                else "no QPs, CQs or MRs held"
+            )
+        self.query_one("#gid-note", Static).update(gid_note or "")
+        self.query_one("#owner-note", Static).update(owner_note or "")
+
+    def _gid_summary(self, focus) -> str:
+        if focus.best_gid is None:
+            return f"{len(focus.gids)} GIDs"
+        best = focus.best_gid
+        return f"{len(focus.gids)} GIDs; * index {best}: what the data path uses (gids --best)"
+
+    def _explain(self) -> None:
+        r = self.query_one(CounterTable).highlighted()
+        if r is not None:
+            self.query_one("#explain", Static).update(explain(r.sample.name, r.sample.source))
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if isinstance(event.data_table, CounterTable):
+            self._explain()

@@ -1,0 +1,103 @@
+"""A port's counters: value, rate and a sparkline of the rates, errors highlighted."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from ibtool import counterinfo
+from ibtool.feed import Frame, PortKey, counter_key
+from ibtool.rates import Rated, is_saturated
+from ibtool.tui import format
+
+COLUMNS = (
+    ("name", "COUNTER"),
+    ("source", "SRC"),
+    ("value", "VALUE"),
+    ("rate", "RATE/s"),
+    ("history", "LAST 60 RATES"),
+)
+SPARK = 30
+
+
+def explain(name: str, source: str) -> str:
+    """What `ibtool counters --explain NAME` says, on one line."""
+    info = counterinfo.info(name, source)
+    if info is None:
+        return f"{name}: no explanation known for this counter"
+    where = "InfiniBand PMA PortCounters" if source == "pma" else "driver hw_counters"
+    text = f"{name} ({where}, {info.kind}): {info.description}."
+    if info.causes:
+        text += f" Usually raised by: {info.causes}."
+    return text
+
+
+def _value(r: Rated) -> Text:
+    s = r.sample
+    if s.value is None:
+        return Text("unreadable", style="magenta")
+    value = s.value * s.scale
+    error = counterinfo.is_error(s.name, s.source)
+    style = "bold red" if error and value else ""
+    text = Text(f"{value:,}", style=style)
+    if is_saturated(s):
+        text.append(" SAT", style="bold yellow")
+    return text
+
+
+def _rate(r: Rated) -> Text:
+    if r.note in ("reset", "saturated", "unknown"):
+        return Text(r.note, style="yellow")
+    if r.rate is None:
+        return Text("-", style="dim")
+    error = counterinfo.is_error(r.sample.name, r.sample.source)
+    return Text(f"{r.rate:,.1f}", style="bold red" if error and r.rate else "")
+
+
+def cells(r: Rated, frame: Frame) -> tuple:
+    s = r.sample
+    error = counterinfo.is_error(s.name, s.source)
+    history = frame.history.get(counter_key(s), ())
+    return (
+        Text(s.name, style="red" if error else ""),
+        s.source,
+        _value(r),
+        _rate(r),
+        Text(format.spark(history, SPARK), style="red" if error else "cyan"),
+    )
+
+
+class CounterTable(DataTable):
+    def __init__(self, port: PortKey, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.port = port
+        self._shown: dict[str, tuple] = {}
+        self.rated: dict[str, Rated] = {}
+
+    def on_mount(self) -> None:
+        for key, label in COLUMNS:
+            self.add_column(label, key=key)
+
+    def show(self, frame: Frame) -> None:
+        rated = frame.counters.get(self.port, ())
+        wanted = {f"{r.sample.source}:{r.sample.name}": r for r in rated}
+        if list(wanted) != list(self._shown):
+            self.clear()
+            self._shown = {}
+        self.rated = wanted
+        for key, r in wanted.items():
+            values = cells(r, frame)
+            before = self._shown.get(key)
+            if before is None:
+                self.add_row(*values, key=key)
+            else:
+                for (column, _), old, new in zip(COLUMNS, before, values):
+                    if old != new:
+                        self.update_cell(key, column, new)
+            self._shown[key] = values
+
+    def highlighted(self) -> Rated | None:
+        if not self._shown or not 0 <= self.cursor_row < self.row_count:
+            return None
+        key = self.coordinate_to_cell_key((self.cursor_row, 0)).row_key.value
+        return self.rated.get(key)

@@ -1,0 +1,150 @@
+"""`ibtool tui`: the live dashboard. Textual is imported when the command runs, never when the
+CLI loads its plugins."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ibtool import hookimpl
+from ibtool.commands import Invocation
+from ibtool.errors import UnsupportedError, UsageError
+
+INTERVAL = (0.2, 10.0)  # as rdmatop's refresh bounds
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--interval must be a number, not {text!r}") from None
+    if not INTERVAL[0] <= value <= INTERVAL[1]:
+        raise argparse.ArgumentTypeError(
+            f"--interval must be {INTERVAL[0]:g} to {INTERVAL[1]:g} seconds, not {text}"
+        )
+    return value
+
+
+def configure(parser) -> None:
+    parser.add_argument(
+        "--interval",
+        type=_interval,
+        default=1.0,
+        metavar="SECONDS",
+        help="time between two reads of the host, 0.2-10 (default 1; < and > change it)",
+    )
+    parser.add_argument(
+        "--health-interval",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="run the health checks this often, and at once when a port changes (default 60)",
+    )
+    parser.add_argument("--config", metavar="FILE", help="the health checks' file, as for health")
+
+
+def _feed(inv: Invocation, closing: list):
+    from ibtool import healthconfig, healthstate
+    from ibtool.feed import Feed
+    from ibtool.hooks import health_checks
+    from ibtool.host import Host
+
+    explicit = inv.args.config is not None
+    config = healthconfig.load(inv.args.config or healthconfig.DEFAULT_PATH, required=explicit)
+    checks = health_checks(inv.plugins, inv.warn)
+    live = inv.root == "/" and inv.snapshot is None
+    feed: Feed | None = None
+
+    def note(message: str) -> None:
+        feed.note(message)
+
+    if live:
+
+        def host():
+            return Host(warn=note)
+
+        source = "this host"
+    elif inv.snapshot is not None:
+        from ibtool.snapshot import SnapshotHost
+
+        capture = SnapshotHost(inv.snapshot, note, False)
+        closing.append(capture.close)
+
+        def host():
+            return capture.host
+
+        source = f"snapshot {inv.snapshot}"
+    else:
+        tree = Host(root=inv.root, warn=note)
+
+        def host():
+            return tree
+
+        source = f"--root {inv.root}"
+    feed = Feed(
+        host,
+        live=live,
+        source=source,
+        checks=checks,
+        config=config,
+        health_every=inv.args.health_interval,
+        boot_id=lambda h: healthstate.boot_id(h.root),
+    )
+    return feed
+
+
+def run(inv: Invocation) -> int:
+    if inv.json:
+        raise UsageError("ibtool tui has no JSON output", "use ibtool port/counters -j")
+    if not inv.args.health_interval > 0:
+        raise UsageError("--health-interval must be above 0 seconds")
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError(
+            "ibtool tui needs a terminal",
+            "in scripts use ibtool counters --watch, ibtool monitor or ibtool health",
+        )
+    try:
+        from ibtool.tui.app import Dashboard
+        from ibtool.tui.screens.loopback import run_loopback
+    except ImportError as e:
+        raise UnsupportedError(
+            f"ibtool tui needs the textual package ({e})", "pip install textual"
+        ) from None
+    from ibtool.hooks import panel_factories
+    from ibtool.host import Host
+
+    closing: list = []
+    try:
+        feed = _feed(inv, closing)
+        loopback = None
+        if feed.live:
+
+            def gid_index(device: str, port: int):
+                host = Host(warn=feed.note)
+                try:
+                    return host.roce_gid_index(device, port)
+                finally:
+                    host.close()
+
+            loopback = run_loopback(gid_index)
+        app = Dashboard(
+            feed,
+            interval=inv.args.interval,
+            panels=panel_factories(inv.plugins, inv.warn),
+            loopback=loopback,
+        )
+        app.run()
+    finally:
+        for close in closing:
+            close()
+    return app.return_code or 0
+
+
+@hookimpl
+def ibtool_register_commands(cli):
+    cli.add(
+        "tui",
+        run,
+        help="the live dashboard: every port, its traffic, counters, GIDs, health and events",
+        configure=configure,
+    )

@@ -1,0 +1,381 @@
+"""The dashboard driven as an operator drives it: keys, mouse, what each screen shows."""
+
+from __future__ import annotations
+
+import os
+
+from textual.widgets import DataTable, Static
+
+from ibtool.tui.screens.detail import PortScreen
+from ibtool.tui.screens.help import HelpScreen
+from ibtool.tui.screens.loopback import LoopbackScreen
+from ibtool.tui.widgets.counters import CounterTable
+from ibtool.tui.widgets.events import EventLog
+from ibtool.tui.widgets.ports import PortTable
+from tests.tui.conftest import cell, poll, settle
+
+GBIT = 1_000_000_000 // 8 // 4  # PMA data counters count 4-octet words: one Gb/s for 1 s
+
+
+def events(app) -> list[str]:
+    return [e.event + " " + (e.device or "") + f"/{e.port}" for e in app.query_one(EventLog).events]
+
+
+async def test_every_port_in_one_table_with_its_state_and_health(node):
+    app = node().app()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        table = app.query_one(PortTable)
+        assert table.row_count == 2
+        assert cell(table, "mlx5_0/1", "state") == "ACTIVE"
+        assert cell(table, "mlx5_0/1", "addr") == "LID 28"
+        assert cell(table, "mlx5_0/1", "rate") == "100G 4X EDR"
+        assert cell(table, "mlx5_0/2", "state") == "DOWN"
+        assert cell(table, "mlx5_0/2", "health") == "CRIT"
+        findings = str(app.query_one("#findings", Static).render())
+        assert "mlx5_0/2: state DOWN (physical_state POLLING)" in findings
+
+
+async def test_throughput_is_the_data_counters_rate_against_the_link_rate(node):
+    n = node()
+    app = n.app()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        n.tick(2.0)
+        n.add("port_xmit_data", 50 * GBIT * 2)  # 50 Gb/s for 2 s on a 100 Gb/s link
+        n.add("port_rcv_data", 1 * GBIT * 2)
+        n.add("port_xmit_packets", 4_000_000)
+        await poll(pilot)
+        table = app.query_one(PortTable)
+        tx = cell(table, "mlx5_0/1", "tx")
+        assert tx == "███     50.00 Gb/s"  # half of 6 cells
+        assert cell(table, "mlx5_0/1", "rx").endswith("  1.00 Gb/s")
+        assert app.frame.row(("mlx5_0", 1)).traffic.tx_packets == 2_000_000
+
+
+async def test_error_deltas_count_from_the_start_and_mark_the_last_interval(node):
+    n = node()
+    app = n.app()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        n.tick()
+        n.add("port_rcv_errors", 5)
+        await poll(pilot)
+        table = app.query_one(PortTable)
+        assert cell(table, "mlx5_0/1", "errors") == "5 +5"
+        n.tick()
+        n.add("symbol_error", 2)
+        await poll(pilot)
+        assert cell(table, "mlx5_0/1", "errors") == "7 +2"
+        n.tick()
+        await poll(pilot)
+        assert cell(table, "mlx5_0/1", "errors") == "7"
+
+
+async def test_a_counter_reset_is_an_event_not_a_rate(node):
+    n = node()
+    app = n.app()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        n.tick()
+        n.counter("port_xmit_data", 10)
+        await poll(pilot)
+        assert "counter_reset mlx5_0/1" in events(app)
+        assert app.frame.row(("mlx5_0", 1)).traffic.tx_bytes is None
+        assert "counter port_xmit_data" in str(app.query_one(EventLog).render())
+
+
+async def test_a_port_going_down_is_logged_and_checked_at_once(node):
+    n = node()
+    app = n.app()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        n.tick()
+        n.write("sys/class/infiniband/mlx5_0/ports/1/state", "1: DOWN")
+        n.write("sys/class/infiniband/mlx5_0/ports/1/phys_state", "3: Disabled")
+        await poll(pilot)
+        table = app.query_one(PortTable)
+        assert cell(table, "mlx5_0/1", "state") == "DOWN"
+        assert cell(table, "mlx5_0/1", "health") == "CRIT"  # not at the next health run
+        log = str(app.query_one(EventLog).render())
+        assert "14:13:21 port_state mlx5_0/1 state DOWN (was ACTIVE) physical_state DISABLED" in log
+
+
+async def test_a_device_that_disappears_and_comes_back(node):
+    n = node()
+    app = n.app()
+    link = n.root / "sys/class/infiniband/mlx5_0"
+    target = os.readlink(link)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        link.unlink()
+        n.tick()
+        await poll(pilot)
+        assert app.query_one(PortTable).row_count == 0
+        assert "no RDMA devices" in str(app.query_one("#findings", Static).render())
+        os.symlink(target, link)
+        n.tick()
+        await poll(pilot)
+        assert app.query_one(PortTable).row_count == 2
+        kinds = [e.event for e in app.query_one(EventLog).events]
+        assert kinds[:1] == ["unregister"] and "register" in kinds[1:]
+
+
+async def test_enter_opens_the_port_with_every_counter_and_escape_comes_back(node):
+    n = node()
+    app = n.app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("enter")
+        await settle(pilot)
+        assert isinstance(app.screen, PortScreen)
+        assert n.feed.focus == ("mlx5_0", 1)
+        counters = app.screen.query_one(CounterTable)
+        names = [cell(counters, k.value, "name") for k in counters.rows]
+        assert "symbol_error" in names and "out_of_buffer" in names
+        assert cell(counters, "pma:port_xmit_wait", "value") == "4,294,967,295 SAT"
+        explain = str(app.screen.query_one("#explain", Static).render())
+        assert explain.startswith(names[0] + " (")
+        await pilot.press("down")
+        explain = str(app.screen.query_one("#explain", Static).render())
+        assert explain.startswith(names[1] + " (")
+        await pilot.press("escape")
+        assert not isinstance(app.screen, PortScreen)
+        assert n.feed.focus is None
+
+
+async def test_the_detail_shows_gids_and_says_why_resources_are_missing(node):
+    n = node()
+    app = n.app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("enter")
+        await poll(pilot)
+        screen = app.screen
+        gids = screen.query_one("#gids", DataTable)
+        assert gids.row_count == 1
+        assert "fe80:0000:0000:0000" in str(gids.get_row_at(0)[2])
+        note = str(screen.query_one("#owner-note", Static).render())
+        assert note.startswith("resources are read from the running kernel over netlink")
+
+
+async def test_a_counter_rate_and_its_history_in_the_detail(node):
+    n = node()
+    app = n.app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("enter")
+        for step in (1, 2, 3):
+            n.tick()
+            n.add("port_rcv_errors", step)
+            await poll(pilot)
+        counters = app.screen.query_one(CounterTable)
+        assert cell(counters, "pma:port_rcv_errors", "rate") == "3.0"
+        assert cell(counters, "pma:port_rcv_errors", "history").endswith(
+            " ▃▆█"
+        )  # no rate at the first poll, then 1, 2, 3
+
+
+async def test_pause_stops_polling_and_p_resumes(node):
+    n = node()
+    app = n.app(interval=0.2)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("p")
+        assert app.paused and app._timer is None
+        assert "PAUSED" in str(app.query_one("#status", Static).render())
+        polled = app.frame.number
+        await pilot.pause(0.5)
+        assert app.frame.number == polled
+        await pilot.press("p")
+        await settle(pilot)
+        assert not app.paused and app.frame.number > polled
+
+
+async def test_less_and_greater_than_change_the_interval(node):
+    app = node().app(interval=1.0)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("greater_than_sign")
+        assert app.interval == 0.5
+        await pilot.press("less_than_sign", "less_than_sign", "less_than_sign")
+        assert app.interval == 5.0
+        assert "every 5 s" in str(app.query_one("#status", Static).render())
+        for _ in range(6):
+            await pilot.press("less_than_sign")
+        assert app.interval == 10.0
+
+
+async def test_slash_filters_the_ports_and_escape_clears(node):
+    app = node().app()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("slash", "D", "O", "W", "N")
+        table = app.query_one(PortTable)
+        assert [k.value for k in table.rows] == ["mlx5_0/2"]
+        await pilot.press("escape")
+        assert table.row_count == 2 and table.has_focus
+
+
+async def test_question_mark_lists_every_key(node):
+    app = node().app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        text = str(app.screen.query_one(Static).render())
+        for key in ("q", "l", "p", "r", "<", ">", "/", "?", "escape"):
+            assert f"\n  {key} " in text, key
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_q_quits(node):
+    app = node().app()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+async def test_a_click_selects_and_a_second_click_opens(node):
+    app = node().app()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        table = app.query_one(PortTable)
+        await pilot.click(PortTable, offset=(3, 2))  # the header is row 0; mlx5_0/2 is row 2
+        assert table.selected == ("mlx5_0", 2)
+        await pilot.click(PortTable, offset=(3, 2))
+        assert isinstance(app.screen, PortScreen) and app.screen.key == ("mlx5_0", 2)
+
+
+def results(*statuses):
+    from ibtool.rdma.loopback import OpResult, Status
+
+    return [
+        OpResult(
+            op,
+            Status(status),
+            4096,
+            100,
+            [5.0, 6.0, 7.0],
+            900.0 if op == "write" else None,
+            "device reports atomic_caps NONE" if status == "UNSUPPORTED" else None,
+        )
+        for op, status in statuses
+    ]
+
+
+async def test_the_loopback_runs_in_a_thread_and_shows_each_operation(node):
+    ran = []
+
+    def runner(device, port, ops, report, cancelled):
+        ran.append((device, port, ops))
+        for r in results(("send", "PASS"), ("write", "PASS"), ("fetch_add", "UNSUPPORTED")):
+            report(r)
+
+    app = node().app(loopback=runner)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("l")
+        screen = app.screen
+        assert isinstance(screen, LoopbackScreen)
+        await screen.workers.wait_for_complete()
+        await pilot.pause()
+        assert ran[0][:2] == ("mlx5_0", 1)
+        table = screen.query_one("#loopback-results", DataTable)
+        assert [str(table.get_row_at(i)[1]) for i in range(3)] == ["PASS", "PASS", "UNSUPPORTED"]
+        status = str(screen.query_one("#loopback-status", Static).render())
+        assert status.startswith("all 3 operations passed or are unsupported")
+
+
+async def test_a_loopback_that_cannot_start_says_why(node):
+    from ibtool.errors import UnsupportedError
+
+    def runner(device, port, ops, report, cancelled):
+        raise UnsupportedError("pyverbs is not installed", "apt install python3-pyverbs")
+
+    app = node().app(loopback=runner)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("l")
+        await app.screen.workers.wait_for_complete()
+        await pilot.pause()
+        status = str(app.screen.query_one("#loopback-status", Static).render())
+        assert status.startswith("not run: pyverbs is not installed (hint: apt install")
+
+
+async def test_no_loopback_on_a_down_port_or_a_capture(node):
+    app = node().app(loopback=lambda *a: None)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("down", "l")
+        assert not isinstance(app.screen, LoopbackScreen)
+        assert "mlx5_0/2 is DOWN" in [n.message for n in app._notifications][-1]
+    capture = node(live=False).app()
+    async with capture.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("l")
+        assert not isinstance(capture.screen, LoopbackScreen)
+        assert "not a capture" in list(capture._notifications)[-1].message
+
+
+async def test_a_capture_is_read_once_and_shows_no_rates(node):
+    app = node(live=False).app(interval=0.2)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        await pilot.pause(0.5)
+        assert app.frame.number == 1 and app._timer is None
+        status = str(app.query_one("#status", Static).render())
+        assert "capture: no rates" in status
+        assert cell(app.query_one(PortTable), "mlx5_0/1", "errors") == "-"
+
+
+async def test_a_poll_that_fails_is_shown_and_the_next_one_runs(node):
+    n = node()
+    app = n.app()
+    real = n.feed.poll
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(5, "Input/output error")
+        return real()
+
+    n.feed.poll = flaky
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        await poll(pilot)
+        assert "poll failed: OSError" in str(app.query_one("#findings", Static).render())
+        await poll(pilot)
+        assert app.frame.error is None and app.query_one(PortTable).row_count == 2
+
+
+async def test_plugin_panels_get_the_shared_feed_and_every_frame(node):
+    from textual.widgets import Static as Base
+
+    from ibtool.tui.messages import Polled
+
+    got = []
+
+    class Panel(Base):
+        def on_polled(self, message: Polled) -> None:
+            got.append(message.frame.number)
+            self.update(f"{len(message.frame.rows)} ports")
+
+    def broken(feed):
+        raise RuntimeError("no such thing")
+
+    n = node()
+    feeds = []
+    app = n.app(panels={"mine": lambda feed: feeds.append(feed) or Panel(), "bad": broken})
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await poll(pilot)
+        assert feeds == [n.feed]
+        assert got == [1, 2]
+        texts = [str(w.render()) for w in app.query(".panel")]
+        assert "panel bad failed: RuntimeError: no such thing" in texts
+        assert "2 ports" in texts
