@@ -42,20 +42,19 @@ def si(value: float) -> str:
 
 
 def throughput(
-    bytes_per_s: float | None, packets_per_s: float | None, gbps: float | None, width: int = 6
+    bytes_per_s: float | None, packets_per_s: float | None, gbps: float | None, width: int = 5
 ) -> Text:
-    """A port's throughput one way: a bar against the link rate and Gb/s where bytes are
-    counted, packets per second where only packets are (rxe), '-' where nothing is."""
+    """A port's throughput one way in 16 cells: a bar against the link rate and Gb/s where
+    bytes are counted, packets per second where only packets are (rxe), '-' where nothing is."""
     if bytes_per_s is not None:
         bits = bytes_per_s * 8
         fraction = bits / (gbps * 1e9) if gbps else 0.0
-        style = "bold red" if fraction > 0.9 else "cyan"
-        text = Text(bar(fraction, width), style=style)
-        text.append(f" {bits / 1e9:6.2f} Gb/s")
+        text = Text(bar(fraction, width), style="bold red" if fraction > 0.9 else "cyan")
+        text.append(f" {bits / 1e9:5.1f} Gb/s")
         return text
     if packets_per_s is not None:
-        return Text(" " * width + f" {si(packets_per_s):>6} pkt/s")
-    return Text(" " * width + "      -", style="dim")
+        return Text(" " * width + f" {si(packets_per_s):>5} pkt/s")
+    return Text(" " * width + "     -", style="dim")
 
 
 def spark(values: Iterable[float | None], width: int = 30) -> str:

@@ -6,18 +6,22 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from ibtool import counterinfo
-from ibtool.feed import Frame, PortKey, counter_key
+from ibtool.feed import HISTORY, Frame, PortKey, counter_key
 from ibtool.rates import Rated, is_saturated
 from ibtool.tui import format
 
 COLUMNS = (
     ("name", "COUNTER"),
-    ("source", "SRC"),
     ("value", "VALUE"),
     ("rate", "RATE/s"),
-    ("history", "LAST 60 RATES"),
+    ("history", "RATES"),
+    ("source", "SRC"),
 )
-SPARK = 30
+
+
+def spark_width(screen_width: int) -> int:
+    """All HISTORY rates at 160 columns; at 80 as many as fit beside the other columns."""
+    return max(10, min(HISTORY, screen_width - 74))
 
 
 def explain(name: str, source: str) -> str:
@@ -54,16 +58,16 @@ def _rate(r: Rated) -> Text:
     return Text(f"{r.rate:,.1f}", style="bold red" if error and r.rate else "")
 
 
-def cells(r: Rated, frame: Frame) -> tuple:
+def cells(r: Rated, frame: Frame, width: int = 60) -> tuple:
     s = r.sample
     error = counterinfo.is_error(s.name, s.source)
     history = frame.history.get(counter_key(s), ())
     return (
         Text(s.name, style="red" if error else ""),
-        s.source,
         _value(r),
         _rate(r),
-        Text(format.spark(history, SPARK), style="red" if error else "cyan"),
+        Text(format.spark(history, width), style="red" if error else "cyan"),
+        s.source,
     )
 
 
@@ -75,7 +79,10 @@ class CounterTable(DataTable):
         self.rated: dict[str, Rated] = {}
 
     def on_mount(self) -> None:
+        self.spark = spark_width(self.app.size.width)
         for key, label in COLUMNS:
+            if key == "history":
+                label = f"LAST {self.spark} RATES"
             self.add_column(label, key=key)
 
     def show(self, frame: Frame) -> None:
@@ -86,14 +93,14 @@ class CounterTable(DataTable):
             self._shown = {}
         self.rated = wanted
         for key, r in wanted.items():
-            values = cells(r, frame)
+            values = cells(r, frame, self.spark)
             before = self._shown.get(key)
             if before is None:
                 self.add_row(*values, key=key)
             else:
                 for (column, _), old, new in zip(COLUMNS, before, values):
                     if old != new:
-                        self.update_cell(key, column, new)
+                        self.update_cell(key, column, new, update_width=True)
             self._shown[key] = values
 
     def highlighted(self) -> Rated | None:

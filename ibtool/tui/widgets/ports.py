@@ -9,17 +9,19 @@ from ibtool.feed import Frame, PortKey, PortRow
 from ibtool.model import LinkLayer, PhysState, PortState
 from ibtool.tui import format
 
+# What an operator reads first is leftmost: at 80 columns PORT to ERRORS fit, the rest scroll.
 COLUMNS = (
     ("port", "PORT"),
     ("health", "HEALTH"),
     ("state", "STATE"),
-    ("phys", "PHYS"),
-    ("rate", "RATE"),
-    ("addr", "LID/NETDEV"),
     ("tx", "TX"),
     ("rx", "RX"),
     ("errors", "ERRORS"),
+    ("rate", "RATE"),
+    ("addr", "LID/NETDEV"),
+    ("phys", "PHYS"),
 )
+WIDTH = {"tx": 16, "rx": 16, "errors": 8}
 
 
 def _name(key: PortKey) -> str:
@@ -79,12 +81,12 @@ def cells(row: PortRow, frame: Frame) -> tuple:
         _name(row.key),
         format.status(row.health),
         _state(row),
-        _phys(row),
-        _rate(row),
-        _address(row),
         format.throughput(t.tx_bytes, t.tx_packets, gbps),
         format.throughput(t.rx_bytes, t.rx_packets, gbps),
         _errors(row, frame.live),
+        _rate(row),
+        _address(row),
+        _phys(row),
     )
 
 
@@ -109,7 +111,7 @@ class PortTable(DataTable):
 
     def on_mount(self) -> None:
         for key, label in COLUMNS:
-            self.add_column(label, key=key)
+            self.add_column(label, key=key, width=WIDTH.get(key))
 
     def show(self, frame: Frame) -> None:
         rows = [r for r in frame.rows if matches(r, self.filter)]
@@ -131,7 +133,7 @@ class PortTable(DataTable):
             else:
                 for (column, _), old, new in zip(COLUMNS, before, values):
                     if old != new:
-                        self.update_cell(key, column, new)
+                        self.update_cell(key, column, new, update_width=column not in WIDTH)
             self._shown[key] = values
         restore, self._restore = self._restore, None
         if restore is not None and _name(restore) in self._shown:
