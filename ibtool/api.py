@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 if TYPE_CHECKING:
+    from ibtool.feed import Feed
     from ibtool.host import Host
 
 
@@ -317,8 +318,9 @@ class MetricFamily:
 
 MetricCollector = Callable[["Host"], Iterable[MetricFamily]]
 
-# A panel factory returns a textual.widget.Widget; Any keeps textual out of this module.
-PanelFactory = Callable[["Host"], Any]
+# A panel factory gets the dashboard's ibtool.feed.Feed and returns a textual.widget.Widget;
+# Any keeps textual out of this module.
+PanelFactory = Callable[["Feed"], Any]
 
 
 def _go_float(value: float) -> str:

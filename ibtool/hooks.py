@@ -82,7 +82,7 @@ def metric_collectors(plugins: Plugins, warn: Warn) -> dict[str, MetricCollector
 
 def panel_factories(plugins: Plugins, warn: Warn) -> dict[str, PanelFactory]:
     """The panel factories of the ibtool_tui_panels hook, by name. None is called here: the
-    dashboard calls each with the one Host it shares between them."""
+    dashboard calls each with the one Feed it shares between them."""
     return _collect(plugins, "ibtool_tui_panels", "panel", warn)
 
 

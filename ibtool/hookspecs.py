@@ -69,11 +69,13 @@ def ibtool_health_checks(register):
 def ibtool_tui_panels(register):
     """Contribute a panel to the ``ibtool tui`` dashboard.
 
-    Call ``register(name, factory)`` once per panel. ``factory(host)`` receives the
-    :class:`ibtool.host.Host` facade, the same object for every panel of the dashboard (share
-    data through it, do not build your own), and returns a ``textual.widget.Widget``. Import
-    textual inside the factory: this hook is called by ``ibtool tui`` only, and the core only
-    collects the factories (:func:`ibtool.hooks.panel_factories`).
+    Call ``register(name, factory)`` once per panel. ``factory(feed)`` receives the
+    dashboard's one :class:`ibtool.feed.Feed`, the same for every panel (its last frame is
+    ``feed.latest``), and returns a ``textual.widget.Widget``; after each poll the widget
+    receives an ``ibtool.tui.messages.Polled`` message whose ``frame`` is the new
+    :class:`ibtool.feed.Frame`. One poller serves every panel: a panel never reads the kernel
+    itself. Import textual inside the factory: this hook is called by ``ibtool tui`` only, and
+    the core only collects the factories (:func:`ibtool.hooks.panel_factories`).
     """
 
 

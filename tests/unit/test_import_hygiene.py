@@ -82,3 +82,17 @@ def test_netlink_layer_loads_pyroute2_netlink_without_the_package_init():
     assert len(light) < 15, light
     assert left == []
     assert real_package and has_netlink
+
+
+def test_the_dashboard_without_a_terminal_says_so_and_imports_no_textual(tmp_path):
+    # A pipe is not a terminal: one usage error (exit 2) naming what to use instead.
+    assert loaded_heavy_modules("--root", str(CAPTURED), "tui") == []
+    done = subprocess.run(
+        [sys.executable, "-m", "ibtool", "--root", str(CAPTURED), "tui"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("ibtool: error: ibtool tui needs a terminal")
+    assert "ibtool counters --watch" in done.stderr

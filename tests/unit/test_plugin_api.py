@@ -43,8 +43,8 @@ HOOKS = ["ibtool_health_checks", "ibtool_metrics", "ibtool_register_commands", "
 class Panel:
     """What a panel factory returns here: textual stays out of the unit tests."""
 
-    def __init__(self, host: Host) -> None:
-        self.host = host
+    def __init__(self, feed) -> None:
+        self.feed = feed
 
 
 def make_api_plugin():
@@ -145,8 +145,11 @@ def test_the_core_collects_what_every_hook_registers(host):
         "metrics": ["api_port"],
         "panels": ["ports"],
     }
-    panel = found["panels"]["ports"](host)
-    assert isinstance(panel, Panel) and panel.host is host
+    from ibtool.feed import Feed
+
+    feed = Feed(lambda: host, live=False, source="test")
+    panel = found["panels"]["ports"](feed)
+    assert isinstance(panel, Panel) and panel.feed is feed
 
 
 def test_the_plugin_command_runs_and_plugins_lists_its_four_hooks():
