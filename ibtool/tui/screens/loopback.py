@@ -67,7 +67,7 @@ class LoopbackScreen(ModalScreen):
             )
 
     def on_mount(self) -> None:
-        self.query_one(DataTable).add_columns("OP", "STATUS", "P50_us", "P99_us", "MB/s", "ERROR")
+        self.query_one(DataTable).add_columns("OP", "STATUS", "P50_us", "P99_us", "MB/s")
         self.run_test()
 
     @work(thread=True, exclusive=True)
@@ -99,12 +99,13 @@ class LoopbackScreen(ModalScreen):
             _us(r.percentile(50)),
             _us(r.percentile(99)),
             bw,
-            r.error or "",
         )
         self.query_one(ProgressBar).advance(1)
 
     def finish(self, error: str | None) -> None:
         self.done = True
+        bar = self.query_one(ProgressBar)
+        bar.update(total=len(self.results) or 1, progress=len(self.results) or 1)
         failed = [r.op for r in self.results if r.status.value in ("FAIL", "TIMEOUT")]
         if error is not None:
             text = Text(f"not run: {error}", style="bold red")
@@ -114,5 +115,10 @@ class LoopbackScreen(ModalScreen):
             text = Text(
                 f"all {len(self.results)} operations passed or are unsupported", style="bold green"
             )
-        text.append("   (Escape closes)", style="dim")
+        for r in self.results:
+            if r.error:
+                text.append(
+                    f"\n{r.op}: {r.error}", style="" if r.status.value == "UNSUPPORTED" else "red"
+                )
+        text.append("\n(Escape closes)", style="dim")
         self.query_one("#loopback-status", Static).update(text)
