@@ -9,6 +9,7 @@ when they come back, not at every frame.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -58,7 +59,8 @@ def _worst_first(f):
 
 
 class Dashboard(App):
-    CSS_PATH = "app.tcss"
+    # Absolute: textual resolves a relative CSS_PATH beside the module of a subclass.
+    CSS_PATH = Path(__file__).with_name("app.tcss")
     TITLE = "ibtool"
     BINDINGS = [
         Binding("q", "quit", "Quit"),

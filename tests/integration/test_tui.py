@@ -88,7 +88,8 @@ async def watch(topo) -> None:
         table = app.query_one(PortTable)
 
         def cell(key, column) -> str:
-            return table.get_cell(f"{key[0]}/{key[1]}", column).plain
+            value = table.get_cell(f"{key[0]}/{key[1]}", column)
+            return getattr(value, "plain", value)
 
         assert cell(mine, "state") == "ACTIVE" and cell(mine, "addr") == topo["netdev"]
 
