@@ -11,6 +11,7 @@ here: the dashboard imports this, never the other way round.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -87,6 +88,7 @@ class Frame:
     source: str  # what was read: "this host", a --root directory, a snapshot file
     rows: tuple[PortRow, ...] = ()
     counters: Mapping[PortKey, tuple[Rated, ...]] = field(default_factory=dict)
+    # the last HISTORY rates of each counter of the focused port, oldest first
     history: Mapping[CounterKey, tuple[float | None, ...]] = field(default_factory=dict)
     host_findings: tuple[HealthResult, ...] = ()  # findings about no port ('' or a device)
     health_time: float | None = None
@@ -146,7 +148,7 @@ class Feed:
         self._reading: Any = None
         self._sampler = Sampler(lambda: self._reading.counters(), clock)
         self._seen: Seen | None = None
-        self._history: dict[CounterKey, tuple[float | None, ...]] = {}
+        self._history: dict[CounterKey, deque] = {}
         self._errors: dict[PortKey, int] = {}
         self._moved: dict[PortKey, int] = {}
         self._best: dict[PortKey, float] = {}
@@ -204,7 +206,11 @@ class Feed:
         for r in rated:
             by_port.setdefault((r.sample.device, r.sample.port), []).append(r)
         findings, health_time = self._checked(host, now, bool(events))
-        rows = tuple(self._row(p, by_port.get((p.device, p.port), []), findings) for p in ports)
+        about = _by_port(findings, ports)
+        rows = tuple(
+            self._row(p, by_port.get((p.device, p.port), []), about.get((p.device, p.port), ()))
+            for p in ports
+        )
         keys = {r.key for r in rows}
         host_findings = tuple(
             f for f in findings if _port_of(f.subject) not in keys or not f.subject
@@ -214,7 +220,7 @@ class Feed:
             interval=interval,
             rows=rows,
             counters={k: tuple(v) for k, v in by_port.items()},
-            history=dict(self._history),
+            history=self._focus_history(),
             host_findings=host_findings,
             health_time=health_time,
             events=tuple(events),
@@ -233,7 +239,11 @@ class Feed:
         history = {}
         for r in rated:
             key = counter_key(r.sample)
-            history[key] = (self._history.get(key, ()) + (r.rate,))[-HISTORY:]
+            rates = self._history.get(key)
+            if rates is None:
+                rates = deque(maxlen=HISTORY)
+            rates.append(r.rate)
+            history[key] = rates
         self._history = history  # a counter gone is forgotten with its history
         self._moved = {}
         for old, new in paired(before, [r.sample for r in rated]):
@@ -243,6 +253,14 @@ class Feed:
                     key = (new.device, new.port)
                     self._moved[key] = self._moved.get(key, 0) + delta
         return rated
+
+    def _focus_history(self) -> dict[CounterKey, tuple[float | None, ...]]:
+        """The rates of the focused port's counters, oldest first: only the port detail draws
+        them, and copying every port's at every poll would cost more than the rest of it."""
+        if self.focus is None:
+            return {}
+        device, port = self.focus
+        return {k: tuple(v) for k, v in self._history.items() if k[0] == device and k[1] == port}
 
     def _resets(self, rated: list[Rated]) -> list[Event]:
         return [
@@ -257,11 +275,10 @@ class Feed:
             if r.note == "reset"
         ]
 
-    def _row(self, port: Port, rated: list[Rated], findings: list[HealthResult]) -> PortRow:
+    def _row(self, port: Port, rated: list[Rated], mine: tuple[HealthResult, ...]) -> PortRow:
         key = (port.device, port.port)
         new = self._moved.get(key, 0)
         self._errors[key] = self._errors.get(key, 0) + new
-        mine = tuple(f for f in findings if _about(f.subject, key))
         status = Status.worst(f.status for f in mine) if mine else None
         return PortRow(
             port,
@@ -365,6 +382,17 @@ def _port_of(subject: str) -> PortKey | None:
     return (device, int(port)) if port.isdigit() else None
 
 
-def _about(subject: str, key: PortKey) -> bool:
-    """A finding about this port, or about its whole device."""
-    return subject == key[0] or _port_of(subject) == key
+def _by_port(findings: list[HealthResult], ports: list[Port]) -> dict[PortKey, tuple]:
+    """Each port's findings: those about it, and those about its whole device."""
+    of_port: dict[PortKey, list[HealthResult]] = {}
+    of_device: dict[str, list[HealthResult]] = {}
+    for f in findings:
+        key = _port_of(f.subject)
+        if key is not None:
+            of_port.setdefault(key, []).append(f)
+        elif f.subject:
+            of_device.setdefault(f.subject, []).append(f)
+    return {
+        (p.device, p.port): tuple(of_device.get(p.device, []) + of_port.get((p.device, p.port), []))
+        for p in ports
+    }

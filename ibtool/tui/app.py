@@ -93,6 +93,7 @@ class Dashboard(App):
         self._timer = None
         self._polling = False
         self._notes_seen: set[str] = set()
+        self._findings = None
 
     # -- layout --------------------------------------------------------------------------------
 
@@ -188,8 +189,12 @@ class Dashboard(App):
         self.overview.query_one(StatusLine).show(frame, self.interval, self.paused)
         if frame is None:
             return
-        self.overview.query_one(PortTable).show(frame)
-        self.overview.query_one("#findings", Static).update(findings_text(frame))
+        with self.batch_update():
+            self.overview.query_one(PortTable).show(frame)
+            findings = findings_text(frame)
+            if findings != self._findings:  # an update lays the screen out again: only if new
+                self._findings = findings
+                self.overview.query_one("#findings", Static).update(findings)
 
     def on_screen_resume(self) -> None:
         self._show_overview()

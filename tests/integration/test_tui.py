@@ -103,6 +103,9 @@ async def watch(topo) -> None:
             )
             tx = cell(mine, "tx")
             assert tx.endswith("pkt/s") and tx.split()[0] != "0", tx
+            shots = topo.get("out")  # what a person sees, kept with the run's results
+            if shots:
+                app.save_screenshot("tui-overview.svg", shots)
             await pilot.press("enter")
             await until(
                 pilot,
@@ -112,6 +115,8 @@ async def watch(topo) -> None:
                 ),
                 "ib_write_bw among the holders of rxe0/1's QPs",
             )
+            if shots:
+                app.save_screenshot("tui-detail.svg", shots)
             gids = app.screen.query_one("#gids", DataTable)
             assert gids.row_count >= 2  # the link-local GID and the IPv4 ones, RoCE v1 and v2
             await pilot.press("escape")

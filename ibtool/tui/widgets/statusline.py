@@ -46,5 +46,10 @@ def describe(frame: Frame | None, interval: float, paused: bool) -> Text:
 
 
 class StatusLine(Static):
+    shown = None
+
     def show(self, frame: Frame | None, interval: float, paused: bool) -> None:
-        self.update(describe(frame, interval, paused))
+        text = describe(frame, interval, paused)
+        if text != self.shown:
+            self.shown = text
+            self.update(text)
