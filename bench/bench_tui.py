@@ -175,6 +175,8 @@ def loop_share(script: str, seconds: float) -> float:
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--serve":
         return serve(sys.argv[2], sys.argv[3])
+    if len(sys.argv) > 2 and sys.argv[1] == "--mutate":
+        return mutate(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--ports", type=int, default=64)
@@ -183,13 +185,7 @@ def main() -> None:
     mutator = None
     try:
         dirs = [str(d) for d in build(work, args.ports)]
-        mutator = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                f"import sys; sys.path.insert(0, {str(REPO)!r}); from bench.bench_tui import mutate; mutate({dirs!r})",
-            ]
-        )
+        mutator = subprocess.Popen([sys.executable, __file__, "--mutate", *dirs])
         ibtool = f"{sys.executable} -m ibtool --root {work} counters"
         cat = f"cat {work}/sys/class/infiniband/*/ports/*/counters/*"
         print(f"{len(dirs)} ports, counters rewritten every 0.5 s; {args.seconds:g} s each")
@@ -201,7 +197,8 @@ def main() -> None:
             f"first frame {first:5.2f} s  peak {peak / 1024:6.1f} MiB"
         )
         print(
-            f"  watch -n 1 ibtool counters (loop)   CPU {watch:6.1%}   tui/this {share / watch:5.2f}x"
+            f"  watch -n 1 ibtool counters (loop)   CPU {watch:6.1%}   "
+            f"tui/this {share / watch:5.2f}x"
         )
         print(
             f"  cat every counter file (loop)       CPU {floor:6.1%}   tui/this "
