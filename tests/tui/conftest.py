@@ -42,7 +42,14 @@ class Node:
     """A fixture tree read by a live-like Feed: `tick(s)` moves the clock, `write` changes a
     file before the next poll."""
 
-    def __init__(self, tmp_path: Path, tree: str = "mlx5_ib_hca", live: bool = True, checks=None):
+    def __init__(
+        self,
+        tmp_path: Path,
+        tree: str = "mlx5_ib_hca",
+        live: bool = True,
+        checks=None,
+        netlink=None,
+    ):
         from ibtool.feed import Feed
         from ibtool.healthconfig import HealthConfig
         from ibtool.host import Host
@@ -54,7 +61,7 @@ class Node:
         boot.mkdir(parents=True, exist_ok=True)
         (boot / "boot_id").write_text(BOOT + "\n")
         self.now = 0.0
-        self.host = Host(root=str(self.root), warn=lambda m: self.feed.note(m))
+        self.host = Host(root=str(self.root), warn=lambda m: self.feed.note(m), netlink=netlink)
         if checks is None:
             checks = default_checks()
         self.feed = Feed(

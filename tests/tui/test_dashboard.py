@@ -379,3 +379,34 @@ async def test_plugin_panels_get_the_shared_feed_and_every_frame(node):
         texts = [str(w.render()) for w in app.query(".panel")]
         assert "panel bad failed: RuntimeError: no such thing" in texts
         assert "2 ports" in texts
+
+
+async def test_without_cap_net_admin_the_resources_panel_says_why(node):
+    from ibtool.errors import PermissionDeniedError
+
+    def refused():
+        raise PermissionDeniedError("RDMA_NLDEV_CMD_RES_QP_GET needs CAP_NET_ADMIN", "run as root")
+
+    app = node(netlink=refused).app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("enter")
+        await poll(pilot)
+        note = str(app.screen.query_one("#owner-note", Static).render())
+        assert note == "RDMA_NLDEV_CMD_RES_QP_GET needs CAP_NET_ADMIN (hint: run as root)"
+        assert app.screen.query_one("#owners", DataTable).row_count == 0
+        assert app.screen.query_one(CounterTable).row_count > 0  # the rest is shown
+
+
+async def test_80x24_keeps_every_port_and_the_columns_read_first(node):
+    app = node().app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        table = app.query_one(PortTable)
+        shown = 0
+        for column in table.ordered_columns:
+            shown += column.get_render_width(table)
+            if column.key.value == "errors":
+                break
+        assert shown <= 80  # PORT, HEALTH, STATE, TX, RX and ERRORS without scrolling
+        assert table.row_count == 2
