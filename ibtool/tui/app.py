@@ -218,9 +218,13 @@ class Dashboard(App):
         self.feed.focus = key
         screen = PortScreen(key)
         self.push_screen(screen)
-        if self.frame is not None:
-            self.call_after_refresh(screen.show_frame, self.frame, self.interval, self.paused)
+        self.call_after_refresh(self._show_detail, screen)
         self._poll_soon()
+
+    def _show_detail(self, screen: PortScreen) -> None:
+        """The newest frame, once the screen is there: a poll may have finished meanwhile."""
+        if self.frame is not None and screen.is_attached:
+            screen.show_frame(self.frame, self.interval, self.paused)
 
     def action_pop_screen(self) -> None:
         if isinstance(self.screen, PortScreen):

@@ -44,7 +44,7 @@ def si(value: float) -> str:
 def throughput(
     bytes_per_s: float | None, packets_per_s: float | None, gbps: float | None, width: int = 5
 ) -> Text:
-    """A port's throughput one way in 16 cells: a bar against the link rate and Gb/s where
+    """A port's throughput one way in 17 cells: a bar against the link rate and Gb/s where
     bytes are counted, packets per second where only packets are (rxe), '-' where nothing is."""
     if bytes_per_s is not None:
         bits = bytes_per_s * 8

@@ -410,3 +410,18 @@ async def test_80x24_keeps_every_port_and_the_columns_read_first(node):
                 break
         assert shown <= 80  # PORT, HEALTH, STATE, TX, RX and ERRORS without scrolling
         assert table.row_count == 2
+
+
+async def test_the_detail_shows_the_minute_before_it_was_opened(node):
+    n = node()
+    app = n.app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot)
+        for step in (1, 2, 3):
+            n.tick()
+            n.add("port_rcv_packets", 1000 * step)
+            await poll(pilot)
+        await pilot.press("enter")
+        await settle(pilot)  # the poll Enter starts, with the focused port's history
+        counters = app.screen.query_one(CounterTable)
+        assert cell(counters, "pma:port_rcv_packets", "history").rstrip().endswith("▃▆█")

@@ -21,7 +21,7 @@ COLUMNS = (
     ("addr", "LID/NETDEV"),
     ("phys", "PHYS"),
 )
-WIDTH = {"tx": 16, "rx": 16, "errors": 8}
+WIDTH = {"tx": 17, "rx": 17, "errors": 8}  # TX, RX: format.throughput's 17 cells
 
 
 def _name(key: PortKey) -> str:
