@@ -59,6 +59,7 @@ def build(root: Path, ports: int) -> list[Path]:
 def mutate(dirs: list[str]) -> None:
     """Every port's traffic and an error counter move, twice a second, until killed."""
     step = 0
+    spare = os.path.join(dirs[0].split("/sys/")[0], "bench-tui-spare")  # beside sys/
     while True:
         step += 1
         for d in dirs:
@@ -72,9 +73,9 @@ def mutate(dirs: list[str]) -> None:
                 path = os.path.join(d, name)
                 with open(path) as f:
                     value = int(f.read())
-                with open(path + ".new", "w") as f:
+                with open(spare, "w") as f:
                     f.write(f"{value + by}\n")
-                os.replace(path + ".new", path)  # a reader never sees a file half written
+                os.replace(spare, path)  # a reader never sees a file half written
         time.sleep(0.5)
 
 
@@ -97,11 +98,15 @@ def serve(root: str, ready: str) -> None:
         boot_id=lambda host: healthstate.boot_id(host.root),
     )
 
+    def stamp() -> None:  # written whole, then renamed: the bench never reads half of it
+        Path(ready + ".new").write_text(f"{time.time()}\n")
+        os.replace(ready + ".new", ready)
+
     class Timed(Dashboard):
         def on_polled(self, message) -> None:
             super().on_polled(message)
             if message.frame.number == 1:
-                self.call_after_refresh(lambda: Path(ready).write_text(f"{time.time()}\n"))
+                self.call_after_refresh(stamp)
 
     Timed(feed, interval=1.0).run()
 

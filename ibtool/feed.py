@@ -22,7 +22,7 @@ from ibtool.api import HealthResult, Status
 from ibtool.changes import Event, Seen, diff
 from ibtool.errors import IbtoolError, NoDevicesError
 from ibtool.model import CounterSample, Gid, Port
-from ibtool.rates import Rated, Sampler, counter_delta, paired
+from ibtool.rates import Rated, Sampler
 
 HISTORY = 60  # rates kept per counter: a minute at the default refresh, as rdmatop keeps
 PortKey = tuple[str, int]
@@ -230,7 +230,6 @@ class Feed:
         )
 
     def _sample(self, host, notes: list[str]) -> list[Rated]:
-        before = self._sampler.last or []
         try:
             rated = self._sampler.sample()
         except IbtoolError as e:
@@ -246,12 +245,10 @@ class Feed:
             history[key] = rates
         self._history = history  # a counter gone is forgotten with its history
         self._moved = {}
-        for old, new in paired(before, [r.sample for r in rated]):
-            if old is not None and counterinfo.is_error(new.name, new.source):
-                delta, _ = counter_delta(old, new)
-                if delta:
-                    key = (new.device, new.port)
-                    self._moved[key] = self._moved.get(key, 0) + delta
+        for r, delta in zip(rated, self._sampler.deltas):
+            if delta and counterinfo.is_error(r.sample.name, r.sample.source):
+                key = (r.sample.device, r.sample.port)
+                self._moved[key] = self._moved.get(key, 0) + delta
         return rated
 
     def _focus_history(self) -> dict[CounterKey, tuple[float | None, ...]]:

@@ -70,12 +70,27 @@ def paired(before: Iterable[CounterSample], after: Iterable[CounterSample]):
     return [(old.get((s.device, s.port, s.source, s.name)), s) for s in after]
 
 
-def rates(before: Iterable[CounterSample], after: Iterable[CounterSample], seconds: float):
-    """Each sample of `after` with its rate since `before`."""
+def rates(
+    before: Iterable[CounterSample],
+    after: Iterable[CounterSample],
+    seconds: float,
+    deltas: list[int | None] | None = None,
+):
+    """Each sample of `after` with its rate since `before`; `deltas`, when given, gets how
+    much each moved (None where not known), in the same order."""
     rows = []
     for prev, s in paired(before, after):
-        rate, note = counter_rate(prev, s, seconds) if prev else (None, "new")
+        if prev is None:
+            rate, note, delta = None, "new", None
+        elif seconds <= 0:
+            rate, note, delta = None, "unknown", None
+        else:
+            delta, note = counter_delta(prev, s)
+            # Python ints: a 64-bit word count times 4 stays exact until the division.
+            rate = None if delta is None else delta / seconds
         rows.append(Rated(s, rate, note))
+        if deltas is not None:
+            deltas.append(delta)
     return rows
 
 
@@ -94,13 +109,16 @@ class Sampler:
         self.clock = clock
         self.last: list[CounterSample] | None = None
         self.at: float | None = None
+        self.deltas: list[int | None] = []  # of the last sample(), row for row
 
     def sample(self) -> list[Rated]:
         samples = self.read()
         now = self.clock()
         if self.last is None:
             rows = [Rated(s, None, None) for s in samples]
+            self.deltas = [None] * len(rows)
         else:
-            rows = rates(self.last, samples, now - self.at)
+            self.deltas = []
+            rows = rates(self.last, samples, now - self.at, self.deltas)
         self.last, self.at = samples, now
         return rows

@@ -183,7 +183,7 @@ async def test_pause_stops_polling_and_p_resumes(node):
         await settle(pilot)
         await pilot.press("p")
         assert app.paused and app._timer is None
-        assert "PAUSED" in str(app.query_one("#status", Static).render())
+        assert "PAUSED" in str(app.query_one("#status").render())
         polled = app.frame.number
         await pilot.pause(0.5)
         assert app.frame.number == polled
@@ -200,7 +200,7 @@ async def test_less_and_greater_than_change_the_interval(node):
         assert app.interval == 0.5
         await pilot.press("less_than_sign", "less_than_sign", "less_than_sign")
         assert app.interval == 5.0
-        assert "every 5 s" in str(app.query_one("#status", Static).render())
+        assert "every 5 s" in str(app.query_one("#status").render())
         for _ in range(6):
             await pilot.press("less_than_sign")
         assert app.interval == 10.0
@@ -327,7 +327,7 @@ async def test_a_capture_is_read_once_and_shows_no_rates(node):
         await settle(pilot)
         await pilot.pause(0.5)
         assert app.frame.number == 1 and app._timer is None
-        status = str(app.query_one("#status", Static).render())
+        status = str(app.query_one("#status").render())
         assert "capture: no rates" in status
         assert cell(app.query_one(PortTable), "mlx5_0/1", "errors") == "-"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from rich.text import Text
-from textual.widgets import Static
+from textual.widget import Widget
 
 from ibtool.api import Status
 from ibtool.feed import Frame
@@ -45,11 +45,19 @@ def describe(frame: Frame | None, interval: float, paused: bool) -> Text:
     return text
 
 
-class StatusLine(Static):
-    shown = None
+class StatusLine(Widget):
+    """One line, repainted in place: its clock changes every poll, and a Static's update
+    would lay the whole screen out again each time."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.shown = describe(None, 0, False)
+
+    def render(self) -> Text:
+        return self.shown
 
     def show(self, frame: Frame | None, interval: float, paused: bool) -> None:
         text = describe(frame, interval, paused)
         if text != self.shown:
             self.shown = text
-            self.update(text)
+            self.refresh()
