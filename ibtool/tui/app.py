@@ -305,9 +305,9 @@ class Dashboard(App):
         if key is None:
             return
         if not self.feed.live or self.loopback_runner is None:
+            why = "not a capture" if not self.feed.live else "and this dashboard has no verbs"
             self.notify(
-                "the loopback test needs this host's RDMA devices, not a capture",
-                severity="error",
+                f"the loopback test needs this host's RDMA devices, {why}", severity="error"
             )
             return
         row = self.frame.row(key) if self.frame else None
