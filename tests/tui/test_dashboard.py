@@ -425,3 +425,15 @@ async def test_the_detail_shows_the_minute_before_it_was_opened(node):
         await settle(pilot)  # the poll Enter starts, with the focused port's history
         counters = app.screen.query_one(CounterTable)
         assert cell(counters, "pma:port_rcv_packets", "history").rstrip().endswith("▃▆█")
+
+
+async def test_a_terminal_smaller_than_80x24_is_cramped_but_works(node):
+    app = node().app()
+    async with app.run_test(size=(40, 12)) as pilot:
+        await settle(pilot)
+        await pilot.press("enter")
+        await poll(pilot)
+        await pilot.press("escape", "question_mark")
+        await pilot.pause()
+        await pilot.press("escape", "q")
+    assert app.return_code == 0
