@@ -65,6 +65,7 @@ class Dashboard(App):
     TITLE = "ibtool"
     BINDINGS = [
         Binding("q", "quit", "Quit"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),  # as every other tool
         Binding("enter", "open", "Port detail", show=False),
         Binding("l", "loopback", "Loopback"),
         Binding("p", "pause", "Pause"),

@@ -231,12 +231,15 @@ async def test_question_mark_lists_every_key(node):
         assert not isinstance(app.screen, HelpScreen)
 
 
-async def test_q_quits(node):
-    app = node().app()
-    async with app.run_test(size=(120, 30)) as pilot:
-        await settle(pilot)
-        await pilot.press("q")
-    assert app.return_code == 0
+async def test_q_quits_and_so_does_ctrl_c(node):
+    for key in ("q", "ctrl+c"):
+        app = node().app()
+        async with app.run_test(size=(120, 30)) as pilot:
+            await settle(pilot)
+            await pilot.press(key)
+            await pilot.pause()
+            assert not app.is_running, key
+        assert app.return_code == 0
 
 
 async def test_a_click_selects_and_a_second_click_opens(node):
