@@ -230,6 +230,8 @@ class Feed:
         )
 
     def _sample(self, host, notes: list[str]) -> list[Rated]:
+        if not self.live:
+            self._sampler.last = None  # a capture read again is the same moment: no rates
         try:
             rated = self._sampler.sample()
         except IbtoolError as e:
@@ -308,10 +310,12 @@ class Feed:
         due = self._health_at is None or changed or now - self._health_at >= self.health_every
         if self.checks and due and (self.live or self._health is None):
             from ibtool import health
+            from ibtool.healthconfig import HealthConfig
             from ibtool.healthstate import Saved
 
             saved = self._saved if self._saved is not None else Saved()
-            report = health.run(self.checks, host, self.config, saved, boot_id=self._boot_id(host))
+            config = self.config if self.config is not None else HealthConfig()
+            report = health.run(self.checks, host, config, saved, boot_id=self._boot_id(host))
             self._saved = Saved(report.kept)
             self._health = (report.results, self.wall())
             self._health_at = now

@@ -440,3 +440,33 @@ async def test_a_terminal_smaller_than_80x24_is_cramped_but_works(node):
         await pilot.pause()
         await pilot.press("escape", "q")
     assert app.return_code == 0
+
+
+async def test_a_snapshot_from_the_testbed_is_shown_as_captured(tmp_path):
+    from pathlib import Path
+
+    from ibtool.feed import Feed
+    from ibtool.snapshot import SnapshotHost
+    from tests.tui.conftest import default_checks
+
+    path = Path(__file__).resolve().parents[1] / "fixtures/captured/snapshot/host.json.gz"
+    feed = None
+    capture = SnapshotHost(str(path), lambda m: feed.note(m), False)
+    try:
+        feed = Feed(lambda: capture.host, live=False, source="snapshot", checks=default_checks())
+        from ibtool.tui.app import Dashboard
+
+        app = Dashboard(feed, interval=1.0)
+        async with app.run_test(size=(120, 30)) as pilot:
+            await settle(pilot)
+            table = app.query_one(PortTable)
+            assert [k.value for k in table.rows] == ["rxe0/1", "rxe1/1"]
+            assert cell(table, "rxe0/1", "addr") == "veth0"
+            assert cell(table, "rxe0/1", "tx").strip() == "-"  # a capture has no rates
+            await pilot.press("enter")
+            await poll(pilot)
+            counters = app.screen.query_one(CounterTable)
+            assert cell(counters, "hw:rcvd_pkts", "value") == "147,349"
+            assert cell(counters, "hw:rcvd_pkts", "rate") == "-"
+    finally:
+        capture.close()
