@@ -248,6 +248,60 @@ def check_health(tb):
     return first.split(" | ")[0]
 
 
+def check_tui(tb):
+    """The dashboard as an operator opens it, in a pseudo-terminal of 80x24: its first frame
+    shows the port ACTIVE, and q quits with exit 0 (the terminal handed back)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    env = dict(os.environ, TERM="xterm-256color")
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(IBTOOL, [IBTOOL, "tui"], env)
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    screen = b""
+    want = (f"{tb['device']}/1".encode(), b"ACTIVE")
+
+    def read(until: float) -> bool:
+        nonlocal screen
+        while time.monotonic() < until:
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    screen += os.read(fd, 65536)
+                except OSError:
+                    return False  # the terminal closed: the app exited
+            if all(w in screen for w in want):
+                return True
+        return False
+
+    try:
+        if not read(time.monotonic() + TIMEOUT):
+            raise Failed(f"no frame showing {want[0].decode()} ACTIVE in {TIMEOUT} s")
+        os.write(fd, b"q")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                pid = 0
+                code = (
+                    os.waitstatus_to_exitcode(status)
+                    if hasattr(os, "waitstatus_to_exitcode")
+                    else status >> 8
+                )
+                expect(code == 0, f"ibtool tui exit {code} after q")
+                return f"first frame shown, q quit ({len(screen)} bytes drawn)"
+            read(time.monotonic() + 0.5)
+        raise Failed("ibtool tui still running 60 s after q")
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+
+
 def check_missing_or_works(argv, netlink: str, since: str):
     """A command that needs a newer kernel's netlink command: exit 0 where the kernel has it,
     else exit 6 (unsupported) with one line naming the command and the release adding it."""
@@ -485,6 +539,7 @@ CHECKS = [
     ("link add/delete", check_link),
     ("monitor", check_monitor),
     ("health", check_health),
+    ("tui", check_tui),
     *((f"loopback {op}", check_loopback_op(op)) for op in OPS),
     ("ping send", check_ping("send")),
     ("ping write-imm", check_ping("write-imm")),
