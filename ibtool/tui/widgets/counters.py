@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import DataTable
 
 from ibtool import counterinfo
 from ibtool.feed import HISTORY, Frame, PortKey, counter_key
 from ibtool.rates import Rated, is_saturated
 from ibtool.tui import format
+from ibtool.tui.widgets.tables import KeyedTable
 
 COLUMNS = (
     ("name", "COUNTER"),
@@ -73,11 +73,12 @@ def cells(r: Rated, frame: Frame, width: int = 60) -> tuple:
     )
 
 
-class CounterTable(DataTable):
+class CounterTable(KeyedTable):
+    layout_columns = COLUMNS
+
     def __init__(self, port: PortKey, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.port = port
-        self._shown: dict[str, tuple] = {}
         self.rated: dict[str, Rated] = {}
 
     def on_mount(self) -> None:
@@ -90,23 +91,14 @@ class CounterTable(DataTable):
     def show(self, frame: Frame) -> None:
         rated = frame.counters.get(self.port, ())
         wanted = {f"{r.sample.source}:{r.sample.name}": r for r in rated}
-        if list(wanted) != list(self._shown):
+        if list(wanted) != list(self.shown):
             self.clear()
-            self._shown = {}
+            self.shown = {}
         self.rated = wanted
-        for key, r in wanted.items():
-            values = cells(r, frame, self.spark)
-            before = self._shown.get(key)
-            if before is None:
-                self.add_row(*values, key=key)
-            else:
-                for (column, _), old, new in zip(COLUMNS, before, values):
-                    if old != new:
-                        self.update_cell(key, column, new, update_width=True)
-            self._shown[key] = values
+        self.sync({key: cells(r, frame, self.spark) for key, r in wanted.items()})
 
     def highlighted(self) -> Rated | None:
-        if not self._shown or not 0 <= self.cursor_row < self.row_count:
+        if not self.shown or not 0 <= self.cursor_row < self.row_count:
             return None
         key = self.coordinate_to_cell_key((self.cursor_row, 0)).row_key.value
         return self.rated.get(key)

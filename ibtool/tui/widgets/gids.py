@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import DataTable
 
 from ibtool.feed import Focus
+from ibtool.tui.widgets.tables import WholeTable
 
 COLUMNS = ("", "INDEX", "GID", "TYPE", "NETDEV", "VLAN", "IP")
 
@@ -29,19 +29,8 @@ def rows(focus: Focus) -> list[tuple]:
     return out
 
 
-class GidTable(DataTable):
-    def __init__(self, **kwargs) -> None:
-        super().__init__(cursor_type="row", **kwargs)
-        self._rows: list[tuple] | None = None
-
-    def on_mount(self) -> None:
-        self.add_columns(*COLUMNS)
+class GidTable(WholeTable):
+    headers = COLUMNS
 
     def show(self, focus: Focus) -> None:
-        wanted = rows(focus)
-        if wanted == self._rows:
-            return
-        self._rows = wanted
-        self.clear()
-        for values in wanted:
-            self.add_row(*values)
+        self.show_rows(rows(focus))

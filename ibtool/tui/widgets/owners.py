@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from textual.widgets import DataTable
-
 from ibtool.feed import Focus
+from ibtool.tui.widgets.tables import WholeTable
 
 COLUMNS = ("PID", "COMMAND", "QPs", "CQs", "MRs")
 
@@ -16,19 +15,8 @@ def rows(focus: Focus) -> list[tuple]:
     ]
 
 
-class OwnerTable(DataTable):
-    def __init__(self, **kwargs) -> None:
-        super().__init__(cursor_type="row", **kwargs)
-        self._rows: list[tuple] | None = None
-
-    def on_mount(self) -> None:
-        self.add_columns(*COLUMNS)
+class OwnerTable(WholeTable):
+    headers = COLUMNS
 
     def show(self, focus: Focus) -> None:
-        wanted = rows(focus)
-        if wanted == self._rows:
-            return
-        self._rows = wanted
-        self.clear()
-        for values in wanted:
-            self.add_row(*values)
+        self.show_rows(rows(focus))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import DataTable
 
 from ibtool.feed import Frame, PortKey, PortRow
 from ibtool.model import LinkLayer, PhysState, PortState
 from ibtool.tui import format
+from ibtool.tui.widgets.tables import KeyedTable
 
 # What an operator reads first is leftmost: at 80 columns PORT to ERRORS fit, the rest scroll.
 COLUMNS = (
@@ -100,13 +100,15 @@ def matches(row: PortRow, text: str) -> bool:
     return any(text.lower() in w.lower() for w in words)
 
 
-class PortTable(DataTable):
+class PortTable(KeyedTable):
     """One row per port; a new frame changes only the cells that changed."""
+
+    layout_columns = COLUMNS
+    fixed = WIDTH
 
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.filter = ""
-        self._shown: dict[str, tuple] = {}
         self._restore: PortKey | None = None
 
     def on_mount(self) -> None:
@@ -116,33 +118,25 @@ class PortTable(DataTable):
     def show(self, frame: Frame) -> None:
         rows = [r for r in frame.rows if matches(r, self.filter)]
         wanted = {_name(r.key): cells(r, frame) for r in rows}
-        for gone in [k for k in self._shown if k not in wanted]:
+        for gone in [k for k in self.shown if k not in wanted]:
             self.remove_row(gone)
-            del self._shown[gone]
+            del self.shown[gone]
         order = list(wanted)
-        kept = order[: len(self._shown)]
-        if kept != list(self._shown):  # a port inserted before others, or the order changed
+        kept = order[: len(self.shown)]
+        if kept != list(self.shown):  # a port inserted before others, or the order changed
             selected = self.selected
             self.clear()
-            self._shown = {}
+            self.shown = {}
             self._restore = selected
-        for key, values in wanted.items():
-            before = self._shown.get(key)
-            if before is None:
-                self.add_row(*values, key=key)
-            else:
-                for (column, _), old, new in zip(COLUMNS, before, values):
-                    if old != new:
-                        self.update_cell(key, column, new, update_width=column not in WIDTH)
-            self._shown[key] = values
+        self.sync(wanted)
         restore, self._restore = self._restore, None
-        if restore is not None and _name(restore) in self._shown:
-            self.move_cursor(row=list(self._shown).index(_name(restore)))
+        if restore is not None and _name(restore) in self.shown:
+            self.move_cursor(row=list(self.shown).index(_name(restore)))
 
     @property
     def selected(self) -> PortKey | None:
         """The port under the cursor, if any."""
-        if not self._shown or self.cursor_row < 0 or self.cursor_row >= self.row_count:
+        if not self.shown or self.cursor_row < 0 or self.cursor_row >= self.row_count:
             return None
         key = self.coordinate_to_cell_key((self.cursor_row, 0)).row_key.value
         device, _, port = key.rpartition("/")
