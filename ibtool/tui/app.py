@@ -225,7 +225,10 @@ class Dashboard(App):
         screen = PortScreen(key)
         self.push_screen(screen)
         self.call_after_refresh(self._show_detail, screen)
-        self._poll_soon()
+        if self.feed.live:
+            self._poll_soon()
+        elif not self._polling:
+            self._start_poll()  # a capture is read again for this port's GIDs and resources
 
     def _show_detail(self, screen: PortScreen) -> None:
         """The newest frame, once the screen is there: a poll may have finished meanwhile."""

@@ -470,3 +470,43 @@ async def test_a_snapshot_from_the_testbed_is_shown_as_captured(tmp_path):
             assert cell(counters, "hw:rcvd_pkts", "rate") == "-"
     finally:
         capture.close()
+
+
+async def test_a_capture_shows_the_opened_ports_gids_without_a_key(node):
+    app = node(live=False).app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("enter")
+        await settle(pilot)  # no `r`: opening the port reads the capture for it
+        await pilot.pause()
+        screen = app.screen
+        assert screen.query_one("#gids", DataTable).row_count == 1
+        note = str(screen.query_one("#owner-note", Static).render())
+        assert note.startswith("resources are read from the running kernel over netlink")
+
+
+async def test_digits_switch_the_detail_tabs(node):
+    app = node().app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("enter")
+        await poll(pilot)
+        tabs = app.screen.query_one("#tabs")
+        for key, tab, table in (("2", "gids-tab", "gids"), ("3", "resources-tab", "owners"),
+                                ("1", "counters-tab", "counters")):  # fmt: skip
+            await pilot.press(key)
+            assert tabs.active == tab
+            assert app.screen.focused.id == table
+
+
+async def test_a_paused_dashboard_says_how_to_read_the_opened_port(node):
+    app = node().app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("p", "enter")
+        await pilot.pause()
+        note = str(app.screen.query_one("#gid-note", Static).render())
+        assert note == "paused: r reads this port's GIDs…"
+        await pilot.press("r")
+        await poll(pilot)
+        assert app.screen.query_one("#gids", DataTable).row_count == 1

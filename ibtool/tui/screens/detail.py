@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 
@@ -45,7 +46,11 @@ class PortScreen(Screen):
     BINDINGS = [
         ("escape", "app.pop_screen", "Back"),
         ("l", "app.loopback", "Loopback"),
+        Binding("1", "tab('counters')", "Counters tab", show=False),
+        Binding("2", "tab('gids')", "GIDs tab", show=False),
+        Binding("3", "tab('owners')", "Resources tab", show=False),
     ]
+    TABS = {"counters": "counters-tab", "gids": "gids-tab", "owners": "resources-tab"}
 
     def __init__(self, key: PortKey) -> None:
         super().__init__()
@@ -70,6 +75,10 @@ class PortScreen(Screen):
     def on_mount(self) -> None:
         self.query_one(CounterTable).focus()
 
+    def action_tab(self, table: str) -> None:
+        self.query_one(TabbedContent).active = self.TABS[table]
+        self.query_one(f"#{table}", DataTable).focus()
+
     def show_frame(self, frame: Frame, interval: float, paused: bool) -> None:
         self.frame = frame
         self.query_one(StatusLine).show(frame, interval, paused)
@@ -85,7 +94,9 @@ class PortScreen(Screen):
             if frame.focus and (frame.focus.device, frame.focus.port) == self.key
             else None
         )
-        gid_note = owner_note = "reading…" if focus is None else None
+        waiting = "paused: r reads this port's" if paused else "reading this port's"
+        gid_note = f"{waiting} GIDs…" if focus is None else None
+        owner_note = f"{waiting} resources…" if focus is None else None
         if focus is not None:
             self.query_one(GidTable).show(focus)
             self.query_one(OwnerTable).show(focus)
