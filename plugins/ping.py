@@ -10,10 +10,39 @@ from ibtool.errors import CommandFailed, IbtoolError, Terminated, UsageError
 from ibtool.host import parse_selector
 from ibtool.model import PortState
 
+COMPAT_TOOLS = ("rc_pingpong",)
+MTUS = (256, 512, 1024, 2048, 4096)
+
 
 def configure(parser) -> None:
     parser.add_argument("host", nargs="?", help="the host running `ibtool ping --server`")
     parser.add_argument("--server", action="store_true", help="answer pings")
+    parser.add_argument(
+        "--compat",
+        choices=COMPAT_TOOLS,
+        help="talk to (or serve) a stock peer: ibv_rc_pingpong (rdma-core)",
+    )
+    parser.add_argument(
+        "--sl", type=int, default=0, metavar="N", help="service level 0-15 (default 0)"
+    )
+    parser.add_argument(
+        "--tclass",
+        type=int,
+        default=0,
+        metavar="N",
+        help="GRH traffic class 0-255; on RoCE v2 the IP DS field: DSCP is N >> 2 (default 0)",
+    )
+    parser.add_argument(
+        "--mtu",
+        type=int,
+        choices=MTUS,
+        metavar="BYTES",
+        help="cap the RC path MTU (256..4096; default: the port's active MTU, "
+        "with --compat rc_pingpong 1024 as ibv_rc_pingpong's -m)",
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="only the summary, no line per reply"
+    )
     parser.add_argument(
         "--bind", default="", metavar="ADDR", help="server: the address to listen on (default: all)"
     )
@@ -22,7 +51,7 @@ def configure(parser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="TCP port of the out-of-band exchange (default 18520)",
+        help="TCP port of the out-of-band exchange (default 18520; rc_pingpong: 18515)",
     )
     parser.add_argument(
         "--dev", metavar="DEV[/PORT]", help="RDMA device and port (default: the first ACTIVE port)"
@@ -34,15 +63,19 @@ def configure(parser) -> None:
         default="send",
         help="SEND/RECV (default) or RDMA WRITE WITH IMMEDIATE",
     )
-    parser.add_argument("-c", "--count", type=int, help="stop after N pings")
+    parser.add_argument(
+        "-c", "--count", type=int, help="stop after N pings (rc_pingpong: its -n, 1000)"
+    )
     parser.add_argument(
         "-i",
         "--interval",
         type=float,
-        default=1.0,
-        help="seconds between pings; 0: the next as soon as the reply is in",
+        help="seconds between pings (default 1; rc_pingpong: 0); 0: the next as soon as "
+        "the reply is in",
     )
-    parser.add_argument("-s", "--size", type=int, default=64, help="payload bytes (default 64)")
+    parser.add_argument(
+        "-s", "--size", type=int, help="payload bytes (default 64; rc_pingpong: its -s, 4096)"
+    )
     parser.add_argument("-w", "--deadline", type=float, help="stop after this many seconds")
     parser.add_argument(
         "-W",
@@ -68,25 +101,60 @@ def _pick_port(inv: Invocation) -> tuple[str, int]:
     return active[0].device, active[0].port
 
 
-def run(inv: Invocation) -> int:
-    from ibtool.rdma import ping, wire  # pyverbs is imported only here
+# What each peer expects when the command line does not say: (port, size, count, interval, MTU).
+DEFAULTS = {
+    None: (18520, 64, None, 1.0, None),
+    "rc_pingpong": (18515, 4096, 1000, 0.0, 1024),  # ibv_rc_pingpong's -p, -s, -n, -m
+}
 
-    args = inv.args
-    inv.host.require_live("ibtool ping uses this host's RDMA devices through verbs")
+
+def _settle(args) -> None:
+    """Fill in what the command line left out, by the peer; refuse what cannot work."""
+    from ibtool.rdma import ping
+
+    port, size, count, interval, mtu = DEFAULTS[args.compat]
+    args.port = port if args.port is None else args.port
+    args.size = size if args.size is None else args.size
+    args.count = count if args.count is None else args.count
+    args.interval = interval if args.interval is None else args.interval
+    args.mtu = mtu if args.mtu is None else args.mtu
     if not 1 <= args.size <= ping.MAX_PING_SIZE:
         raise UsageError(f"-s {args.size}: size must be 1..{ping.MAX_PING_SIZE}")
     if args.interval < 0 or (args.count is not None and args.count < 1):
         raise UsageError("-i must be >= 0 and -c >= 1")
-    tcp_port = ping.DEFAULT_PORT if args.port is None else args.port
-    if not 1 <= tcp_port <= 65535:
+    if not 1 <= args.port <= 65535:
         raise UsageError(
-            f"--port {tcp_port}: a TCP port is 1..65535",
-            f"leave --port out for the default, {ping.DEFAULT_PORT}",
+            f"--port {args.port}: a TCP port is 1..65535",
+            f"leave --port out for the default, {port}",
+        )
+    if not 0 <= args.sl <= 15:
+        raise UsageError(f"--sl {args.sl}: a service level is 0..15")
+    if not 0 <= args.tclass <= 255:
+        raise UsageError(
+            f"--tclass {args.tclass}: a traffic class is 0..255",
+            "for DSCP D give --tclass $((D << 2))",
+        )
+    if args.compat and args.mode != "send":
+        raise UsageError(
+            f"--mode {args.mode} with --compat {args.compat}",
+            f"{args.compat} pings with SEND only: leave --mode out",
         )
     if args.server and args.host:
         raise UsageError("--server takes no HOST", "use --bind ADDR to choose an address")
     if not args.server and not args.host:
         raise UsageError("ping needs a HOST, or --server")
+
+
+def _path(args):
+    from ibtool.rdma.ladder import MTU_CODES, PathSpec
+
+    return PathSpec(args.sl, args.tclass, MTU_CODES[args.mtu] if args.mtu else None)
+
+
+def run(inv: Invocation) -> int:
+    args = inv.args
+    inv.host.require_live("ibtool ping uses this host's RDMA devices through verbs")
+    _settle(args)
     device, port = _pick_port(inv)
     gid_index = args.gid_index
     if gid_index is None:
@@ -94,12 +162,22 @@ def run(inv: Invocation) -> int:
     if args.server:
         log = _server_log(inv)
         try:
-            ping.serve(device, port, gid_index, args.bind, tcp_port, log, args.max_clients)
+            _serve(args, device, port, gid_index, log)
         except KeyboardInterrupt:
             log("server stopped")
             raise  # main() says so and exits 130 (SIGINT) or 143 (SIGTERM)
         return 0
-    return _client(inv, ping, wire, device, port, gid_index, tcp_port)
+    return _client(inv, device, port, gid_index)
+
+
+def _serve(args, device: str, port: int, gid_index, log) -> None:
+    from ibtool.rdma import ping, pingpong  # pyverbs is imported only here
+
+    where = (device, port, gid_index, args.bind, args.port, log, args.max_clients, _path(args))
+    if args.compat == "rc_pingpong":
+        pingpong.serve(*where, idle=args.timeout)
+    else:
+        ping.serve(*where)
 
 
 def _server_log(inv: Invocation):
@@ -113,24 +191,35 @@ def _server_log(inv: Invocation):
     return log
 
 
-def _client(inv, ping, wire, device, port, gid_index, tcp_port) -> int:
-    from ibtool.rdma.ladder import Ladder
+def _client(inv, device: str, port: int, gid_index) -> int:
+    from ibtool.rdma import ping, pingpong, wire  # pyverbs is imported only here
+    from ibtool.rdma.ladder import MTU_BYTES, Ladder
 
     args = inv.args
-    mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
+    path = _path(args)
     stats, rtts, replies = ping.PingStats(), [], []
     interrupted: KeyboardInterrupt | None = None
     failure: IbtoolError | None = None
     with Ladder(device, port, gid_index) as ladder:
-        client = ping.Client(ladder, args.host, tcp_port, args.size, mode, args.timeout)
+        if args.compat == "rc_pingpong":
+            client = pingpong.PingpongClient(
+                ladder, args.host, args.port, args.size, args.timeout, path, args.count
+            )
+        else:
+            mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
+            client = ping.Client(ladder, args.host, args.port, args.size, mode, args.timeout, path)
         try:
-            where = f"{device}/{port}" + (f" gid {gid_index}" if gid_index is not None else "")
+            if args.compat:
+                client.connect()  # one session: a peer not there is the whole story
+            # This side's MTU; an ibtool server may agree on a smaller one (its port's).
+            mtu = MTU_BYTES[ladder.path_mtu(ladder.port_attr.active_mtu, path.mtu)]
+            report = {"compat": args.compat, "mtu": mtu, "sl": args.sl, "tclass": args.tclass}
             if not inv.json:
-                inv.print(f"PING {args.host} over {where}: {args.size} bytes, mode {args.mode}")
+                inv.print(_header(args, device, port, gid_index, mtu))
 
             def on_reply(r):
                 replies.append({"seq": r.seq, "rtt_us": round(r.rtt_us, 1)})
-                if not inv.json:
+                if not inv.json and not args.quiet:
                     inv.print(
                         f"{args.size} bytes from {args.host}: seq={r.seq} rtt={r.rtt_us:.1f} us"
                     )
@@ -152,7 +241,7 @@ def _client(inv, ping, wire, device, port, gid_index, tcp_port) -> int:
                 failure = e  # the summary of the pings done, then the error (main() says it)
         finally:
             client.close()
-    _summary(inv, args.host, stats, stats.summary(rtts), replies, failure)
+    _summary(inv, args.host, stats, stats.summary(rtts), replies, failure, report)
     if failure is not None:
         raise failure
     if isinstance(interrupted, Terminated):
@@ -163,11 +252,20 @@ def _client(inv, ping, wire, device, port, gid_index, tcp_port) -> int:
     return 1 if stats.received == 0 or incomplete else 0
 
 
-def _summary(inv, host, stats, rtt, replies, failure=None) -> None:
+def _header(args, device: str, port: int, gid_index, mtu: int) -> str:
+    where = f"{device}/{port}" + (f" gid {gid_index}" if gid_index is not None else "")
+    peer = f"{args.host} ({'ibv_' + args.compat})" if args.compat else args.host
+    what = f"{args.size} bytes" + ("" if args.compat else f", mode {args.mode}")
+    dscp = f" (DSCP {args.tclass >> 2})" if args.tclass else ""
+    return f"PING {peer} over {where}: {what}, mtu {mtu}, sl {args.sl}, tclass {args.tclass}{dscp}"
+
+
+def _summary(inv, host, stats, rtt, replies, failure=None, path=None) -> None:
     loss = 100.0 * (stats.sent - stats.received) / stats.sent if stats.sent else 0.0
     if inv.json:
         report = {
             "host": host,
+            **(path or {}),
             "sent": stats.sent,
             "received": stats.received,
             "loss_pct": round(loss, 1),

@@ -121,9 +121,9 @@ def poll(cq, count: int, deadline: float, what: str) -> list:
 
 def in_place(cq, pv):
     """`cq` as the hot loops read it: the extended-CQ calls (start_poll(attr) -> 0 or ENOENT,
-    .status, read_opcode(), read_imm_data(), read_vendor_err(), end_poll()) that read a
-    completion where it lies. A plain CQ (a provider without ibv_create_cq_ex) gets the same
-    calls from PlainCQ.
+    .status, read_opcode(), read_imm_data(), read_vendor_err(), read_byte_len(), end_poll())
+    that read a completion where it lies. A plain CQ (a provider without ibv_create_cq_ex)
+    gets the same calls from PlainCQ.
 
     CQ.poll builds a 13-field WC object per completion, measured at ~14 us under the QEMU
     testbed, twice per ping round trip; these calls cost ~1-2 us each there.
@@ -162,6 +162,9 @@ class PlainCQ:
 
     def read_vendor_err(self) -> int:
         return self._wc.vendor_err
+
+    def read_byte_len(self) -> int:
+        return self._wc.byte_len
 
     def end_poll(self) -> None:
         self._wc = None

@@ -18,7 +18,7 @@ from errno import ETIMEDOUT
 
 from ibtool.errors import IbtoolError, PermissionDeniedError
 from ibtool.model import LinkLayer
-from ibtool.sources.verbs import pyverbs
+from ibtool.sources.verbs import IBV_MTU_BYTES, pyverbs
 
 GRH_SIZE = 40  # UD receives carry the GRH (or, for RoCE v2 over IPv4, the IP header) first
 DEFAULT_QKEY = 0x11111111  # bit 31 clear: not a controlled Q_Key
@@ -38,6 +38,22 @@ class Peer:
     lid: int
     gid: bytes
     mtu: int  # ibv_mtu code
+
+
+@dataclass(frozen=True)
+class PathSpec:
+    """What an operator chooses of an RC connection's path: the service level (IB: the VL
+    through the SL-to-VL tables; RoCE: the priority), the GRH traffic class (RoCE v2: the IP
+    DS field, DSCP in its upper six bits) and a cap on the path MTU (an ibv_mtu code)."""
+
+    sl: int = 0
+    traffic_class: int = 0
+    mtu: int | None = None
+
+
+DEFAULT_PATH = PathSpec()
+MTU_BYTES = IBV_MTU_BYTES  # enum ibv_mtu code -> bytes
+MTU_CODES = {size: code for code, size in IBV_MTU_BYTES.items()}
 
 
 def new_psn() -> int:
@@ -134,11 +150,12 @@ class Ladder(contextlib.AbstractContextManager):
             )
         )
 
-    def ah_attr(self, peer: Peer, sl: int = 0):
+    def ah_attr(self, peer: Peer, sl: int = 0, traffic_class: int = 0):
         a = self.pv.addr
         if self.needs_grh:
             gr = a.GlobalRoute(dgid=a.GID(gid_text(peer.gid)), sgid_index=self.gid_index)
             gr.hop_limit = 64  # pyverbs' default of 1 dies at the first router
+            gr.traffic_class = traffic_class  # RoCE v2: the IP header's DS field (DSCP << 2)
             return a.AHAttr(gr=gr, is_global=1, port_num=self.port, sl=sl)
         return a.AHAttr(dlid=peer.lid, is_global=0, port_num=self.port, sl=sl)
 
@@ -147,7 +164,23 @@ class Ladder(contextlib.AbstractContextManager):
 
     # -- state transitions ---------------------------------------------------------------
 
-    def connect_rc(self, qp, local_psn: int, peer: Peer, access: int, rd_atomic: int = 1) -> None:
+    def path_mtu(self, peer_mtu: int, mtu: int | None = None) -> int:
+        """The RC path MTU (an ibv_mtu code): the smallest of this port's active MTU, the
+        peer's and the one asked for."""
+        return min(self.port_attr.active_mtu, peer_mtu, mtu or peer_mtu)
+
+    def connect_rc(
+        self,
+        qp,
+        local_psn: int,
+        peer: Peer,
+        access: int,
+        rd_atomic: int = 1,
+        path: PathSpec = DEFAULT_PATH,
+    ) -> None:
+        """RESET -> INIT -> RTR -> RTS with the attributes ibv_rc_pingpong uses (rdma-core
+        libibverbs/examples/rc_pingpong.c, pp_connect_ctx), on the service level, traffic
+        class and MTU cap of `path`."""
         e = self.pv.e
         attr = self.pv.qp.QPAttr(
             qp_state=e.ibv_qp_state.IBV_QPS_INIT,
@@ -157,12 +190,12 @@ class Ladder(contextlib.AbstractContextManager):
         attr.pkey_index = 0
         attr.qp_access_flags = access
         self._verbs(lambda: qp.to_init(attr), "QP RESET->INIT")
-        attr.path_mtu = min(self.port_attr.active_mtu, peer.mtu)
+        attr.path_mtu = self.path_mtu(peer.mtu, path.mtu)
         attr.dest_qp_num = peer.qpn
         attr.rq_psn = peer.psn
         attr.max_dest_rd_atomic = rd_atomic
         attr.min_rnr_timer = 12  # 0.64 ms
-        attr.ah_attr = self.ah_attr(peer)
+        attr.ah_attr = self.ah_attr(peer, path.sl, path.traffic_class)
         self._verbs(lambda: self._to_rtr(qp, attr, peer), "QP INIT->RTR")
         attr.timeout = 14  # 4.096 us * 2^14 = 67 ms per try
         attr.retry_cnt = 7

@@ -20,7 +20,15 @@ from errno import ENOENT
 from ibtool.errors import IbtoolError, PermissionDeniedError, UsageError
 from ibtool.rdma import wire
 from ibtool.rdma.completions import CompletionError, CompletionTimeout, in_place, poll_failed
-from ibtool.rdma.ladder import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_WRITE, Ladder, Peer, new_psn
+from ibtool.rdma.ladder import (
+    ACCESS_LOCAL_WRITE,
+    ACCESS_REMOTE_WRITE,
+    DEFAULT_PATH,
+    Ladder,
+    PathSpec,
+    Peer,
+    new_psn,
+)
 from ibtool.rdma.loopback import pattern
 
 DEFAULT_PORT = 18520
@@ -34,6 +42,19 @@ Log = Callable[[str], None]
 
 class QPError(IbtoolError):
     """The QP refused a work request (typically: it went to the error state)."""
+
+
+class ReplySizeError(IbtoolError):
+    """The reply is not as long as the ping: the peer answers with messages of its own size."""
+
+    def __init__(self, seq: int, got: int, want: int):
+        super().__init__(f"reply {seq} has {got} bytes, the ping {want}")
+        self.got, self.want = got, want
+
+
+class SessionEnded(IbtoolError):
+    """The peer can no longer answer in this session and cannot be asked for another (a
+    stock tool that ended): the run stops here, this ping counted as lost."""
 
 
 def _access(mode: wire.Mode) -> int:
@@ -51,13 +72,24 @@ class Session:
     transfer in it) ~20 us.
     """
 
-    def __init__(self, ladder: Ladder, size: int, mode: wire.Mode):
-        self.ladder, self.size, self.mode = ladder, size, mode
+    def __init__(
+        self,
+        ladder: Ladder,
+        size: int,
+        mode: wire.Mode,
+        room: int = 0,
+        path: PathSpec = DEFAULT_PATH,
+    ):
+        """Pings of `size` bytes; receives take up to `room` bytes (at least `size`), so a
+        longer reply arrives whole and its length says what the peer sends."""
+        self.ladder, self.size, self.mode, self.path = ladder, size, mode, path
+        self.room = max(size, room, 1)
         self._objects: list = []
+        self.answered = 0  # pings a server answered in this session
         self.cq = self._keep(_completion_queue(ladder, mode))
         self.polled = in_place(self.cq, ladder.pv)
         self.poll_attr = ladder.pv.cq.PollCqAttr() if ladder.pv.cqex else None
-        self.mr = self._keep(ladder.pv.mr.MR(ladder.pd, size, _access(mode)))
+        self.mr = self._keep(ladder.pv.mr.MR(ladder.pd, self.room, _access(mode)))
         # Sends are unsignaled but every SIGNAL_EVERY-th: a completion per ping would cost a
         # poll round on the critical path. The queue has room for the unreaped ones.
         cap = ladder.pv.qp.QPCap(
@@ -88,7 +120,7 @@ class Session:
             self.qp.qp_num,
             self.psn,
             lad.port_attr.lid,
-            lad.port_attr.active_mtu,
+            lad.path_mtu(lad.port_attr.active_mtu, self.path.mtu),
             lad.gid,
             self.mr.buf,
             self.mr.rkey,
@@ -97,14 +129,15 @@ class Session:
         )
 
     def connect(self, peer: wire.Endpoint) -> None:
-        self.peer = peer
-        self.ladder.connect_rc(
-            self.qp,
-            self.psn,
-            Peer(peer.qpn, peer.psn, peer.lid, peer.gid, peer.mtu),
-            _access(self.mode),
-        )
+        self.connect_to(Peer(peer.qpn, peer.psn, peer.lid, peer.gid, peer.mtu), peer)
+
+    def connect_to(self, peer: Peer, remote: wire.Endpoint | None = None) -> None:
+        """Connect the QP to `peer`; `remote` is the peer's buffer (WRITE WITH IMM only)."""
+        self.peer = remote
+        self.ladder.connect_rc(self.qp, self.psn, peer, _access(self.mode), path=self.path)
+        self.path_mtu = self.ladder.path_mtu(peer.mtu, self.path.mtu)
         self._build_wrs()
+        self._sends = 0
 
     def post_recv(self) -> None:
         try:
@@ -118,11 +151,20 @@ class Session:
         last = self._sends % SIGNAL_EVERY == SIGNAL_EVERY - 1
         self.send_wr.send_flags = IBV_SEND_SIGNALED if last else 0
 
+    def answer_with(self, length: int) -> None:
+        """Send `length` bytes from now on (a server echoes what each ping carried)."""
+        self.size = length
+        flags = self.send_wr.send_flags
+        self._build_wrs()
+        self.send_wr.send_flags = flags  # the one-in-SIGNAL_EVERY cadence goes on
+
     def _build_wrs(self) -> None:
         # Built once and re-posted: object creation per ping would cost more than the wire.
         wr, op = self.ladder.pv.wr, self.ladder.pv.e.ibv_wr_opcode
         sge = wr.SGE(self.mr.buf, self.size, self.mr.lkey)
-        self.recv_wr = wr.RecvWR(wr_id=1, num_sge=1, sg=[sge])
+        self.recv_wr = wr.RecvWR(
+            wr_id=1, num_sge=1, sg=[wr.SGE(self.mr.buf, self.room, self.mr.lkey)]
+        )
         if self.mode == wire.Mode.WRITE_IMM:
             self.send_wr = wr.SendWR(
                 wr_id=2, opcode=op.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1, sg=[sge]
@@ -131,7 +173,6 @@ class Session:
         else:
             self.send_wr = wr.SendWR(wr_id=2, opcode=op.IBV_WR_SEND, num_sge=1, sg=[sge])
         self.send_wr.send_flags = 0
-        self._sends = 0
 
 
 def _completion_queue(ladder: Ladder, mode: wire.Mode):
@@ -140,7 +181,11 @@ def _completion_queue(ladder: Ladder, mode: wire.Mode):
     pv = ladder.pv
     if pv.cqex:
         wc_ex = pv.e.ibv_create_cq_wc_flags
-        flags = wc_ex.IBV_WC_EX_WITH_IMM if mode == wire.Mode.WRITE_IMM else 0
+        # An extended CQ has readers only for the fields asked for here (ibv_create_cq_ex(3));
+        # reading another one calls a NULL pointer: the process dies of SIGSEGV.
+        flags = wc_ex.IBV_WC_EX_WITH_BYTE_LEN
+        if mode == wire.Mode.WRITE_IMM:
+            flags |= wc_ex.IBV_WC_EX_WITH_IMM
         try:
             return pv.cq.CQEX(ladder.ctx, pv.cq.CqInitAttrEx(cqe=8, wc_flags=flags))
         except pv.Error:
@@ -159,8 +204,10 @@ def serve(
     tcp_port: int,
     log: Log,
     max_clients: int | None = None,
+    path: PathSpec = DEFAULT_PATH,
 ) -> None:
-    """Serve clients one after another until interrupted (or `max_clients` were served)."""
+    """Serve clients one after another until interrupted (or `max_clients` were served), on
+    the service level and traffic class of `path`, the path MTU capped by it."""
     with listen(bind, tcp_port) as listener, Ladder(device, port, gid_index) as ladder:
         log(
             f"listening on {bind or '*'}:{listener.getsockname()[1]}, {device}/{port}"
@@ -173,7 +220,7 @@ def serve(
             with conn:
                 peer = f"{addr[0]}:{addr[1]}"
                 try:
-                    count = _serve_client(ladder, conn, log, peer)
+                    count = _serve_client(ladder, conn, log, peer, path)
                     log(f"client {peer} done: {count} pings answered")
                 except (wire.ProtocolError, OSError) as e:
                     log(f"client {peer} dropped: {getattr(e, 'message', e)}")
@@ -233,13 +280,13 @@ def _next_endpoint(conn: socket.socket, timeout: float) -> wire.Endpoint | None:
         return None
 
 
-def _serve_client(ladder: Ladder, conn: socket.socket, log: Log, peer: str) -> int:
+def _serve_client(ladder: Ladder, conn: socket.socket, log: Log, peer: str, path: PathSpec) -> int:
     remote = wire.receive(conn, HANDSHAKE_TIMEOUT, wire.MessageType.ENDPOINT)
     answered = 0
     while remote is not None:
         if remote.size > MAX_PING_SIZE:
             raise IbtoolError(f"ping size {remote.size} exceeds {MAX_PING_SIZE} bytes")
-        session = Session(ladder, remote.size, remote.mode)
+        session = Session(ladder, remote.size, remote.mode, path=path)
         try:
             try:
                 session.connect(remote)
@@ -275,17 +322,25 @@ def _serve_client(ladder: Ladder, conn: socket.socket, log: Log, peer: str) -> i
     return answered
 
 
-def _echo(session: Session, conn: socket.socket) -> tuple[wire.Endpoint | None, int]:
-    """Answer pings until the client reconnects (new ENDPOINT) or leaves (None).
+def _echo(
+    session: Session, conn: socket.socket | None, idle: float | None = None
+) -> tuple[wire.Endpoint | None, int]:
+    """Answer pings until the client reconnects (new ENDPOINT on `conn`) or leaves (None):
+    closes `conn`, or, without one, sends nothing for `idle` seconds. Without `conn` (a
+    stock client, whose TCP connection ended with the exchange) each answer is as long as
+    the ping it answers.
 
     From a ping's completion to its answer's post is half of every round trip: everything
     is bound to locals, and the answer is posted before anything else is done.
     """
-    answered, spins = 0, 0
-    cq, attr, wr = session.polled, session.poll_attr, session.send_wr
+    session.answered = answered = 0
+    spins, seen = 0, -1
+    quiet_since = time.monotonic() + HANDSHAKE_TIMEOUT  # the first ping may take a while
+    cq, attr = session.polled, session.poll_attr
     post_send = session.qp.post_send
     start, end, opcode_of, imm_of = cq.start_poll, cq.end_poll, cq.read_opcode, cq.read_imm_data
     echo_imm, rearm, sent = session.mode == wire.Mode.WRITE_IMM, session.post_recv, session.sent
+    echo_length = conn is None
     while True:
         rc = start(attr)
         if rc:
@@ -294,27 +349,39 @@ def _echo(session: Session, conn: socket.socket) -> tuple[wire.Endpoint | None, 
             spins += 1
             if spins >= 2000:  # every ~2000 empty polls (a few ms), look at the TCP side
                 spins = 0
-                if select.select([conn], [], [], 0)[0]:
+                if conn is None:
+                    now = time.monotonic()
+                    if answered != seen:
+                        seen, quiet_since = answered, now if answered else quiet_since
+                    elif now - quiet_since > idle:
+                        return None, answered
+                elif select.select([conn], [], [], 0)[0]:
                     return _next_endpoint(conn, HANDSHAKE_TIMEOUT), answered
             continue
         spins = 0
+        length = 0
         try:
             status = cq.status
             if status:
                 raise CompletionError.of(status, cq.read_vendor_err(), "ping reply")
             ping = opcode_of() & 128  # else a (signaled) send's completion: nothing to do
             if ping and echo_imm:
-                wr.imm_data = imm_of()  # as received, in network order
+                session.send_wr.imm_data = imm_of()  # as received, in network order
+            if ping and echo_length:
+                length = cq.read_byte_len()
         finally:
             end()
         if ping:  # answer with the same bytes (and immediate)
+            if echo_length and length != session.size:
+                session.answer_with(length)
             try:
-                post_send(wr)
+                post_send(session.send_wr)
             except session.ladder.pv.Error as e:
                 raise QPError(f"post the answer: {e}") from None
             rearm()  # the spare receive posted up front covers the client's next ping
             sent()
             answered += 1
+            session.answered = answered  # what was answered, when a failure ends the loop
 
 
 # -- client ------------------------------------------------------------------------------
@@ -352,9 +419,17 @@ class PingStats:
 
 class Client:
     def __init__(
-        self, ladder: Ladder, host: str, tcp_port: int, size: int, mode: wire.Mode, timeout: float
+        self,
+        ladder: Ladder,
+        host: str,
+        tcp_port: int,
+        size: int,
+        mode: wire.Mode,
+        timeout: float,
+        path: PathSpec = DEFAULT_PATH,
     ):
         self.ladder, self.size, self.mode, self.timeout = ladder, size, mode, timeout
+        self.path = path
         self.server = f"{host}:{tcp_port}"
         try:
             self.conn = socket.create_connection((host, tcp_port), timeout=HANDSHAKE_TIMEOUT)
@@ -376,7 +451,7 @@ class Client:
         if self.session:
             self.session.close()
             self.session = None
-        session = Session(self.ladder, self.size, self.mode)
+        session = Session(self.ladder, self.size, self.mode, path=self.path)
         try:
             wire.send(self.conn, wire.encode_endpoint(session.endpoint()))
             remote = wire.receive(self.conn, HANDSHAKE_TIMEOUT, wire.MessageType.ENDPOINT)
@@ -443,12 +518,15 @@ class Client:
                     t1 = clock()
                     got_imm = imm_of() if with_imm and not status else imm
                     vendor_err = cq.read_vendor_err() if status else 0
+                    got_len = cq.read_byte_len() if not status else size
                     break
             finally:
                 end()  # also for a (signaled) send's completion, passed over
         s.sent()
         if status:
             raise CompletionError.of(status, vendor_err, f"ping {seq}")
+        if got_len != size:
+            raise ReplySizeError(seq, got_len, size)
         if got_imm != imm:
             raise IbtoolError(f"reply carries immediate {socket.ntohl(got_imm)}, want {seq}")
         if s.mr.read(size, 0) != payload:
@@ -485,6 +563,8 @@ def run_client(
                     raise
                 stats.errors += 1
                 on_loss(seq, e.message)
+                if isinstance(e, SessionEnded):
+                    raise
                 if client.session is not None:
                     client.session.close()
                     client.session = None  # a dead QP: rebuild before the next ping

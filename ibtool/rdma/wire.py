@@ -169,7 +169,7 @@ def decode(data: bytes):
     return kind, decode_payload(kind, data[HEADER.size :])
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+def recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         remaining = deadline - time.monotonic()
@@ -205,8 +205,8 @@ def send(sock: socket.socket, data: bytes) -> None:
 def receive(sock: socket.socket, timeout: float, expect: MessageType | None = None):
     """Read one message within `timeout` seconds; an ERROR from the peer raises."""
     deadline = time.monotonic() + timeout
-    kind, length = decode_header(_recv_exact(sock, HEADER.size, deadline))
-    value = decode_payload(kind, _recv_exact(sock, length, deadline))
+    kind, length = decode_header(recv_exact(sock, HEADER.size, deadline))
+    value = decode_payload(kind, recv_exact(sock, length, deadline))
     if kind == MessageType.ERROR:
         raise PeerError(f"peer says: {value}")
     if expect is not None and kind != expect:

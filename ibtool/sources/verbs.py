@@ -70,11 +70,19 @@ VERBS_ENUMS = {
         "IBV_WR_ATOMIC_FETCH_AND_ADD",
         "IBV_WR_ATOMIC_CMP_AND_SWP",
     ),
-    "ibv_create_cq_wc_flags": ("IBV_WC_EX_WITH_IMM",),
+    "ibv_create_cq_wc_flags": ("IBV_WC_EX_WITH_BYTE_LEN", "IBV_WC_EX_WITH_IMM"),
 }
 VERBS_ENUM_MODULES = ("pyverbs.libibverbs_enums", "pyverbs.enums")
 # What ping reads from an extended CQ in place (completions.in_place); without them, a plain CQ.
-CQEX_READS = ("start_poll", "end_poll", "status", "read_opcode", "read_imm_data", "read_vendor_err")
+CQEX_READS = (
+    "start_poll",
+    "end_poll",
+    "status",
+    "read_opcode",
+    "read_imm_data",
+    "read_vendor_err",
+    "read_byte_len",
+)
 
 CM_CLASSES = ("CMID", "CMEventChannel", "CMEvent", "AddrInfo", "ConnParam")
 CM_ENUMS = {

@@ -296,6 +296,11 @@ class FakeCQEX(FakeCQ):
     def read_vendor_err(self) -> int:
         return self.current.vendor_err
 
+    def read_byte_len(self) -> int:
+        # As libibverbs: without IBV_WC_EX_WITH_BYTE_LEN the reader is NULL (SIGSEGV there).
+        assert self.wc_flags & IBV_ENUMS["ibv_create_cq_wc_flags"]["IBV_WC_EX_WITH_BYTE_LEN"]
+        return self.current.byte_len
+
     def read_imm_data(self) -> int:
         # Only a CQ created with IBV_WC_EX_WITH_IMM carries the immediate.
         assert self.wc_flags & IBV_ENUMS["ibv_create_cq_wc_flags"]["IBV_WC_EX_WITH_IMM"]

@@ -29,7 +29,7 @@ from tests.fixtures.peers import EVIL, EVIL_SHOWN, Peer, resets, sends_escapes
 from tests.unit.fake_host import ROCE_GID
 
 REPO = Path(__file__).resolve().parents[2]
-HEADER = "PING 127.0.0.1 over mlx5_0/1 gid 3: 64 bytes, mode send\n"
+HEADER = "PING 127.0.0.1 over mlx5_0/1 gid 3: 64 bytes, mode send, mtu 1024, sl 0, tclass 0\n"
 VERBS_ONLY = "uses this host's RDMA devices through verbs; --root trees hold only sysfs"
 # ESC sequences that recolour and retitle the terminal, a line forged after a newline, a
 # carriage return, a bidi override, a C1 CSI (0x9b) clearing the screen, then far too much.
@@ -368,12 +368,16 @@ def test_a_signal_to_the_client_mid_run_still_prints_the_statistics(sig, code, s
     assert lines[-1].startswith("rtt min/avg/median/max/mdev = ")
 
 
-def test_json_summary_is_unchanged_without_an_error(roce, monkeypatch):
+def test_json_summary_has_no_error_key_without_an_error(roce, monkeypatch):
     with PingServer(monkeypatch) as server:
         r = roce("-j", "ping", "127.0.0.1", "--port", str(server.port), "-c", "2", "-i", "0")
     assert r.code == ExitCode.OK, r.err
     assert list(r.json) == [
         "host",
+        "compat",
+        "mtu",
+        "sl",
+        "tclass",
         "sent",
         "received",
         "loss_pct",
@@ -382,3 +386,4 @@ def test_json_summary_is_unchanged_without_an_error(roce, monkeypatch):
         "replies",
     ]
     assert json.loads(r.out)["received"] == 2
+    assert (r.json["compat"], r.json["mtu"], r.json["sl"], r.json["tclass"]) == (None, 1024, 0, 0)

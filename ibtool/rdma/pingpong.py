@@ -1,0 +1,263 @@
+"""rdma-core's ibv_rc_pingpong as the peer of `ibtool ping --compat rc_pingpong`.
+
+What the stock tool does (libibverbs/examples/rc_pingpong.c, pingpong.c): a TCP connection to
+port 18515; the client writes its address as the text "LLLL:QQQQQQ:PPPPPP:G..G" (LID, QPN and
+PSN in hex, the GID as 32 hex digits, byte for byte) with its terminating NUL, 52 bytes; the
+server, its QP already connected, answers the same way; the client writes "done" and its NUL
+and the TCP connection ends. Then SEND ping-pong on RC: the client sends -s bytes, the server
+answers from the buffer the ping just landed in (the same bytes), -n times each way, and
+both exit. Nothing else crosses the wire: each side's -s, -n and -m stay its own, so a
+mismatch shows only as a reply of another length, a failed completion or a silence, and the
+errors below name the flag to look at.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+
+from ibtool.errors import IbtoolError
+from ibtool.rdma import wire
+from ibtool.rdma.completions import CompletionError, CompletionTimeout
+from ibtool.rdma.ladder import DEFAULT_PATH, Ladder, PathSpec, Peer
+from ibtool.rdma.ping import (
+    HANDSHAKE_TIMEOUT,
+    MAX_PING_SIZE,
+    Client,
+    Log,
+    QPError,
+    ReplySizeError,
+    Session,
+    SessionEnded,
+    _echo,
+    listen,
+)
+
+DEFAULT_PORT = 18515
+DEFAULT_SIZE = 4096  # ibv_rc_pingpong's -s
+DEFAULT_COUNT = 1000  # its -n
+DEFAULT_MTU = 1024  # its -m
+MESSAGE_SIZE = len("0000:000000:000000:" + "0" * 32) + 1  # sizeof msg: the NUL goes too
+DONE = b"done\0"
+TOOL = "ibv_rc_pingpong"
+_HEX = rb"[0-9a-fA-F]"
+_ADDRESS = re.compile(rb"(%s{1,4}):(%s{1,6}):(%s{1,6}):(%s{32})" % (_HEX, _HEX, _HEX, _HEX))
+# The remote errors of a SEND the responder could not take: its receive buffer is too small.
+_TOO_LONG = {9, 11}  # IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_OP_ERR
+_RETRY_EXC_ERR = 12
+
+
+class NotPingpong(wire.ProtocolError):
+    """What the peer wrote is not an ibv_rc_pingpong address."""
+
+
+def encode(lid: int, qpn: int, psn: int, gid: bytes) -> bytes:
+    """Our address as ibv_rc_pingpong writes its own (sprintf "%04x:%06x:%06x:%s" and the
+    NUL; the GID as gid_to_wire_gid writes it: its 16 bytes in order, in hex)."""
+    text = f"{lid:04x}:{qpn:06x}:{psn:06x}:{gid.hex()}".encode("ascii")
+    return text + b"\0"
+
+
+def decode(data: bytes) -> Peer:
+    """The peer's address; anything that is not one is a NotPingpong."""
+    found = _ADDRESS.match(data)
+    if found is None or data[found.end() : found.end() + 1] not in (b"\0", b""):
+        raise NotPingpong(f"not an {TOOL} address: {wire.printable(repr(data[:MESSAGE_SIZE]))}")
+    lid, qpn, psn = (int(found.group(i), 16) for i in (1, 2, 3))
+    if not 2 <= qpn or lid >= 0xC000:
+        raise NotPingpong(f"{TOOL} address with QPN {qpn:#x} and LID {lid:#x} is not usable")
+    # The MTU is not exchanged: each side connects with its own -m (path.mtu here).
+    return Peer(qpn, psn, lid, bytes.fromhex(found.group(4).decode("ascii")), 5)
+
+
+def _check_gid(ladder: Ladder, peer: Peer) -> None:
+    # ibv_rc_pingpong sends a GID only when started with -g; without one it connects by LID,
+    # which a RoCE port has not.
+    if ladder.needs_grh and not any(peer.gid[8:]):
+        raise IbtoolError(
+            f"the {TOOL} peer sent no GID, and {ladder.device}/{ladder.port} needs one (RoCE)",
+            f"start {TOOL} there with -g IDX (`ibtool gids --best NETDEV` there names it)",
+        )
+
+
+def _ours(session: Session) -> bytes:
+    lad = session.ladder
+    return encode(lad.port_attr.lid, session.qp.qp_num, session.psn, lad.gid)
+
+
+# -- client ------------------------------------------------------------------------------
+
+
+class PingpongClient(Client):
+    """`ibtool ping --compat rc_pingpong HOST`: one session with a stock server, whose QP
+    lives as long as its -n iterations; `ping` is Client's, the exchange and the errors are
+    ibv_rc_pingpong's."""
+
+    def __init__(
+        self,
+        ladder: Ladder,
+        host: str,
+        tcp_port: int,
+        size: int,
+        timeout: float,
+        path: PathSpec = DEFAULT_PATH,
+        count: int | None = None,
+    ):
+        self.ladder, self.size, self.mode, self.timeout = ladder, size, wire.Mode.SEND, timeout
+        self.host, self.tcp_port, self.path, self.count = host, tcp_port, path, count
+        self.server = f"{host}:{tcp_port}"
+        self.session: Session | None = None
+        self.answered = 0
+        self._used = False
+
+    def close(self) -> None:
+        if self.session:
+            self.session.close()
+            self.session = None
+
+    def connect(self) -> None:
+        if self._used:
+            raise SessionEnded(f"{TOOL} serves one session, and it has ended")
+        self._used = True
+        session = Session(self.ladder, self.size, self.mode, room=MAX_PING_SIZE, path=self.path)
+        try:
+            with self._dial() as conn:
+                wire.send(conn, _ours(session))
+                deadline = time.monotonic() + HANDSHAKE_TIMEOUT
+                peer = decode(wire.recv_exact(conn, MESSAGE_SIZE, deadline))
+                wire.send(conn, DONE)
+            _check_gid(self.ladder, peer)
+            session.connect_to(peer)
+            session.post_recv()
+            session.post_recv()
+        except BaseException as e:
+            session.close()
+            if isinstance(e, wire.ProtocolError) and e.hint is None:
+                e.hint = f"is what listens at {self.server} an {TOOL} server?"
+            raise
+        self.session = session
+
+    def _dial(self) -> socket.socket:
+        try:
+            return socket.create_connection((self.host, self.tcp_port), timeout=HANDSHAKE_TIMEOUT)
+        except OSError as e:
+            raise IbtoolError(
+                f"cannot reach the {TOOL} server at {self.server}: {e.strerror or e}",
+                f"start it there with `{TOOL} -g IDX -s {self.size} -n {self.count or 'N'}`"
+                f" (-g on RoCE only)",
+            ) from None
+
+    def ping(self, seq: int) -> float:
+        try:
+            rtt = super().ping(seq)
+        except ReplySizeError as e:
+            raise SessionEnded(
+                f"{TOOL} answers with {e.got}-byte messages, this ping sends {e.want}",
+                f"give -s {e.got} here, or start {TOOL} with -s {e.want}",
+            ) from None
+        except CompletionTimeout:
+            raise self._silence(seq) from None
+        except CompletionError as e:
+            raise self._failed(seq, e) from None
+        except QPError as e:
+            raise SessionEnded(e.message, e.hint) from None
+        self.answered += 1
+        return rtt
+
+    def _silence(self, seq: int) -> SessionEnded:
+        if self.answered:
+            return SessionEnded(
+                f"{TOOL} stopped answering after {self.answered} pings",
+                f"it ends after its -n iterations: give -c {self.answered} here, or start it "
+                f"with -n {self.count or seq}",
+            )
+        return SessionEnded(
+            f"no answer from {TOOL} to the first ping",
+            f"start both with the same message size (-s) and path MTU (-m there, --mtu here); "
+            f"on RoCE give {TOOL} -g with a GID on this port's subnet",
+        )
+
+    def _failed(self, seq: int, e: CompletionError) -> SessionEnded:
+        if e.status in _TOO_LONG and not self.answered:
+            return SessionEnded(
+                f"{TOOL} could not take a {self.size}-byte ping: {e.message}",
+                f"start it with -s {self.size}, or give its -s here",
+            )
+        if e.status == _RETRY_EXC_ERR and self.answered:
+            return self._silence(seq)  # its QP is gone: it ended
+        return SessionEnded(
+            e.message,
+            f"{TOOL} and this ping must agree on -s, -n and the path MTU (-m there, --mtu here)",
+        )
+
+
+# -- server ------------------------------------------------------------------------------
+
+
+def serve(
+    device: str,
+    port: int,
+    gid_index: int | None,
+    bind: str,
+    tcp_port: int,
+    log: Log,
+    max_clients: int | None = None,
+    path: PathSpec = DEFAULT_PATH,
+    idle: float = 2.0,
+) -> None:
+    """Serve stock ibv_rc_pingpong clients one after another: each gets its exchange, then
+    every ping it sends is answered with as many bytes as it carried, until it has sent
+    nothing for `idle` seconds (it ran its -n iterations and exited)."""
+    with listen(bind, tcp_port) as listener, Ladder(device, port, gid_index) as ladder:
+        log(
+            f"listening for {TOOL} clients on {bind or '*'}:{listener.getsockname()[1]}, "
+            f"{device}/{port}" + (f" gid {gid_index}" if gid_index is not None else "")
+        )
+        served = 0
+        while max_clients is None or served < max_clients:
+            conn, addr = listener.accept()
+            served += 1
+            client = f"{addr[0]}:{addr[1]}"
+            try:
+                count, size = _serve_client(ladder, conn, client, log, path, idle)
+                log(f"client {client} done: {count} pings of {size} bytes answered")
+            except (CompletionError, QPError) as e:
+                log(f"client {client} dropped: {e.message}")
+            except IbtoolError as e:
+                log(f"client {client} dropped: {e.message}" + (f" ({e.hint})" if e.hint else ""))
+            except OSError as e:
+                log(f"client {client} dropped: {e.strerror or e}")
+
+
+def _serve_client(
+    ladder: Ladder, conn: socket.socket, client: str, log: Log, path: PathSpec, idle: float
+) -> tuple[int, int]:
+    with conn:
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT
+        try:
+            peer = decode(wire.recv_exact(conn, MESSAGE_SIZE, deadline))
+        except wire.ProtocolError as e:
+            e.hint = e.hint or f"is the client {TOOL}?"
+            raise
+        _check_gid(ladder, peer)
+        session = Session(ladder, MAX_PING_SIZE, wire.Mode.SEND, path=path)
+        try:
+            session.connect_to(peer)  # as the stock server: connected before it answers
+            session.post_recv()
+            session.post_recv()
+            wire.send(conn, _ours(session))
+            if wire.recv_exact(conn, len(DONE), deadline) != DONE:
+                raise NotPingpong(f"the {TOOL} client did not write done", f"is it {TOOL}?")
+            conn.close()
+            log(f"client {client}: qpn {peer.qpn:#x} ({TOOL})")
+            try:
+                _echo(session, None, idle)
+            except CompletionError as e:
+                # A client that got its last answer exits at once; the acknowledgement of that
+                # answer may find its QP gone: the answer's completion fails, the session ended.
+                if not session.answered or e.status != _RETRY_EXC_ERR:
+                    raise
+            return session.answered, session.size
+        finally:
+            session.close()
