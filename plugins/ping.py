@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from ibtool import hookimpl
 from ibtool.commands import Invocation
@@ -33,6 +34,11 @@ def configure(parser) -> None:
         choices=("send", "write-imm"),
         default="send",
         help="SEND/RECV (default) or RDMA WRITE WITH IMMEDIATE",
+    )
+    parser.add_argument(
+        "--compat",
+        choices=("rc_pingpong", "rping"),
+        help="talk to a stock tool instead of ibtool: rping (librdmacm, rdma_cm port 7174)",
     )
     parser.add_argument("-c", "--count", type=int, help="stop after N pings")
     parser.add_argument(
@@ -87,6 +93,8 @@ def run(inv: Invocation) -> int:
         raise UsageError("--server takes no HOST", "use --bind ADDR to choose an address")
     if not args.server and not args.host:
         raise UsageError("ping needs a HOST, or --server")
+    if args.compat == "rping":
+        return _rping(inv, ping, wire)
     device, port = _pick_port(inv)
     gid_index = args.gid_index
     if gid_index is None:
@@ -102,6 +110,40 @@ def run(inv: Invocation) -> int:
     return _client(inv, ping, wire, device, port, gid_index, tcp_port)
 
 
+def _rping(inv: Invocation, ping, wire) -> int:
+    """--compat rping: librdmacm's rping protocol over rdma_cm, either side."""
+    from ibtool.rdma import rping
+
+    args = inv.args
+    port = rping.DEFAULT_PORT if args.port is None else args.port
+    if args.dev or args.gid_index is not None:
+        raise UsageError(
+            "--compat rping takes no --dev or --gid-index",
+            "rdma_cm picks the RDMA device and GID from the IP address",
+        )
+    if args.server:
+        log = _server_log(inv)
+        try:
+            rping.serve(args.bind, port, log, args.max_clients)
+        except KeyboardInterrupt:
+            log("server stopped")
+            raise  # main() says so and exits 130 (SIGINT) or 143 (SIGTERM)
+        return 0
+    if not rping.MIN_SIZE <= args.size <= rping.MAX_SIZE:
+        raise UsageError(
+            f"-s {args.size}: an rping ping is {rping.MIN_SIZE}..{rping.MAX_SIZE} bytes",
+            "a stock `rping -s` reads into its own -S buffer (default 64): start it with -S "
+            "at least this size",
+        )
+
+    def compat():
+        client = rping.Client(args.host, port, args.size, args.timeout)
+        where = f"{args.host}:{port} over rdma_cm ({client.device})"
+        return client, f"PING {where}: {args.size} bytes, compat rping"
+
+    return _client(inv, ping, wire, None, None, None, port, compat)
+
+
 def _server_log(inv: Invocation):
     def log(line: str) -> None:
         if inv.json:
@@ -113,7 +155,8 @@ def _server_log(inv: Invocation):
     return log
 
 
-def _client(inv, ping, wire, device, port, gid_index, tcp_port) -> int:
+def _client(inv, ping, wire, device, port, gid_index, tcp_port, compat=None) -> int:
+    """Ping and report like ping(8); `compat()`: (client, banner) of a --compat peer instead."""
     from ibtool.rdma.ladder import Ladder
 
     args = inv.args
@@ -121,12 +164,17 @@ def _client(inv, ping, wire, device, port, gid_index, tcp_port) -> int:
     stats, rtts, replies = ping.PingStats(), [], []
     interrupted: KeyboardInterrupt | None = None
     failure: IbtoolError | None = None
-    with Ladder(device, port, gid_index) as ladder:
-        client = ping.Client(ladder, args.host, tcp_port, args.size, mode, args.timeout)
-        try:
+    with contextlib.ExitStack() as stack:
+        if compat is None:
+            ladder = stack.enter_context(Ladder(device, port, gid_index))
+            client = ping.Client(ladder, args.host, tcp_port, args.size, mode, args.timeout)
             where = f"{device}/{port}" + (f" gid {gid_index}" if gid_index is not None else "")
+            banner = f"PING {args.host} over {where}: {args.size} bytes, mode {args.mode}"
+        else:
+            client, banner = compat()
+        try:
             if not inv.json:
-                inv.print(f"PING {args.host} over {where}: {args.size} bytes, mode {args.mode}")
+                inv.print(banner)
 
             def on_reply(r):
                 replies.append({"seq": r.seq, "rtt_us": round(r.rtt_us, 1)})
