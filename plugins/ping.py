@@ -138,7 +138,7 @@ def _rping(inv: Invocation, ping, wire) -> int:
 
     def compat():
         client = rping.Client(args.host, port, args.size, args.timeout)
-        where = f"{args.host}:{port} over rdma_cm ({client.device})"
+        where = f"{client.server} over rdma_cm ({client.device})"
         return client, f"PING {where}: {args.size} bytes, compat rping"
 
     return _client(inv, ping, wire, None, None, None, port, compat)

@@ -344,7 +344,7 @@ class Listener:
 
     def __init__(self, bind: str, port: int):
         self.cm = cm = rdmacm()
-        self.where = _peer(bind, port)
+        self.bind, self.where = bind, _peer(bind, port)
         address = _numeric(bind, port)
         self._stack = contextlib.ExitStack()
         try:
@@ -384,7 +384,7 @@ class Listener:
                 ) from None
             if code in (errno_mod.ENODEV, errno_mod.EADDRNOTAVAIL):
                 raise UsageError(
-                    f"--bind {self.where}: no RDMA device has this address ({os.strerror(code)})",
+                    f"--bind {self.bind}: no RDMA device has this address ({os.strerror(code)})",
                     "give the IP address of an IPoIB or RoCE netdev (`rdma link` names them)",
                 ) from None
             raise IbtoolError(f"cannot listen on {self.where}: {e}") from None

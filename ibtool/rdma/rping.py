@@ -24,6 +24,7 @@ from ibtool.rdma import cm, wire
 from ibtool.rdma.ladder import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE
 
 DEFAULT_PORT = 7174  # rping.c: cb->port = htobe16(7174)
+DEFAULT_SIZE = 64  # rping.c: cb->size = 64
 ADVERT = struct.Struct(">QII")  # struct rping_rdma_info
 # rping.c: RPING_MIN_BUFSIZE, sizeof(stringify(INT_MAX)) + sizeof(RPING_MSG_FMT) = 11 + 15;
 # RPING_BUFSIZE - 1 is the largest -S it takes.
@@ -131,10 +132,12 @@ class Client:
             s.post_send(self.sink_ad, ADVERT.size)
             self._go_ahead(s, deadline, f"ping {seq}: the server's go-ahead after its write")
         except cm.Disconnected:
-            raise cm.Disconnected(
-                f"the rping server at {self.server} disconnected",
-                "it ended its session (a stock rping -s serves one client, then exits)",
-            ) from None
+            hint = "a stock `rping -s` serves one client, then exits"
+            if size > DEFAULT_SIZE:
+                # rping.c reads the ping into its own -S buffer: a larger one fails the RDMA
+                # READ there (LOC_PROT_ERR) and it disconnects.
+                hint += f"; it also gives up on a ping larger than its -S: give it -S {size}"
+            raise cm.Disconnected(f"the rping server at {self.server} disconnected", hint) from None
         t1 = clock()
         if self.sink.read(size, 0) != data:
             # rping.c, rping_test_client with -V: "data mismatch!"

@@ -159,3 +159,25 @@ def test_no_rping_server_is_one_line_and_exit_1(testbed, wait_for):
     )
     assert proc.stderr.count("\n") == 1
     wait_for(nothing_left, "no QP or rdma_cm id of the client")
+
+
+def test_a_ping_larger_than_the_rping_servers_buffer_says_to_raise_its_size(
+    testbed, stock_rping, wait_for
+):
+    addr = testbed["ipv4"]
+    server = stock_rping("-s", "-a", addr, "-p", "7179")  # its -S: the default 64
+    proc = subprocess.run(
+        [sys.executable, "-m", "ibtool", "ping", "--compat", "rping", addr]
+        + ["--port", "7179", "-c", "1", "-s", "1000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        f"ibtool: error: the rping server at {addr}:7179 disconnected (hint: a stock `rping -s` "
+        "serves one client, then exits; it also gives up on a ping larger than its -S: give it "
+        "-S 1000)\n"
+    )
+    assert server.wait(60) != 0  # rping.c: "cq completion failed status 4" (LOC_PROT_ERR)
+    wait_for(nothing_left, "no QP or rdma_cm id of either side")

@@ -216,6 +216,7 @@ def test_a_server_that_leaves_mid_ping_is_a_lost_connection(monkeypatch):
     with pytest.raises(cm.Disconnected) as err:
         client.ping(1)
     assert err.value.message == "the rping server at 192.168.77.1:7174 disconnected"
+    assert err.value.hint == "a stock `rping -s` serves one client, then exits"
     assert err.value.exit_code == ExitCode.FAILED
 
 
