@@ -70,7 +70,7 @@ class EventChannel:
     def __init__(self, cm):
         self.cm = cm
         before = _rdma_cm_fds()
-        self.channel = _cm_call(cm, cm.cmid.CMEventChannel, "create an rdma_cm event channel")
+        self.channel = _cm_call(cm.cmid.CMEventChannel, "create an rdma_cm event channel")
         new = _rdma_cm_fds() - before
         self.fd = new.pop() if len(new) == 1 else None  # None: every wait blocks
         self.listener = None  # the listening id whose connection requests arrive here
@@ -88,7 +88,7 @@ class EventChannel:
         when nothing came within `timeout` seconds. A connection request yields its new id."""
         if not self.ready(timeout):
             return None
-        event = _cm_call(self.cm, lambda: self.cm.cmid.CMEvent(self.channel), "read a CM event")
+        event = _cm_call(lambda: self.cm.cmid.CMEvent(self.channel), "read a CM event")
         try:
             kind, name, child = event.event_type, event.event_str(), None
             if kind == self.cm.e.rdma_cm_event_type.RDMA_CM_EVENT_CONNECT_REQUEST:
@@ -98,7 +98,7 @@ class EventChannel:
         return kind, name, child
 
 
-def _cm_call(cm, fn, what: str):
+def _cm_call(fn, what: str):
     try:
         return fn()
     except pyverbs().Error as e:
@@ -280,7 +280,6 @@ def dial(host: str, port: int, send_wr: int, recv_wr: int) -> Connection:
         channel = EventChannel(cm)
         stack.callback(channel.close)
         cmid = _cm_call(
-            cm,
             lambda: cm.cmid.CMID(creator=channel.channel, port_space=_tcp(cm)),
             "create an rdma_cm id",
         )
@@ -351,7 +350,6 @@ class Listener:
             self.channel = EventChannel(cm)
             self._stack.callback(self.channel.close)
             self.cmid = _cm_call(
-                cm,
                 lambda: cm.cmid.CMID(creator=self.channel.channel, port_space=_tcp(cm)),
                 "create an rdma_cm id",
             )
