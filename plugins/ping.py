@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from ibtool import hookimpl
 from ibtool.commands import Invocation
@@ -10,7 +11,7 @@ from ibtool.errors import CommandFailed, IbtoolError, Terminated, UsageError
 from ibtool.host import parse_selector
 from ibtool.model import PortState
 
-COMPAT_TOOLS = ("rc_pingpong",)
+COMPAT_TOOLS = ("rc_pingpong", "rping")
 MTUS = (256, 512, 1024, 2048, 4096)
 
 
@@ -20,7 +21,8 @@ def configure(parser) -> None:
     parser.add_argument(
         "--compat",
         choices=COMPAT_TOOLS,
-        help="talk to (or serve) a stock peer: ibv_rc_pingpong (rdma-core)",
+        help="talk to (or serve) a stock peer: ibv_rc_pingpong (rdma-core) or rping "
+        "(librdmacm, over rdma_cm)",
     )
     parser.add_argument(
         "--sl", type=int, default=0, metavar="N", help="service level 0-15 (default 0)"
@@ -105,6 +107,7 @@ def _pick_port(inv: Invocation) -> tuple[str, int]:
 DEFAULTS = {
     None: (18520, 64, None, 1.0, None),
     "rc_pingpong": (18515, 4096, 1000, 0.0, 1024),  # ibv_rc_pingpong's -p, -s, -n, -m
+    "rping": (7174, 64, None, 1.0, None),  # rping's -p, -S
 }
 
 
@@ -134,6 +137,8 @@ def _settle(args) -> None:
             f"--tclass {args.tclass}: a traffic class is 0..255",
             "for DSCP D give --tclass $((D << 2))",
         )
+    if args.compat == "rping":
+        _settle_rping(args)
     if args.compat and args.mode != "send":
         raise UsageError(
             f"--mode {args.mode} with --compat {args.compat}",
@@ -143,6 +148,28 @@ def _settle(args) -> None:
         raise UsageError("--server takes no HOST", "use --bind ADDR to choose an address")
     if not args.server and not args.host:
         raise UsageError("ping needs a HOST, or --server")
+
+
+def _settle_rping(args) -> None:
+    from ibtool.rdma import rping
+
+    if args.dev or args.gid_index is not None:
+        raise UsageError(
+            "--compat rping takes no --dev or --gid-index",
+            "rdma_cm picks the RDMA device and GID from the IP address",
+        )
+    chosen = [f for f, v in (("--sl", args.sl), ("--tclass", args.tclass)) if v]
+    if chosen or args.mtu:
+        raise UsageError(
+            f"--compat rping takes no {' or '.join(chosen or ['--mtu'])}",
+            "rdma_cm sets the path of an rping connection from the route to the address",
+        )
+    if not args.server and not rping.MIN_SIZE <= args.size <= rping.MAX_SIZE:
+        raise UsageError(
+            f"-s {args.size}: an rping ping is {rping.MIN_SIZE}..{rping.MAX_SIZE} bytes",
+            "a stock `rping -s` reads into its own -S buffer (default 64): start it with -S "
+            "at least this size",
+        )
 
 
 def _path(args):
@@ -155,6 +182,8 @@ def run(inv: Invocation) -> int:
     args = inv.args
     inv.host.require_live("ibtool ping uses this host's RDMA devices through verbs")
     _settle(args)
+    if args.compat == "rping":
+        return _rping(inv)
     device, port = _pick_port(inv)
     gid_index = args.gid_index
     if gid_index is None:
@@ -167,7 +196,7 @@ def run(inv: Invocation) -> int:
             log("server stopped")
             raise  # main() says so and exits 130 (SIGINT) or 143 (SIGTERM)
         return 0
-    return _client(inv, device, port, gid_index)
+    return _verbs_client(inv, device, port, gid_index)
 
 
 def _serve(args, device: str, port: int, gid_index, log) -> None:
@@ -191,16 +220,38 @@ def _server_log(inv: Invocation):
     return log
 
 
-def _client(inv, device: str, port: int, gid_index) -> int:
+def _rping(inv: Invocation) -> int:
+    """--compat rping: librdmacm's rping protocol over rdma_cm, either side."""
+    from ibtool.rdma import rping  # pyverbs is imported only here
+
+    args = inv.args
+    if args.server:
+        log = _server_log(inv)
+        try:
+            rping.serve(args.bind, args.port, log, args.max_clients)
+        except KeyboardInterrupt:
+            log("server stopped")
+            raise  # main() says so and exits 130 (SIGINT) or 143 (SIGTERM)
+        return 0
+
+    def open_client(stack):
+        client = rping.Client(args.host, args.port, args.size, args.timeout)
+        header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, "
+        return client, header + "compat rping", {"compat": "rping"}
+
+    return _client(inv, open_client)
+
+
+def _verbs_client(inv: Invocation, device: str, port: int, gid_index) -> int:
+    """ibtool's own protocol, or --compat rc_pingpong: an RC QP on DEVICE/PORT."""
     from ibtool.rdma import ping, pingpong, wire  # pyverbs is imported only here
     from ibtool.rdma.ladder import MTU_BYTES, Ladder
 
     args = inv.args
     path = _path(args)
-    stats, rtts, replies = ping.PingStats(), [], []
-    interrupted: KeyboardInterrupt | None = None
-    failure: IbtoolError | None = None
-    with Ladder(device, port, gid_index) as ladder:
+
+    def open_client(stack):
+        ladder = stack.enter_context(Ladder(device, port, gid_index))
         if args.compat == "rc_pingpong":
             client = pingpong.PingpongClient(
                 ladder, args.host, args.port, args.size, args.timeout, path, args.count
@@ -208,39 +259,52 @@ def _client(inv, device: str, port: int, gid_index) -> int:
         else:
             mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
             client = ping.Client(ladder, args.host, args.port, args.size, mode, args.timeout, path)
+        stack.callback(client.close)
+        if args.compat:
+            client.connect()  # one session: a peer not there is the whole story
+        # This side's MTU; an ibtool server may agree on a smaller one (its port's).
+        mtu = MTU_BYTES[ladder.path_mtu(ladder.port_attr.active_mtu, path.mtu)]
+        report = {"compat": args.compat, "mtu": mtu, "sl": args.sl, "tclass": args.tclass}
+        return client, _header(args, device, port, gid_index, mtu), report
+
+    return _client(inv, open_client)
+
+
+def _client(inv: Invocation, open_client) -> int:
+    """Ping and report like ping(8); `open_client(stack)` gives the client (what it opens
+    on `stack`, closed on every way out), the first line, and what the report says of
+    the path."""
+    from ibtool.rdma import ping
+
+    args = inv.args
+    stats, rtts, replies = ping.PingStats(), [], []
+    interrupted: KeyboardInterrupt | None = None
+    failure: IbtoolError | None = None
+    with contextlib.ExitStack() as stack:
+        client, header, report = open_client(stack)
+        if not inv.json:
+            inv.print(header)
+
+        def on_reply(r):
+            replies.append({"seq": r.seq, "rtt_us": round(r.rtt_us, 1)})
+            if not inv.json and not args.quiet:
+                inv.print(f"{args.size} bytes from {args.host}: seq={r.seq} rtt={r.rtt_us:.1f} us")
+                inv.out.flush()
+
+        def on_loss(seq, reason):
+            replies.append({"seq": seq, "error": reason})
+            inv.warn(f"seq={seq} lost: {reason}")
+
         try:
-            if args.compat:
-                client.connect()  # one session: a peer not there is the whole story
-            # This side's MTU; an ibtool server may agree on a smaller one (its port's).
-            mtu = MTU_BYTES[ladder.path_mtu(ladder.port_attr.active_mtu, path.mtu)]
-            report = {"compat": args.compat, "mtu": mtu, "sl": args.sl, "tclass": args.tclass}
-            if not inv.json:
-                inv.print(_header(args, device, port, gid_index, mtu))
-
-            def on_reply(r):
-                replies.append({"seq": r.seq, "rtt_us": round(r.rtt_us, 1)})
-                if not inv.json and not args.quiet:
-                    inv.print(
-                        f"{args.size} bytes from {args.host}: seq={r.seq} rtt={r.rtt_us:.1f} us"
-                    )
-                    inv.out.flush()
-
-            def on_loss(seq, reason):
-                replies.append({"seq": seq, "error": reason})
-                inv.warn(f"seq={seq} lost: {reason}")
-
-            try:
-                ping.run_client(
-                    client, args.count, args.interval, args.deadline, on_reply, on_loss, stats, rtts
-                )
-            except KeyboardInterrupt as e:
-                interrupted = e  # Ctrl-C or SIGTERM: the summary still comes
-            except IbtoolError as e:
-                if not stats.sent:
-                    raise  # the first exchange failed: the error is the whole story
-                failure = e  # the summary of the pings done, then the error (main() says it)
-        finally:
-            client.close()
+            ping.run_client(
+                client, args.count, args.interval, args.deadline, on_reply, on_loss, stats, rtts
+            )
+        except KeyboardInterrupt as e:
+            interrupted = e  # Ctrl-C or SIGTERM: the summary still comes
+        except IbtoolError as e:
+            if not stats.sent:
+                raise  # the first exchange failed: the error is the whole story
+            failure = e  # the summary of the pings done, then the error (main() says it)
     _summary(inv, args.host, stats, stats.summary(rtts), replies, failure, report)
     if failure is not None:
         raise failure

@@ -85,6 +85,22 @@ CQEX_READS = (
 )
 
 CM_CLASSES = ("CMID", "CMEventChannel", "CMEvent", "AddrInfo", "ConnParam")
+# What `ping --compat rping` calls on a CMID (ibtool/rdma/cm.py): all in rdma-core 33's
+# pyverbs/cmid.pyx; dev_name and port_num (34 and later) are optional.
+CMID_METHODS = (
+    "bind_addr",
+    "listen",
+    "accept",
+    "resolve_addr",
+    "resolve_route",
+    "connect",
+    "disconnect",
+    "create_qp",
+    "post_send",
+    "post_recv",
+    "post_read",
+    "post_write",
+)
 CM_ENUMS = {
     "rdma_port_space": ("RDMA_PS_TCP", "RDMA_PS_UDP"),
     "rdma_cm_event_type": (
@@ -162,6 +178,9 @@ def rdmacm() -> RdmaCm:
     except ImportError as e:
         raise _unavailable(what, e, RDMACM_HINT) from None
     _require(cmid, CM_CLASSES)
+    for method in CMID_METHODS:
+        if not hasattr(cmid.CMID, method):
+            raise too_old(f"pyverbs.cmid.CMID.{method}")
     enums_module, e = _enum_classes(CM_ENUM_MODULES, CM_ENUMS, what, RDMACM_HINT)
     return RdmaCm(cmid, e, enums_module, reject=hasattr(cmid.CMID, "reject"))
 

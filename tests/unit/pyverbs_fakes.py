@@ -490,8 +490,16 @@ class FakeQP(_Closable):
 
 
 class FakeCMID(_Closable):
+    """The methods rdma_cm callers probe for; the fake fabric has no rdma_cm to run them on."""
+
     def __init__(self, *args, **kwargs):
         pass
+
+    def _no_rdma_cm(self, *args, **kwargs):
+        raise PyverbsRDMAError("the fake fabric has no rdma_cm", EOPNOTSUPP)
+
+    bind_addr = listen = accept = resolve_addr = resolve_route = connect = _no_rdma_cm
+    disconnect = create_qp = post_send = post_recv = post_read = post_write = _no_rdma_cm
 
 
 def _cm_reject(self, private_data=None) -> None:

@@ -1,0 +1,448 @@
+"""RC connections through rdma_cm (librdmacm's part of pyverbs), reached by IP address and port.
+
+Active side: event channel -> id (RDMA_PS_TCP) -> resolve address -> resolve route -> CQ, QP on
+the id, MRs -> connect -> ESTABLISHED. Passive side: event channel -> id -> bind -> listen, then
+per client: CONNECT_REQUEST -> the child id's CQ, QP, MRs -> accept -> ESTABLISHED. rdma_cm picks
+the device and port from the address (IPoIB or RoCE), so no GID index is needed.
+
+pyverbs facts this module is shaped by (rdma-core pyverbs/cmid.pyx, device.pyx, pd.pyx, 33 to 65):
+
+- `CMID.close()` destroys the id's QP and the id, and then clears the Context and PD objects the
+  id holds (librdmacm owns that device context and its per-device PD). A child id made from a
+  CONNECT_REQUEST holds its listener's: each child gets Context and PD objects of its own here,
+  or closing the first child would clear the listener's.
+- `bind_addr` builds a Context from the bound id's device: on a wildcard address there is none
+  (NULL) and pyverbs 44+ dereferences it. The passive side binds to one address only.
+- `CMEvent(channel)` blocks in rdma_get_cm_event with no timeout, and CMEventChannel does not
+  show its file descriptor: it is found in /proc/self/fd (the rdma_cm device file the channel
+  opened) so that waits have deadlines and the CQ polling loop can look at events in passing.
+- Every event is acknowledged at once: rdma_destroy_id waits for the acknowledgement of every
+  event it reported (librdmacm/cma.c, rdma_destroy_id), a missed one hangs the close.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno as errno_mod
+import ipaddress
+import os
+import select
+import socket
+import time
+
+from ibtool.errors import IbtoolError, UsageError
+from ibtool.rdma import wire
+from ibtool.rdma.completions import CompletionError, CompletionTimeout
+from ibtool.sources.verbs import pyverbs, rdmacm
+
+RDMA_CM_DEVICE = "/dev/infiniband/rdma_cm"
+RAI_PASSIVE = 0x00000001  # librdmacm/rdma_cma.h
+RESOLVE_TIMEOUT_MS = 2000  # rping.c's rdma_resolve_addr and rdma_resolve_route timeouts
+EVENT_SLACK = 3.0  # an answer to a resolve comes within its timeout; this is our margin
+CONNECT_TIMEOUT = 30.0  # the CM retries REQ itself (~4 s per try on rxe); give up after this
+IBV_SEND_SIGNALED = 2
+# ibv_wc_opcode (libibverbs/verbs.h)
+IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_RDMA_READ, IBV_WC_RECV = 0, 1, 2, 128
+EVENT_CHECK_EVERY = 1024  # empty CQ polls between looks at the CM events (and the clock)
+
+
+class Disconnected(wire.ConnectionLost):
+    """The peer disconnected (RDMA_CM_EVENT_DISCONNECTED) or the device went away."""
+
+
+class CmTimeout(IbtoolError):
+    """No CM event within the time the step is given."""
+
+
+def _rdma_cm_fds() -> set[int]:
+    fds = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{name}") == RDMA_CM_DEVICE:
+                    fds.add(int(name))
+    return fds
+
+
+class EventChannel:
+    """A CM event channel with a select()able descriptor where one could be found."""
+
+    def __init__(self, cm):
+        self.cm = cm
+        before = _rdma_cm_fds()
+        self.channel = _cm_call(cm.cmid.CMEventChannel, "create an rdma_cm event channel")
+        new = _rdma_cm_fds() - before
+        self.fd = new.pop() if len(new) == 1 else None  # None: every wait blocks
+        self.listener = None  # the listening id whose connection requests arrive here
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def ready(self, timeout: float | None) -> bool:
+        if self.fd is None:
+            return True
+        return bool(select.select([self.fd], [], [], timeout)[0])
+
+    def next(self, timeout: float | None):
+        """(event type, event name, child id or None) of the next event, acknowledged; None
+        when nothing came within `timeout` seconds. A connection request yields its new id."""
+        if not self.ready(timeout):
+            return None
+        event = _cm_call(lambda: self.cm.cmid.CMEvent(self.channel), "read a CM event")
+        try:
+            kind, name, child = event.event_type, event.event_str(), None
+            if kind == self.cm.e.rdma_cm_event_type.RDMA_CM_EVENT_CONNECT_REQUEST:
+                child = self.cm.cmid.CMID(creator=event, listen_id=self.listener)
+        finally:
+            event.ack_cm_event()
+        return kind, name, child
+
+
+def _cm_call(fn, what: str):
+    try:
+        return fn()
+    except pyverbs().Error as e:
+        raise IbtoolError(f"{what}: {e}") from None
+
+
+class Connection:
+    """One RC connection over rdma_cm and everything it owns (QP, CQ, MRs, the id, and on the
+    active side the event channel). close() destroys them on every path: MRs, then the id with
+    its QP, then the CQ (a CQ with a QP on it cannot be destroyed), then the channel."""
+
+    def __init__(self, cm, channel: EventChannel, cmid, stack: contextlib.ExitStack):
+        self.cm, self.pv, self.channel, self.cmid = cm, pyverbs(), channel, cmid
+        self._stack = stack
+        self.established = False
+        self.disconnected = False
+
+    @property
+    def device(self) -> str:
+        return device_of(self.cmid)
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def _verbs(self, fn, what: str):
+        try:
+            return fn()
+        except self.pv.Error as e:
+            raise IbtoolError(f"{what}: {e}") from None
+
+    def build_qp(self, send_wr: int, recv_wr: int) -> None:
+        pv, cmid = self.pv, self.cmid
+        self.cq = self._verbs(lambda: pv.cq.CQ(cmid.context, send_wr + recv_wr), "create CQ")
+        self._stack.callback(self.cq.close)
+        cap = pv.qp.QPCap(max_send_wr=send_wr, max_recv_wr=recv_wr, max_send_sge=1, max_recv_sge=1)
+        init = pv.qp.QPInitAttr(
+            qp_type=pv.e.ibv_qp_type.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, sq_sig_all=0
+        )
+        # The QP is the id's (rdma_create_qp): CMID.close destroys it, so the id is closed here
+        # too, before the CQ; closing it again later does nothing.
+        self._stack.callback(cmid.close)
+        self._verbs(lambda: cmid.create_qp(init), "create the RC QP")
+
+    def mr(self, size: int, access: int):
+        mr = self._verbs(
+            lambda: self.pv.mr.MR(self.cmid.pd, size, access), f"register a {size}-byte MR"
+        )
+        self._stack.callback(mr.close)
+        return mr
+
+    def post_recv(self, mr, length: int) -> None:
+        self._verbs(lambda: self.cmid.post_recv(mr, length), "post a receive")
+
+    def post_send(self, mr, length: int) -> None:
+        self._verbs(lambda: self.cmid.post_send(mr, IBV_SEND_SIGNALED, length), "post a send")
+
+    def post_read(self, mr, length: int, addr: int, rkey: int) -> None:
+        self._verbs(
+            lambda: self.cmid.post_read(mr, length, addr, rkey, IBV_SEND_SIGNALED),
+            "post an RDMA READ",
+        )
+
+    def post_write(self, mr, length: int, addr: int, rkey: int) -> None:
+        self._verbs(
+            lambda: self.cmid.post_write(mr, length, addr, rkey, IBV_SEND_SIGNALED),
+            "post an RDMA WRITE",
+        )
+
+    def _established(self, what: str, peer: str) -> None:
+        self._expect("RDMA_CM_EVENT_ESTABLISHED", CONNECT_TIMEOUT, what, peer)
+        self.established = True
+        self._stack.callback(self._disconnect)
+
+    def _disconnect(self) -> None:
+        # rdma_disconnect moves our QP to the error state and tells the peer (a DREQ): its
+        # rping sees RDMA_CM_EVENT_DISCONNECTED and ends.
+        with contextlib.suppress(self.pv.Error):
+            self.cmid.disconnect()
+
+    def _expect(self, wanted: str, timeout: float, what: str, peer: str) -> None:
+        got = self.channel.next(timeout)
+        if got is None:
+            raise CmTimeout(f"{what}: no answer from {peer} within {timeout:.0f} s")
+        kind, name, child = got
+        if child is not None:
+            _refuse(child)
+        if kind != getattr(self.cm.e.rdma_cm_event_type, wanted):
+            raise _event_error(name, what, peer)
+
+    def wait(self, opcode: int, deadline: float | None, what: str):
+        """The next completion of `opcode` (others, a signaled send's, are passed over),
+        busy-polling as ibv_rc_pingpong does; the CM events are looked at every
+        EVENT_CHECK_EVERY empty polls, so a peer that disconnects ends the wait."""
+        poll, spins = self.cq.poll, 0
+        while True:
+            n, wcs = poll(1)
+            if n:
+                wc = wcs[0]
+                if wc.status:
+                    self.check_events()  # a flush after the peer left: say that instead
+                    raise CompletionError(wc, what)
+                if wc.opcode == opcode:
+                    return wc
+                continue
+            spins += 1
+            if spins % EVENT_CHECK_EVERY == 0:
+                self.check_events()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise CompletionTimeout(f"{what}: no completion before the timeout")
+
+    def check_events(self) -> None:
+        """Handle the CM events that came (none: return at once)."""
+        while self.channel.fd is not None and self.channel.ready(0):
+            kind, name, child = self.channel.next(0)
+            if child is not None:
+                _refuse(child)  # one client at a time: another's request is turned down
+                continue
+            types = self.cm.e.rdma_cm_event_type
+            if kind == types.RDMA_CM_EVENT_DISCONNECTED:
+                self.disconnected = True
+                raise Disconnected("the peer disconnected")
+            if kind != types.RDMA_CM_EVENT_ESTABLISHED:
+                raise Disconnected(f"the connection ended: {name}")
+
+
+def device_of(cmid) -> str:
+    """DEV/PORT of a bound or resolved id (CMID.dev_name and port_num: rdma-core 34 and later;
+    before, the name of the Context pyverbs built for the id, if it has one)."""
+    name = getattr(cmid, "dev_name", None) or getattr(cmid.context, "name", None) or "?"
+    port = getattr(cmid, "port_num", None)
+    return f"{name}/{port}" if port else name
+
+
+def _refuse(child) -> None:
+    # Destroying an id that has not accepted its request rejects it (the kernel sends a REJ).
+    with contextlib.suppress(Exception):
+        child.close()
+
+
+def _event_error(name: str, what: str, peer: str) -> IbtoolError:
+    if name.endswith("REJECTED"):
+        return IbtoolError(
+            f"{what}: {peer} rejected the connection ({name})",
+            f"is an rping server listening at {peer}? start `rping -s -a ADDR -p PORT` or "
+            "`ibtool ping --server --compat rping --bind ADDR` there",
+        )
+    if name.endswith(("UNREACHABLE", "CONNECT_ERROR")):
+        return IbtoolError(
+            f"{what}: {peer} did not answer ({name})",
+            "is the peer up, and its RDMA port ACTIVE (rdma link)?",
+        )
+    return IbtoolError(f"{what}: {name}")
+
+
+def _addr_info(cm, what: str, **kw):
+    try:
+        return cm.cmid.AddrInfo(port_space=cm.e.rdma_port_space.RDMA_PS_TCP, **kw)
+    except pyverbs().Error as e:
+        raise IbtoolError(f"{what}: {e}", "give an IP address or a host name") from None
+
+
+# -- active side -------------------------------------------------------------------------------
+
+
+def dial(host: str, port: int, send_wr: int, recv_wr: int) -> Connection:
+    """The active side up to its QP (resolved, not connected): the caller registers its MRs,
+    posts its receives, then calls connect_to()."""
+    cm = rdmacm()
+    peer = _peer(host, port)
+    stack = contextlib.ExitStack()
+    try:
+        channel = EventChannel(cm)
+        stack.callback(channel.close)
+        cmid = _cm_call(
+            lambda: cm.cmid.CMID(creator=channel.channel, port_space=_tcp(cm)),
+            "create an rdma_cm id",
+        )
+        stack.callback(cmid.close)
+        conn = Connection(cm, channel, cmid, stack)
+        ai = _addr_info(cm, f"cannot resolve {host}", dst=host, dst_service=str(port))
+        stack.callback(ai.close)
+        try:
+            cmid.resolve_addr(ai, RESOLVE_TIMEOUT_MS)
+        except conn.pv.Error as e:
+            raise IbtoolError(
+                f"cannot resolve {peer} to an RDMA device: {e}", _route_hint(host)
+            ) from None
+        _resolved(conn, "RDMA_CM_EVENT_ADDR_RESOLVED", peer, host)
+        conn._verbs(lambda: cmid.resolve_route(RESOLVE_TIMEOUT_MS), f"resolve a route to {peer}")
+        _resolved(conn, "RDMA_CM_EVENT_ROUTE_RESOLVED", peer, host)
+        conn.build_qp(send_wr, recv_wr)
+        return conn
+    except BaseException:
+        stack.close()
+        raise
+
+
+def _resolved(conn: Connection, wanted: str, peer: str, host: str) -> None:
+    try:
+        conn._expect(wanted, RESOLVE_TIMEOUT_MS / 1000 + EVENT_SLACK, f"resolve {peer}", peer)
+    except IbtoolError as e:
+        raise IbtoolError(
+            f"cannot resolve {peer} to an RDMA device: {e.message}", _route_hint(host)
+        ) from None
+
+
+def _route_hint(host: str) -> str:
+    return (
+        f"{host} must be reachable through an IPoIB or RoCE netdev of this host "
+        f"(`ip route get {host}`, `rdma link` shows which netdev each RDMA port has)"
+    )
+
+
+def connect_to(conn: Connection, host: str, port: int) -> None:
+    # rping.c, rping_init_conn_param: one outstanding RDMA READ each way, retries at 7
+    # (rnr_retry 7: retry forever while the peer has no receive posted).
+    param = conn.cm.cmid.ConnParam(resources=1, depth=1, retry=7, rnr_retry=7)
+    conn._verbs(lambda: conn.cmid.connect(param), f"connect to {_peer(host, port)}")
+    conn._established("connect", _peer(host, port))
+
+
+def _peer(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _tcp(cm):
+    return cm.e.rdma_port_space.RDMA_PS_TCP
+
+
+# -- passive side ------------------------------------------------------------------------------
+
+
+class Listener:
+    """A listening id on one address and port; accept() hands out one client's Connection."""
+
+    def __init__(self, bind: str, port: int):
+        self.cm = cm = rdmacm()
+        self.bind, self.where = bind, _peer(bind, port)
+        address = _numeric(bind, port)
+        self._stack = contextlib.ExitStack()
+        try:
+            self.channel = EventChannel(cm)
+            self._stack.callback(self.channel.close)
+            self.cmid = _cm_call(
+                lambda: cm.cmid.CMID(creator=self.channel.channel, port_space=_tcp(cm)),
+                "create an rdma_cm id",
+            )
+            self._stack.callback(self.cmid.close)
+            self.channel.listener = self.cmid
+            ai = _addr_info(
+                cm, f"--bind {bind}", src=address, src_service=str(port), flags=RAI_PASSIVE
+            )
+            self._stack.callback(ai.close)
+            self._bind(ai)
+            try:
+                self.cmid.listen(3)  # rping.c's backlog
+            except pyverbs().Error as e:
+                raise IbtoolError(f"cannot listen on {self.where}: {e}") from None
+            self.device = device_of(self.cmid)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def _bind(self, ai) -> None:
+        try:
+            self.cmid.bind_addr(ai)
+        except pyverbs().Error as e:
+            code = getattr(e, "error_code", 0)
+            if code == errno_mod.EADDRINUSE:
+                raise IbtoolError(
+                    f"cannot listen on {self.where}: {os.strerror(code)}",
+                    "another rping server has the port (`rdma res show cm_id` shows which): "
+                    "stop it, or give both sides another --port",
+                ) from None
+            if code in (errno_mod.ENODEV, errno_mod.EADDRNOTAVAIL):
+                raise UsageError(
+                    f"--bind {self.bind}: no RDMA device has this address ({os.strerror(code)})",
+                    "give the IP address of an IPoIB or RoCE netdev (`rdma link` names them)",
+                ) from None
+            raise IbtoolError(f"cannot listen on {self.where}: {e}") from None
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def next_request(self, send_wr: int, recv_wr: int) -> Connection:
+        """Wait for a client's connection request; its Connection with CQ and QP built (the
+        caller registers its MRs, posts its receives, then calls accept())."""
+        while True:
+            got = self.channel.next(None)
+            if got is None or got[2] is None:
+                continue  # nothing else is expected on a listening id
+            child = got[2]
+            stack = contextlib.ExitStack()
+            stack.callback(_refuse, child)  # until accepted, closing it rejects the request
+            try:
+                pv = pyverbs()
+                # Context and PD objects of the child's own (see the module's docstring).
+                pv.device.Context(cmid=child)
+                pv.pd.PD(child)
+                conn = Connection(self.cm, self.channel, child, stack)
+                conn.build_qp(send_wr, recv_wr)
+                return conn
+            except BaseException:
+                stack.close()
+                raise
+
+    def accept(self, conn: Connection) -> None:
+        param = self.cm.cmid.ConnParam(resources=1, depth=1, retry=7, rnr_retry=7)
+        conn._verbs(lambda: conn.cmid.accept(param), "accept the connection")
+        conn._established("accept", "the client")
+
+
+def _numeric(bind: str, port: int) -> str:
+    """`bind` as one numeric address; a wildcard is refused (see the module's docstring)."""
+    if not bind:
+        raise UsageError(
+            "--compat rping --server needs --bind ADDR",
+            "give the IP address of the IPoIB or RoCE netdev to serve on (rdma_cm picks the "
+            "RDMA device from it)",
+        )
+    try:
+        infos = socket.getaddrinfo(bind, port, 0, socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise UsageError(
+            f"--bind {bind}: not an address ({e.strerror})", "give an IP address of this host"
+        ) from None
+    address = infos[0][4][0]
+    if ipaddress.ip_address(address.split("%")[0]).is_unspecified:
+        raise UsageError(
+            f"--bind {bind}: a wildcard address names no RDMA device",
+            "give the IP address of the IPoIB or RoCE netdev to serve on",
+        )
+    return address
