@@ -397,3 +397,43 @@ def test_a_signal_to_the_client_mid_run_prints_the_statistics(running, wait_for,
     server.wait_for_lines(lambda lines: " done: " in "".join(lines))  # the server goes on
     wait_for(nothing_left, "the QPs and MRs of the client and of its session to be destroyed")
     assert server.proc.poll() is None
+
+
+def roce_v2_tos(netdev: str, source: str, until: threading.Event) -> list[int]:
+    """The IPv4 TOS byte of every RoCE v2 packet (UDP port 4791) from `source` seen on
+    `netdev` until `until` is set, read off an AF_PACKET socket."""
+    seen: list[int] = []
+    # ETH_P_ALL: a socket of one protocol is not shown what the host sends
+    # (dev_queue_xmit_nit walks only the ETH_P_ALL taps).
+    with socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003)) as sniff:
+        sniff.bind((netdev, 0))
+        sniff.settimeout(0.2)
+        while not until.is_set():
+            try:
+                frame = sniff.recv(2048)
+            except socket.timeout:
+                continue
+            if frame[12:14] != b"\x08\x00":  # IPv4
+                continue
+            ip = frame[14:]
+            header = (ip[0] & 0x0F) * 4
+            udp_dport = int.from_bytes(ip[header + 2 : header + 4], "big")
+            if ip[9] == 17 and udp_dport == 4791 and socket.inet_ntoa(ip[12:16]) == source:
+                seen.append(ip[1])
+    return seen
+
+
+def test_tclass_is_the_ds_field_of_the_packets_sent(peer_server, testbed):
+    done, result = threading.Event(), []
+    sniffer = threading.Thread(
+        target=lambda: result.extend(roce_v2_tos(testbed["netdev"], testbed["ipv4"], done))
+    )
+    sniffer.start()
+    try:
+        proc = ping("--dev", testbed["device"], "-j", "-c", "5", "-i", "0", "--tclass", "104")
+    finally:
+        done.set()
+        sniffer.join(10)
+    report = json.loads(proc.stdout)
+    assert (report["received"], report["tclass"], report["sl"]) == (5, 104, 0), proc.stderr
+    assert result and set(result) == {104}, result  # DSCP 26 (AF31), ECN 0: every packet

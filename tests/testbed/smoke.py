@@ -538,6 +538,94 @@ def check_ping(mode):
     return check
 
 
+def _tcp_listening(port: int) -> bool:
+    """From /proc/net/tcp{,6}: a connection to find out would be the one client a stock
+    ibv_rc_pingpong server accepts."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    return True
+    return False
+
+
+def _cm_listening(pid: int) -> bool:
+    return any(c.get("pid") == pid and "LISTEN" in json.dumps(c) for c in rdma_json("res", "cm_id"))
+
+
+def _stock(argv: list[str], ready=None) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    if ready is not None:
+        wait_for(lambda: proc.poll() is not None or ready(proc), f"{argv[0]} to listen", 180)
+        if proc.poll() is not None:
+            raise Failed(f"{argv[0]} exited {proc.returncode}: {last_line(proc.stderr.read())}")
+    return proc
+
+
+def _finish(proc, what: str, timeout: float = TIMEOUT) -> str:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise Failed(f"{what} did not end: {last_line(err or out or '')}") from None
+    expect(proc.returncode == 0, f"{what} exit {proc.returncode}: {last_line(err or out or '')}")
+    return out
+
+
+def check_ping_rc_pingpong(tb):
+    """Both ways with rdma-core's own ibv_rc_pingpong of this release."""
+    stock = ["ibv_rc_pingpong", "-d", tb["device"], "-g", tb.get("ipv4_gid_index", "1")]
+    stock += ["-p", str(PING_PORT), "-s", "64", "-n", "10"]
+    server = _stock(stock, lambda p: _tcp_listening(PING_PORT))
+    try:
+        report = ibtool_json(
+            "ping", "--compat", "rc_pingpong", "127.0.0.1", "--port", str(PING_PORT),
+            "-s", "64", "-c", "10", "--dev", tb["device"],
+        )  # fmt: skip
+    except BaseException:
+        os.killpg(server.pid, signal.SIGKILL)  # it would wait for the pings forever
+        server.communicate()
+        raise
+    said = _finish(server, "ibv_rc_pingpong -s")
+    expect(report["received"] == 10, f"{report['received']}/10 replies from ibv_rc_pingpong")
+    expect("10 iters in" in said, f"ibv_rc_pingpong server said {last_line(said)!r}")
+    ours = _stock(
+        [IBTOOL, "ping", "--server", "--compat", "rc_pingpong", "--port", str(PING_PORT),
+         "--dev", tb["device"], "--max-clients", "1"],
+        lambda p: _tcp_listening(PING_PORT),
+    )  # fmt: skip
+    client = run([*stock, "127.0.0.1"], timeout=TIMEOUT, check=False)
+    log = _finish(ours, "ibtool ping --server --compat rc_pingpong")
+    expect(client.returncode == 0, f"ibv_rc_pingpong client: {last_line(client.stderr)}")
+    expect("done: 10 pings of 64 bytes answered" in log, f"ibtool server: {last_line(log)!r}")
+    return f"10/10 both ways, median {report['rtt_us']['median']} us"
+
+
+def check_ping_rping(tb):
+    """Both ways with librdmacm's own rping of this release, over rdma_cm."""
+    addr = tb["ipv4"]
+    server = _stock(["rping", "-s", "-a", addr, "-C", "10", "-v"], lambda p: _cm_listening(p.pid))
+    try:
+        report = ibtool_json("ping", "--compat", "rping", addr, "-c", "10", "-i", "0")
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # rping -s serves on after its client
+        server.communicate(timeout=60)
+    expect(report["received"] == 10, f"{report['received']}/10 replies from rping -s")
+    ours = _stock(
+        [IBTOOL, "ping", "--server", "--compat", "rping", "--bind", addr, "--max-clients", "1"],
+        lambda p: _cm_listening(p.pid),
+    )
+    client = run(["rping", "-c", "-a", addr, "-C", "10", "-V", "-v"], timeout=TIMEOUT, check=False)
+    log = _finish(ours, "ibtool ping --server --compat rping")
+    expect(client.returncode == 0, f"rping -c -V: {last_line(client.stderr or client.stdout)}")
+    expect("done: 10 pings answered" in log, f"ibtool server: {last_line(log)!r}")
+    return f"10/10 both ways, median {report['rtt_us']['median']} us"
+
+
 CHECKS = [
     ("--version", check_version),
     ("plugins", check_plugins),
@@ -568,6 +656,8 @@ CHECKS = [
     *((f"loopback {op}", check_loopback_op(op)) for op in OPS),
     ("ping send", check_ping("send")),
     ("ping write-imm", check_ping("write-imm")),
+    ("ping rc_pingpong", check_ping_rc_pingpong),
+    ("ping rping", check_ping_rping),
 ]
 
 
