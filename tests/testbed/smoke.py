@@ -551,7 +551,9 @@ def _tcp_listening(port: int) -> bool:
 
 
 def _cm_listening(pid: int) -> bool:
-    return any(c.get("pid") == pid and "LISTEN" in json.dumps(c) for c in rdma_json("res", "cm_id"))
+    return any(
+        c.get("pid") == pid and "LISTEN" in json.dumps(c) for c in rdma_json("res", "show", "cm_id")
+    )
 
 
 def _stock(argv: list[str], ready=None) -> subprocess.Popen:
