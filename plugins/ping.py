@@ -142,7 +142,7 @@ def _settle(args) -> None:
     if args.compat and args.mode != "send":
         raise UsageError(
             f"--mode {args.mode} with --compat {args.compat}",
-            f"{args.compat} pings with SEND only: leave --mode out",
+            f"{args.compat} pings as the stock tool does: leave --mode out",
         )
     if args.server and args.host:
         raise UsageError("--server takes no HOST", "use --bind ADDR to choose an address")
@@ -189,14 +189,19 @@ def run(inv: Invocation) -> int:
     if gid_index is None:
         gid_index = inv.host.roce_gid_index(device, port)
     if args.server:
-        log = _server_log(inv)
-        try:
-            _serve(args, device, port, gid_index, log)
-        except KeyboardInterrupt:
-            log("server stopped")
-            raise  # main() says so and exits 130 (SIGINT) or 143 (SIGTERM)
-        return 0
+        return _run_server(inv, lambda log: _serve(args, device, port, gid_index, log))
     return _verbs_client(inv, device, port, gid_index)
+
+
+def _run_server(inv: Invocation, serve) -> int:
+    """Serve until interrupted (or --max-clients were served), each event a line."""
+    log = _server_log(inv)
+    try:
+        serve(log)
+    except KeyboardInterrupt:
+        log("server stopped")
+        raise  # main() says so and exits 130 (SIGINT) or 143 (SIGTERM)
+    return 0
 
 
 def _serve(args, device: str, port: int, gid_index, log) -> None:
@@ -226,13 +231,8 @@ def _rping(inv: Invocation) -> int:
 
     args = inv.args
     if args.server:
-        log = _server_log(inv)
-        try:
-            rping.serve(args.bind, args.port, log, args.max_clients)
-        except KeyboardInterrupt:
-            log("server stopped")
-            raise  # main() says so and exits 130 (SIGINT) or 143 (SIGTERM)
-        return 0
+        serve = rping.serve
+        return _run_server(inv, lambda log: serve(args.bind, args.port, log, args.max_clients))
 
     def open_client(stack):
         client = rping.Client(args.host, args.port, args.size, args.timeout)
