@@ -8,6 +8,7 @@ their CQ while connected, as ibv_rc_pingpong does by default: latency, not CPU, 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
@@ -208,17 +209,9 @@ def serve(
 ) -> None:
     """Serve clients one after another until interrupted (or `max_clients` were served), on
     the service level and traffic class of `path`, the path MTU capped by it."""
-    with listen(bind, tcp_port) as listener, Ladder(device, port, gid_index) as ladder:
-        log(
-            f"listening on {bind or '*'}:{listener.getsockname()[1]}, {device}/{port}"
-            + (f" gid {gid_index}" if gid_index is not None else "")
-        )
-        served = 0
-        while max_clients is None or served < max_clients:
-            conn, addr = listener.accept()
-            served += 1
+    with serving(device, port, gid_index, bind, tcp_port, log, "listening") as (listener, ladder):
+        for conn, peer in clients(listener, max_clients):
             with conn:
-                peer = f"{addr[0]}:{addr[1]}"
                 try:
                     count = _serve_client(ladder, conn, log, peer, path)
                     log(f"client {peer} done: {count} pings answered")
@@ -227,6 +220,28 @@ def serve(
                 except IbtoolError as e:
                     log(f"client {peer} dropped: {e.message}")
                     _try_send(conn, wire.encode_error(e.message))
+
+
+@contextlib.contextmanager
+def serving(device: str, port: int, gid_index: int | None, bind: str, tcp_port: int, log: Log,
+            saying: str):  # fmt: skip
+    """The listening socket and the port's verbs ladder of a server, said in the log as
+    `saying` on ADDR:PORT, DEV/PORT and the GID index; both closed on the way out."""
+    with listen(bind, tcp_port) as listener, Ladder(device, port, gid_index) as ladder:
+        log(
+            f"{saying} on {bind or '*'}:{listener.getsockname()[1]}, {device}/{port}"
+            + (f" gid {gid_index}" if gid_index is not None else "")
+        )
+        yield listener, ladder
+
+
+def clients(listener: socket.socket, max_clients: int | None):
+    """Each client's connection and its ADDR:PORT, until `max_clients` have come."""
+    served = 0
+    while max_clients is None or served < max_clients:
+        conn, addr = listener.accept()
+        served += 1
+        yield conn, f"{addr[0]}:{addr[1]}"
 
 
 def listen(bind: str, tcp_port: int) -> socket.socket:

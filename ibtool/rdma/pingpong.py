@@ -31,7 +31,8 @@ from ibtool.rdma.ping import (
     Session,
     SessionEnded,
     _echo,
-    listen,
+    clients,
+    serving,
 )
 
 DEFAULT_PORT = 18515
@@ -209,16 +210,9 @@ def serve(
     """Serve stock ibv_rc_pingpong clients one after another: each gets its exchange, then
     every ping it sends is answered with as many bytes as it carried, until it has sent
     nothing for `idle` seconds (it ran its -n iterations and exited)."""
-    with listen(bind, tcp_port) as listener, Ladder(device, port, gid_index) as ladder:
-        log(
-            f"listening for {TOOL} clients on {bind or '*'}:{listener.getsockname()[1]}, "
-            f"{device}/{port}" + (f" gid {gid_index}" if gid_index is not None else "")
-        )
-        served = 0
-        while max_clients is None or served < max_clients:
-            conn, addr = listener.accept()
-            served += 1
-            client = f"{addr[0]}:{addr[1]}"
+    saying = f"listening for {TOOL} clients"
+    with serving(device, port, gid_index, bind, tcp_port, log, saying) as (listener, ladder):
+        for conn, client in clients(listener, max_clients):
             try:
                 count, size = _serve_client(ladder, conn, client, log, path, idle)
                 log(f"client {client} done: {count} pings of {size} bytes answered")

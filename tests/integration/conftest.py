@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 
 import pytest
 
 from tests.integration import faults
+from tests.integration.running import Running
 
 IN_TESTBED = os.environ.get("IBTOOL_TESTBED") == "1"
 
@@ -84,3 +86,18 @@ def rxe_unloaded(testbed):
     """The rdma_rxe module unloaded (every rxe device gone), reloaded and the devices recreated."""
     with faults.rxe_unloaded(testbed):
         yield
+
+
+@pytest.fixture
+def running():
+    """Start ibtool processes; whatever still runs at the end is stopped (SIGTERM, then
+    SIGKILL after 30 s)."""
+    started: list[Running] = []
+
+    def start(*args: str) -> Running:
+        started.append(Running(*args))
+        return started[-1]
+
+    yield start
+    for r in started:
+        r.finish(signal.SIGTERM if r.proc.poll() is None else None, timeout=30)

@@ -19,6 +19,7 @@ import pytest
 
 from ibtool.rdma import wire
 from tests.fixtures.peers import EVIL, EVIL_SHOWN, Peer, resets, sends_escapes
+from tests.integration.running import Running
 
 pytestmark = pytest.mark.integration
 PORT = 18600
@@ -192,80 +193,8 @@ def unsafe(text: str) -> set[str]:
     return {c for c in text if c != "\n" and unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")}
 
 
-def _sigint_default() -> None:
-    # A non-interactive shell's background job starts with SIGINT ignored and children inherit
-    # it (Python then installs no KeyboardInterrupt handler): give Ctrl-C back, as a terminal.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-class Running:
-    """An ibtool process and the lines of its standard output as they come (a reader thread)."""
-
-    def __init__(self, *args: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ibtool", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=_sigint_default,
-        )
-        self.lines: list[str] = []
-        self._eof = False
-        self._changed = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            with self._changed:
-                self.lines.append(line)
-                self._changed.notify_all()
-        with self._changed:
-            self._eof = True
-            self._changed.notify_all()
-
-    def wait_for_lines(self, enough, timeout: float = 60) -> list[str]:
-        """Its lines once `enough(lines)` says so."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while not enough(self.lines):
-                left = deadline - time.monotonic()
-                if left <= 0 or self._eof:
-                    raise AssertionError(f"got {self.lines}, exit {self.proc.poll()}")
-                self._changed.wait(min(left, 1.0))
-            return list(self.lines)
-
-    def finish(self, sig: int | None = None, timeout: float = 120) -> tuple[int, str, str]:
-        """Signal it (or not) and wait: exit status, all its standard output, its stderr."""
-        try:
-            if sig is not None:
-                self.proc.send_signal(sig)
-            rc = self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        self._reader.join(30)
-        return rc, "".join(self.lines), self.proc.stderr.read()
-
-
 def replies(lines: list[str]) -> int:
     return sum(" bytes from 127.0.0.1: seq=" in line for line in lines)
-
-
-@pytest.fixture
-def running():
-    """Start ibtool processes; whatever still runs at the end is stopped (SIGTERM, then
-    SIGKILL after 30 s)."""
-    started: list[Running] = []
-
-    def start(*args: str) -> Running:
-        started.append(Running(*args))
-        return started[-1]
-
-    yield start
-    for r in started:
-        r.finish(signal.SIGTERM if r.proc.poll() is None else None, timeout=30)
 
 
 def start_server(running) -> Running:

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from tests.integration.test_ping import Running, user_objects
+from tests.integration.running import Running
+from tests.integration.test_ping import user_objects
 
 pytestmark = pytest.mark.integration
 
@@ -27,20 +28,6 @@ def rping_listening(pid: int) -> bool:
         ["rdma", "-j", "res", "show", "cm_id"], capture_output=True, text=True, check=True
     ).stdout
     return any(c.get("pid") == pid and "LISTEN" in json.dumps(c) for c in json.loads(out or "[]"))
-
-
-@pytest.fixture
-def running():
-    """Start ibtool processes (test_ping.Running); what still runs at the end gets SIGTERM."""
-    started: list[Running] = []
-
-    def start(*args: str) -> Running:
-        started.append(Running(*args))
-        return started[-1]
-
-    yield start
-    for r in started:
-        r.finish(signal.SIGTERM if r.proc.poll() is None else None, timeout=30)
 
 
 @pytest.fixture

@@ -43,10 +43,14 @@ def test_loopback_without_pyverbs_exits_unsupported_with_the_hint(fake_pyverbs, 
 
 
 class Server(threading.Thread):
-    """`ibtool ping --server` for one client, on a port the kernel picked."""
+    """`ibtool ping --server` for one client, on a port the kernel picked; or what `serve`
+    runs (given the log's append), listening likewise."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, serve=None):
         super().__init__(daemon=True)
+        self.serve = serve or (
+            lambda log: ping.serve("mlx5_0", 1, None, "127.0.0.1", 0, log, max_clients=1)
+        )
         self.listening = threading.Event()
         self.log: list[str] = []
         self.error: BaseException | None = None
@@ -61,7 +65,7 @@ class Server(threading.Thread):
 
     def run(self) -> None:
         try:
-            ping.serve("mlx5_0", 1, None, "127.0.0.1", 0, self.log.append, max_clients=1)
+            self.serve(self.log.append)
         except BaseException as e:
             self.error = e
             self.listening.set()

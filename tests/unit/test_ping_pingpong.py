@@ -14,6 +14,7 @@ from ibtool.errors import ExitCode
 from ibtool.rdma import ping, pingpong
 from ibtool.rdma.ladder import Ladder, PathSpec
 from tests.unit.fake_host import ROCE_GID
+from tests.unit.test_data_path_pyverbs import Server as DataPathServer
 
 GID = bytes.fromhex(ROCE_GID.replace(":", ""))
 
@@ -49,33 +50,13 @@ def test_what_is_not_an_address_is_refused(data):
     assert "\n" not in e.value.message
 
 
-class Server(threading.Thread):
+def Server(monkeypatch, idle: float = 0.5):
     """`ibtool ping --server --compat rc_pingpong` for one client, on a port the kernel
     picked."""
-
-    def __init__(self, monkeypatch, idle: float = 0.5):
-        super().__init__(daemon=True)
-        self.listening = threading.Event()
-        self.log: list[str] = []
-        self.error: BaseException | None = None
-        self.idle = idle
-        create_server = socket.create_server
-
-        def listen(*args, **kwargs):
-            self.listener = create_server(*args, **kwargs)
-            self.listening.set()
-            return self.listener
-
-        monkeypatch.setattr(socket, "create_server", listen)
-
-    def run(self) -> None:
-        try:
-            pingpong.serve(
-                "mlx5_0", 1, 3, "127.0.0.1", 0, self.log.append, 1, PathSpec(), idle=self.idle
-            )
-        except BaseException as e:
-            self.error = e
-            self.listening.set()
+    return DataPathServer(
+        monkeypatch,
+        lambda log: pingpong.serve("mlx5_0", 1, 3, "127.0.0.1", 0, log, 1, PathSpec(), idle=idle),
+    )
 
 
 @pytest.fixture
