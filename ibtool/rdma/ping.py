@@ -527,10 +527,10 @@ class Client:
                 if not spins & 255 and clock() - t0 > timeout:
                     raise CompletionTimeout(f"ping {seq}: no reply before the timeout")
                 continue
+            t1 = clock()  # before the completion is read: that is not the round trip's
             try:
                 status = cq.status
                 if status or opcode_of() & 128:  # a failure, or the reply
-                    t1 = clock()
                     got_imm = imm_of() if with_imm and not status else imm
                     vendor_err = cq.read_vendor_err() if status else 0
                     got_len = cq.read_byte_len() if not status else size
