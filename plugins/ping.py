@@ -237,7 +237,8 @@ def _rping(inv: Invocation) -> int:
     def open_client(stack):
         client = rping.Client(args.host, args.port, args.size, args.timeout)
         header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, "
-        return client, header + "compat rping", {"compat": "rping"}
+        path = {"compat": "rping", "mtu": None, "sl": None, "tclass": None}  # rdma_cm's choice
+        return client, header + "compat rping", path
 
     return _client(inv, open_client)
 
