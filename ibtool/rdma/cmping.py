@@ -223,7 +223,8 @@ def _serve_client(listener: cm.Listener, conn: cm.Connection, log: Log, who: str
     param = _param(conn, session.qp, data)
     conn._verbs(lambda: conn.cmid.accept(param), "accept the connection")
     conn._established("accept", who)
-    log(f"{who} connected on {conn.device}: mode {offer.mode.name.lower()} size {offer.size}")
+    mode = offer.mode.name.lower().replace("_", "-")  # as --mode spells it
+    log(f"{who} connected on {conn.device}: mode {mode} size {offer.size}")
     answered = 0
     while True:
         # _echo returns when a CM event is there: the client's disconnect, or a request of
