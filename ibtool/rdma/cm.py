@@ -137,6 +137,7 @@ class Connection:
         self.established = False
         self.disconnected = False
         self.private_data = b""  # the peer's, from its connection request
+        self.busy = b""  # private data of the REJ that turns down another client meanwhile
 
     @property
     def ctx(self):
@@ -281,7 +282,11 @@ class Connection:
         while self.channel.fd is not None and self.channel.ready(0):
             kind, name, child, _ = self.channel.next(0)
             if child is not None:
-                _refuse(child)  # one client at a time: another's request is turned down
+                # One client at a time: another's request is turned down, with our reason.
+                if self.busy:
+                    with contextlib.suppress(Exception):
+                        child.reject(self.busy)
+                _refuse(child)
                 continue
             types = self.cm.e.rdma_cm_event_type
             if kind == types.RDMA_CM_EVENT_DISCONNECTED:

@@ -223,6 +223,7 @@ def _serve_client(listener: cm.Listener, conn: cm.Connection, log: Log, who: str
     param = _param(conn, session.qp, data)
     conn._verbs(lambda: conn.cmid.accept(param), "accept the connection")
     conn._established("accept", who)
+    conn.busy = wire.encode_cm(wire.CmMessage.REFUSE, f"busy: serving {who}, one at a time")
     mode = offer.mode.name.lower().replace("_", "-")  # as --mode spells it
     log(f"{who} connected on {conn.device}: mode {mode} size {offer.size}")
     answered = 0
