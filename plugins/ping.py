@@ -25,6 +25,12 @@ def configure(parser) -> None:
         "(librdmacm, over rdma_cm)",
     )
     parser.add_argument(
+        "--cm",
+        action="store_true",
+        help="connect through rdma_cm instead of TCP: HOST (or --bind) is an IP address of an "
+        "IPoIB or RoCE netdev, and no TCP port needs to be open",
+    )
+    parser.add_argument(
         "--sl", type=int, default=0, metavar="N", help="service level 0-15 (default 0)"
     )
     parser.add_argument(
@@ -139,6 +145,8 @@ def _settle(args) -> None:
         )
     if args.compat == "rping":
         _settle_rping(args)
+    if args.cm:
+        _settle_cm(args)
     if args.compat and args.mode != "send":
         raise UsageError(
             f"--mode {args.mode} with --compat {args.compat}",
@@ -172,6 +180,32 @@ def _settle_rping(args) -> None:
         )
 
 
+def _settle_cm(args) -> None:
+    if args.compat:
+        raise UsageError(
+            f"--cm with --compat {args.compat}",
+            "--cm is ibtool's own ping over rdma_cm; --compat rping already uses rdma_cm",
+        )
+    if args.dev or args.gid_index is not None:
+        raise UsageError(
+            "--cm takes no --dev or --gid-index",
+            "rdma_cm picks the RDMA device and GID from the IP address",
+        )
+    chosen = [f for f, v in (("--sl", args.sl), ("--tclass", args.tclass)) if v]
+    if chosen or args.mtu:
+        raise UsageError(
+            f"--cm takes no {' or '.join(chosen or ['--mtu'])}",
+            "rdma_cm sets the path of the connection from the route to the address; "
+            "leave --cm out to choose it",
+        )
+    if args.server and not args.bind:
+        raise UsageError(
+            "--server --cm needs --bind ADDR",
+            "give the IP address of the IPoIB or RoCE netdev to serve on (rdma_cm picks the "
+            "RDMA device from it)",
+        )
+
+
 def _path(args):
     from ibtool.rdma.ladder import MTU_CODES, PathSpec
 
@@ -184,6 +218,8 @@ def run(inv: Invocation) -> int:
     _settle(args)
     if args.compat == "rping":
         return _rping(inv)
+    if args.cm:
+        return _cm(inv)
     device, port = _pick_port(inv)
     gid_index = args.gid_index
     if gid_index is None:
@@ -237,8 +273,28 @@ def _rping(inv: Invocation) -> int:
     def open_client(stack):
         client = rping.Client(args.host, args.port, args.size, args.timeout)
         header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, "
-        path = {"compat": "rping", "mtu": None, "sl": None, "tclass": None}  # rdma_cm's choice
+        path = {"compat": "rping", "cm": True, "mtu": None, "sl": None, "tclass": None}
         return client, header + "compat rping", path
+
+    return _client(inv, open_client)
+
+
+def _cm(inv: Invocation) -> int:
+    """--cm: ibtool's own ping, connected through rdma_cm, either side."""
+    from ibtool.rdma import cmping, wire  # pyverbs is imported only here
+
+    args = inv.args
+    if args.server:
+        serve = cmping.serve
+        return _run_server(inv, lambda log: serve(args.bind, args.port, log, args.max_clients))
+
+    def open_client(stack):
+        mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
+        client = cmping.Client(args.host, args.port, args.size, mode, args.timeout)
+        stack.callback(client.close)
+        header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, "
+        path = {"compat": None, "cm": True, "mtu": None, "sl": None, "tclass": None}
+        return client, header + f"mode {args.mode}", path
 
     return _client(inv, open_client)
 
@@ -265,7 +321,7 @@ def _verbs_client(inv: Invocation, device: str, port: int, gid_index) -> int:
             client.connect()  # one session: a peer not there is the whole story
         # This side's MTU; an ibtool server may agree on a smaller one (its port's).
         mtu = MTU_BYTES[ladder.path_mtu(ladder.port_attr.active_mtu, path.mtu)]
-        report = {"compat": args.compat, "mtu": mtu, "sl": args.sl, "tclass": args.tclass}
+        report = dict(compat=args.compat, cm=False, mtu=mtu, sl=args.sl, tclass=args.tclass)
         return client, _header(args, device, port, gid_index, mtu), report
 
     return _client(inv, open_client)

@@ -17,7 +17,18 @@ pyverbs facts this module is shaped by (rdma-core pyverbs/cmid.pyx, device.pyx, 
   show its file descriptor: it is found in /proc/self/fd (the rdma_cm device file the channel
   opened) so that waits have deadlines and the CQ polling loop can look at events in passing.
 - Every event is acknowledged at once: rdma_destroy_id waits for the acknowledgement of every
-  event it reported (librdmacm/cma.c, rdma_destroy_id), a missed one hangs the close.
+  event it reported (librdmacm/cma.c, rdma_destroy_id), a missed one hangs the close. Its
+  private data is read before: `CMEvent.private_data` (rdma-core 42 and later) dereferences
+  the event, which the acknowledgement frees.
+- Connection private data: `ConnParam(data_len=N)` then `set_private_data(data)` (rdma-core
+  42); without data_len the buffer has no room and set_private_data does nothing, silently.
+  `CMID.reject(private_data)` from rdma-core 42 too.
+- A QP not made by rdma_create_qp (an "external" QP, ibv_create_qp on the id's PD) is
+  connected by its owner: rdma_init_qp_attr for each state, as librdmacm does for its own
+  (cma.c, ucma_modify_qp_rtr and ucma_modify_qp_rts), its number in ConnParam.qp_num; the
+  active side then gets RDMA_CM_EVENT_CONNECT_RESPONSE instead of ESTABLISHED and completes
+  with rdma_establish (CMID.establish). pyverbs shows no QP object for the id's own QP, so a
+  loop that posts prepared work requests (WRITE WITH IMM, say) needs an external one.
 """
 
 from __future__ import annotations
@@ -29,8 +40,10 @@ import os
 import select
 import socket
 import time
+from typing import NamedTuple
 
 from ibtool.errors import IbtoolError, UsageError
+from ibtool.model import LinkLayer
 from ibtool.rdma import wire
 from ibtool.rdma.completions import CompletionError, CompletionTimeout
 from ibtool.sources.verbs import pyverbs, rdmacm
@@ -52,6 +65,13 @@ class Disconnected(wire.ConnectionLost):
 
 class CmTimeout(IbtoolError):
     """No CM event within the time the step is given."""
+
+
+class Event(NamedTuple):
+    kind: int
+    name: str
+    child: object  # the new id of a connection request, else None
+    private_data: bytes  # of a REQ, REP or REJ (padding included); b"" where none came
 
 
 def _rdma_cm_fds() -> set[int]:
@@ -83,19 +103,20 @@ class EventChannel:
             return True
         return bool(select.select([self.fd], [], [], timeout)[0])
 
-    def next(self, timeout: float | None):
-        """(event type, event name, child id or None) of the next event, acknowledged; None
-        when nothing came within `timeout` seconds. A connection request yields its new id."""
+    def next(self, timeout: float | None) -> Event | None:
+        """The next event, acknowledged; None when nothing came within `timeout` seconds. A
+        connection request yields its new id."""
         if not self.ready(timeout):
             return None
         event = _cm_call(lambda: self.cm.cmid.CMEvent(self.channel), "read a CM event")
         try:
             kind, name, child = event.event_type, event.event_str(), None
+            data = bytes(getattr(event, "private_data", b""))
             if kind == self.cm.e.rdma_cm_event_type.RDMA_CM_EVENT_CONNECT_REQUEST:
                 child = self.cm.cmid.CMID(creator=event, listen_id=self.listener)
         finally:
             event.ack_cm_event()
-        return kind, name, child
+        return Event(kind, name, child, data)
 
 
 def _cm_call(fn, what: str):
@@ -115,6 +136,21 @@ class Connection:
         self._stack = stack
         self.established = False
         self.disconnected = False
+        self.private_data = b""  # the peer's, from its connection request
+        self.busy = b""  # private data of the REJ that turns down another client meanwhile
+
+    @property
+    def ctx(self):
+        return self.cmid.context
+
+    @property
+    def pd(self):
+        return self.cmid.pd
+
+    def keep(self, close) -> None:
+        """Call `close` on close(), before the id is destroyed (librdmacm's PD and device
+        context, which the id holds, go with the last id of the device)."""
+        self._stack.callback(close)
 
     @property
     def device(self) -> str:
@@ -174,6 +210,32 @@ class Connection:
             "post an RDMA WRITE",
         )
 
+    def connect_qp(self, qp) -> None:
+        """Move an external QP (see the module's docstring) to RTS on the path and numbers
+        rdma_cm negotiated, as librdmacm moves its own (cma.c, ucma_modify_qp_rtr and
+        ucma_modify_qp_rts): INIT first, even from INIT, since only once the CM has a
+        connection does rdma_init_qp_attr give the access flags (REMOTE_WRITE, and READ and
+        atomics with responder resources: linux ib_cm.c, cm_init_qp_init_attr)."""
+        states = self.pv.e.ibv_qp_state
+        steps = (
+            (states.IBV_QPS_INIT, "INIT"),
+            (states.IBV_QPS_RTR, "RTR"),
+            (states.IBV_QPS_RTS, "RTS"),
+        )
+        for state, name in steps:
+            try:
+                attr, mask = self.cmid.init_qp_attr(state)
+                if name == "RTR" and self._infiniband():
+                    # cma.c, ucma_modify_qp_rtr: "Workaround for rdma_ucm kernel bug: mask off
+                    # qp_attr_mask bits 21-24 which are used for RoCE".
+                    mask &= ~0xE00000
+                qp.modify(attr, mask)
+            except self.pv.Error as e:
+                raise IbtoolError(f"move the QP to {name} (rdma_init_qp_attr): {e}") from None
+
+    def _infiniband(self) -> bool:
+        return self.ctx.query_port(self.cmid.port_num).link_layer == LinkLayer.INFINIBAND
+
     def _established(self, what: str, peer: str) -> None:
         self._expect("RDMA_CM_EVENT_ESTABLISHED", CONNECT_TIMEOUT, what, peer)
         self.established = True
@@ -189,11 +251,10 @@ class Connection:
         got = self.channel.next(timeout)
         if got is None:
             raise CmTimeout(f"{what}: no answer from {peer} within {timeout:.0f} s")
-        kind, name, child = got
-        if child is not None:
-            _refuse(child)
-        if kind != getattr(self.cm.e.rdma_cm_event_type, wanted):
-            raise _event_error(name, what, peer)
+        if got.child is not None:
+            _refuse(got.child)
+        if got.kind != getattr(self.cm.e.rdma_cm_event_type, wanted):
+            raise _event_error(got.name, what, peer)
 
     def wait(self, opcode: int, deadline: float | None, what: str):
         """The next completion of `opcode` (others, a signaled send's, are passed over),
@@ -219,9 +280,13 @@ class Connection:
     def check_events(self) -> None:
         """Handle the CM events that came (none: return at once)."""
         while self.channel.fd is not None and self.channel.ready(0):
-            kind, name, child = self.channel.next(0)
+            kind, name, child, _ = self.channel.next(0)
             if child is not None:
-                _refuse(child)  # one client at a time: another's request is turned down
+                # One client at a time: another's request is turned down, with our reason.
+                if self.busy:
+                    with contextlib.suppress(Exception):
+                        child.reject(self.busy)
+                _refuse(child)
                 continue
             types = self.cm.e.rdma_cm_event_type
             if kind == types.RDMA_CM_EVENT_DISCONNECTED:
@@ -273,6 +338,17 @@ def _addr_info(cm, what: str, **kw):
 def dial(host: str, port: int, send_wr: int, recv_wr: int) -> Connection:
     """The active side up to its QP (resolved, not connected): the caller registers its MRs,
     posts its receives, then calls connect_to()."""
+    conn = resolve(host, port)
+    try:
+        conn.build_qp(send_wr, recv_wr)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def resolve(host: str, port: int) -> Connection:
+    """The active side's id, address and route resolved: no QP yet."""
     cm = rdmacm()
     peer = _peer(host, port)
     stack = contextlib.ExitStack()
@@ -296,7 +372,6 @@ def dial(host: str, port: int, send_wr: int, recv_wr: int) -> Connection:
         _resolved(conn, "RDMA_CM_EVENT_ADDR_RESOLVED", peer, host)
         conn._verbs(lambda: cmid.resolve_route(RESOLVE_TIMEOUT_MS), f"resolve a route to {peer}")
         _resolved(conn, "RDMA_CM_EVENT_ROUTE_RESOLVED", peer, host)
-        conn.build_qp(send_wr, recv_wr)
         return conn
     except BaseException:
         stack.close()
@@ -400,11 +475,22 @@ class Listener:
     def next_request(self, send_wr: int, recv_wr: int) -> Connection:
         """Wait for a client's connection request; its Connection with CQ and QP built (the
         caller registers its MRs, posts its receives, then calls accept())."""
+        conn = self.request()
+        try:
+            conn.build_qp(send_wr, recv_wr)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def request(self) -> Connection:
+        """Wait for a client's connection request: its Connection, no QP yet, the client's
+        private data in `private_data`."""
         while True:
             got = self.channel.next(None)
-            if got is None or got[2] is None:
+            if got is None or got.child is None:
                 continue  # nothing else is expected on a listening id
-            child = got[2]
+            child = got.child
             stack = contextlib.ExitStack()
             stack.callback(_refuse, child)  # until accepted, closing it rejects the request
             try:
@@ -413,7 +499,7 @@ class Listener:
                 pv.device.Context(cmid=child)
                 pv.pd.PD(child)
                 conn = Connection(self.cm, self.channel, child, stack)
-                conn.build_qp(send_wr, recv_wr)
+                conn.private_data = got.private_data
                 return conn
             except BaseException:
                 stack.close()

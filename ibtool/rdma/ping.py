@@ -66,6 +66,9 @@ def _access(mode: wire.Mode) -> int:
 class Session:
     """One side's CQ, MR and QP for one connection; rebuilt when the QP dies.
 
+    `ladder` is a Ladder, or anything else with its `pv`, `ctx`, `pd` and `_verbs`: an
+    rdma_cm connection (cm.Connection), which connects the QP itself and then calls ready().
+
     The hot loops (Client.ping, _echo) use what this builds once: `polled` (the CQ read in
     place, no WC object per completion) with `poll_attr`, the bound post methods, and
     `send_wr`/`recv_wr`, re-posted as they are. Measured under the QEMU testbed: every Python
@@ -137,6 +140,12 @@ class Session:
         self.peer = remote
         self.ladder.connect_rc(self.qp, self.psn, peer, _access(self.mode), path=self.path)
         self.path_mtu = self.ladder.path_mtu(peer.mtu, self.path.mtu)
+        self.ready(remote)
+
+    def ready(self, remote) -> None:
+        """The QP is connected: build the work requests the hot loops post. `remote` has the
+        peer's buffer (`addr`, `rkey`; WRITE WITH IMM only)."""
+        self.peer = remote
         self._build_wrs()
         self._sends = 0
 
@@ -338,12 +347,13 @@ def _serve_client(ladder: Ladder, conn: socket.socket, log: Log, peer: str, path
 
 
 def _echo(
-    session: Session, conn: socket.socket | None, idle: float | None = None
+    session: Session, conn: socket.socket | int | None, idle: float | None = None
 ) -> tuple[wire.Endpoint | None, int]:
     """Answer pings until the client reconnects (new ENDPOINT on `conn`) or leaves (None):
     closes `conn`, or, without one, sends nothing for `idle` seconds. Without `conn` (a
     stock client, whose TCP connection ended with the exchange) each answer is as long as
-    the ping it answers.
+    the ping it answers. `conn` may be an rdma_cm event channel's descriptor instead: the
+    loop returns (None) when an event is there to read, the caller's to handle.
 
     From a ping's completion to its answer's post is half of every round trip: everything
     is bound to locals, and the answer is posted before anything else is done.
@@ -371,6 +381,8 @@ def _echo(
                     elif now - quiet_since > idle:
                         return None, answered
                 elif select.select([conn], [], [], 0)[0]:
+                    if not isinstance(conn, socket.socket):
+                        return None, answered
                     return _next_endpoint(conn, HANDSHAKE_TIMEOUT), answered
             continue
         spins = 0

@@ -212,3 +212,95 @@ def receive(sock: socket.socket, timeout: float, expect: MessageType | None = No
     if expect is not None and kind != expect:
         raise ProtocolError(f"expected {expect.name}, got {kind.name}")
     return value
+
+
+# -- rdma_cm private data (ibtool ping --cm) ---------------------------------------------------
+#
+# With rdma_cm there is no side channel: what the TCP exchange carries goes in the private data
+# of the CM's REQ (rdma_connect), REP (rdma_accept) and REJ (rdma_reject). Room, per the IBTA CM
+# messages (linux include/rdma/ib_cm.h, IB_CM_{REQ,REP,REJ}_PRIVATE_DATA_SIZE) less rdma_cm's
+# own 36-byte header in a REQ (drivers/infiniband/core/cma.c, struct cma_hdr): 56 bytes in a
+# REQ, 196 in a REP, 148 in a REJ. On InfiniBand and RoCE the receiver gets the whole area,
+# zero-padded (cma.c, cma_set_req_event_data and cma_set_rep_event_data): the padding must be
+# zeros; iWARP passes the exact length. A message is a header like the TCP one but with its
+# own magic, so a TCP peer and a CM peer never mistake one another, then a fixed-layout
+# payload, big-endian.
+
+CM_MAGIC = b"IBCM"
+CM_VERSION = 1
+_CM_OFFER = struct.Struct("!BxxxIQI")  # mode, size, buffer address, rkey
+CM_REQ_ROOM, CM_REP_ROOM, CM_REJ_ROOM = 56, 196, 148
+
+
+class CmMessage(enum.IntEnum):
+    REQUEST = 1  # in the REQ: ping mode, size, and (write-imm) the client's buffer
+    ACCEPT = 2  # in the REP: the same mode and size, and (write-imm) the server's buffer
+    REFUSE = 3  # in the REJ: the server's reason, UTF-8
+
+
+@dataclass(frozen=True)
+class CmOffer:
+    """One side's ping: mode and size, and for WRITE WITH IMM the buffer the peer writes into
+    (address 0 and rkey 0 in SEND mode: nothing is advertised that is not used)."""
+
+    mode: Mode
+    size: int
+    addr: int = 0
+    rkey: int = 0
+
+    def validate(self, max_size: int) -> CmOffer:
+        if not isinstance(self.mode, Mode):
+            raise ProtocolError(f"unknown mode {self.mode}")
+        if not 1 <= self.size <= max_size:
+            raise ProtocolError(f"ping size {self.size} not in 1..{max_size}")
+        if self.mode == Mode.SEND and (self.addr or self.rkey):
+            raise ProtocolError("a buffer advertised in SEND mode")
+        if self.addr + self.size > 1 << 64:
+            raise ProtocolError("buffer wraps around the address space")
+        if not 0 <= self.rkey < 1 << 32:
+            raise ProtocolError(f"rkey {self.rkey:#x} is not 32 bits")
+        return self
+
+
+def encode_cm(kind: CmMessage, value) -> bytes:
+    """REQUEST and ACCEPT take a CmOffer, REFUSE a reason (cut to fit a REJ)."""
+    if kind == CmMessage.REFUSE:
+        body = value.encode("utf-8")[: CM_REJ_ROOM - HEADER.size]
+    else:
+        body = _CM_OFFER.pack(value.mode, value.size, value.addr, value.rkey)
+    return HEADER.pack(CM_MAGIC, CM_VERSION, kind, len(body)) + body
+
+
+def decode_cm(data: bytes, expect: CmMessage, max_size: int):
+    """The `expect` message in a CM event's private data (padding included): a CmOffer, or
+    for REFUSE the reason made printable. Anything else raises ProtocolError."""
+    if not data.strip(b"\0"):
+        raise ProtocolError(f"no ibtool data in the connection ({len(data)} bytes, all zero)")
+    if len(data) < HEADER.size:
+        raise ProtocolError(f"{len(data)} bytes of private data, shorter than a header")
+    magic, version, kind, length = HEADER.unpack(data[: HEADER.size])
+    if magic != CM_MAGIC:
+        raise ProtocolError(f"not an ibtool ping --cm peer (magic {magic!r})")
+    if version != CM_VERSION:
+        raise ProtocolError(
+            f"ping --cm protocol version {version}, this ibtool speaks {CM_VERSION}"
+        )
+    if kind != expect:
+        name = CmMessage(kind).name if kind in CmMessage._value2member_map_ else str(kind)
+        raise ProtocolError(f"expected {expect.name}, got {name}")
+    end = HEADER.size + length
+    if end > len(data):
+        raise ProtocolError(f"length field says {length}, {len(data) - HEADER.size} bytes came")
+    if data[end:].strip(b"\0"):
+        raise ProtocolError(f"{len(data) - end} bytes after the message are not zero padding")
+    body = data[HEADER.size : end]
+    if kind == CmMessage.REFUSE:
+        return printable(body.decode("utf-8", errors="replace"))
+    if length != _CM_OFFER.size:
+        raise ProtocolError(f"{expect.name} of {length} bytes, want {_CM_OFFER.size}")
+    mode, size, addr, rkey = _CM_OFFER.unpack(body)
+    try:
+        mode = Mode(mode)
+    except ValueError:
+        raise ProtocolError(f"unknown mode {mode}") from None
+    return CmOffer(mode, size, addr, rkey).validate(max_size)

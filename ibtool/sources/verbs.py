@@ -61,7 +61,7 @@ VERBS_CLASSES = {
 # The libibverbs enum classes, with the members the data path hands to pyverbs.
 VERBS_ENUMS = {
     "ibv_qp_type": ("IBV_QPT_RC", "IBV_QPT_UD"),
-    "ibv_qp_state": ("IBV_QPS_RESET", "IBV_QPS_INIT"),
+    "ibv_qp_state": ("IBV_QPS_RESET", "IBV_QPS_INIT", "IBV_QPS_RTR", "IBV_QPS_RTS"),
     "ibv_wr_opcode": (
         "IBV_WR_SEND",
         "IBV_WR_RDMA_WRITE",

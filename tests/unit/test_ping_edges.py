@@ -375,6 +375,7 @@ def test_json_summary_has_no_error_key_without_an_error(roce, monkeypatch):
     assert list(r.json) == [
         "host",
         "compat",
+        "cm",
         "mtu",
         "sl",
         "tclass",

@@ -1,0 +1,244 @@
+"""`ibtool ping --cm`: ibtool's own RC ping (ping.py) connected through rdma_cm, both sides.
+
+No TCP side channel: the client resolves the server's IP address and route with rdma_cm (the
+kernel picks device, port and GID) and what the TCP exchange carries (ping mode and size, and
+for WRITE WITH IMM each side's buffer) rides in the connection's private data (wire.py,
+encode_cm). The QP is ping.Session's own, on the id's device and PD, connected by rdma_cm
+(cm.Connection.connect_qp), so the hot loops are ping.py's: Client.ping and _echo.
+
+    client: REQ  [REQUEST mode size (buffer)]  -> server: QP to RTS, receives posted
+    server: REP  [ACCEPT  mode size (buffer)]  -> client: QP to RTS, rdma_establish (RTU)
+    server: REJ  [REFUSE reason]                  when the request is not one it can serve
+
+The server serves one client at a time; a client leaves with rdma_disconnect (DREQ), which the
+server sees as RDMA_CM_EVENT_DISCONNECTED.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from ibtool.errors import IbtoolError, UnsupportedError
+from ibtool.rdma import cm, ping, wire
+
+DEFAULT_PORT = ping.DEFAULT_PORT
+Log = ping.Log
+
+
+class CmRefused(IbtoolError):
+    """The remote CM answered the request with a REJ: its RDMA stack is there."""
+
+
+class CmUnreachable(IbtoolError):
+    """No RDMA path to the address, or no answer to the request."""
+
+
+def _require_private_data(rdmacm) -> None:
+    cmid = rdmacm.cmid
+    if not (hasattr(cmid.CMEvent, "private_data") and hasattr(cmid.ConnParam, "set_private_data")):
+        raise UnsupportedError(
+            "ibtool ping --cm needs rdma_cm connection private data, which this pyverbs lacks",
+            "upgrade python3-pyverbs to rdma-core 42 or later, or ping over TCP (leave --cm out)",
+        )
+
+
+def _param(conn: cm.Connection, qp, data: bytes):
+    # No RDMA READ or atomics: 0 responder resources and initiator depth, so the CM grants the
+    # QP remote write only (ib_cm.c, cm_init_qp_init_attr). Retries as rping.c's.
+    param = conn.cm.cmid.ConnParam(
+        resources=0, depth=0, retry=7, rnr_retry=7, qp_num=qp.qp_num, data_len=len(data)
+    )
+    param.set_private_data(data)
+    return param
+
+
+def _offer(session: ping.Session) -> wire.CmOffer:
+    if session.mode == wire.Mode.WRITE_IMM:
+        return wire.CmOffer(session.mode, session.size, session.mr.buf, session.mr.rkey)
+    return wire.CmOffer(session.mode, session.size)
+
+
+# -- client ------------------------------------------------------------------------------------
+
+
+class Client(ping.Client):
+    """ping.Client's round trip (ping()) on a QP that rdma_cm connected."""
+
+    def __init__(self, host: str, port: int, size: int, mode: wire.Mode, timeout: float):
+        self.host, self.port, self.size, self.mode, self.timeout = host, port, size, mode, timeout
+        self.server = cm._peer(host, port)
+        self.session: ping.Session | None = None
+        self.conn: cm.Connection | None = None
+        self.device = "?"
+        _require_private_data(cm.rdmacm())
+        self.connect()  # up front: a server not there is one error, not a loss per ping
+        self.connected_once = True
+
+    connected_once = False
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()  # the session first (Connection.keep), then the id
+            self.conn = None
+        self.session = None
+
+    def connect(self) -> None:
+        self.close()
+        try:
+            conn = cm.resolve(self.host, self.port)
+        except IbtoolError as e:
+            raise self._ended(
+                CmUnreachable(f"{self.server} is unreachable: {e.message}", e.hint)
+            ) from None
+        try:
+            session = ping.Session(conn, self.size, self.mode)
+            conn.keep(session.close)
+            data = wire.encode_cm(wire.CmMessage.REQUEST, _offer(session))
+            param = _param(conn, session.qp, data)
+            conn._verbs(lambda: conn.cmid.connect(param), f"connect to {self.server}")
+            offer = self._response(conn)
+            conn.connect_qp(session.qp)
+            conn._verbs(conn.cmid.establish, "complete the connection (rdma_establish)")
+            conn.established = True
+            conn.keep(conn._disconnect)
+            session.ready(offer)
+            self.device = conn.device
+        except BaseException:
+            conn.close()
+            raise
+        self.conn, self.session = conn, session
+
+    def _ended(self, e: IbtoolError) -> IbtoolError:
+        """A reconnect (after a QP died) that cannot be made ends the run, as a lost ping."""
+        if self.connected_once:
+            return ping.SessionEnded(e.message, e.hint)
+        return e
+
+    def _response(self, conn: cm.Connection) -> wire.CmOffer:
+        got = conn.channel.next(cm.CONNECT_TIMEOUT)
+        if got is None:
+            raise self._ended(
+                CmUnreachable(
+                    f"{self.server} is unreachable: no answer to the connection request within "
+                    f"{cm.CONNECT_TIMEOUT:.0f} s",
+                    "is the peer up, and its RDMA port ACTIVE (rdma link)?",
+                )
+            )
+        if got.child is not None:
+            cm._refuse(got.child)
+        types = conn.cm.e.rdma_cm_event_type
+        if got.kind == types.RDMA_CM_EVENT_CONNECT_RESPONSE:
+            try:
+                offer = wire.decode_cm(got.private_data, wire.CmMessage.ACCEPT, self.size)
+                if (offer.mode, offer.size) != (self.mode, self.size):
+                    raise wire.ProtocolError(
+                        f"the server accepted mode {offer.mode.name} size {offer.size}, "
+                        f"asked for {self.mode.name} size {self.size}"
+                    )
+            except wire.ProtocolError as e:
+                raise wire.ProtocolError(
+                    f"{self.server} accepted the connection, but: {e.message}",
+                    f"is what listens at {self.server} `ibtool ping --server --cm` of this "
+                    "version?",
+                ) from None
+            return offer
+        if got.kind == types.RDMA_CM_EVENT_REJECTED:
+            raise self._ended(self._rejected(got))
+        raise self._ended(
+            CmUnreachable(
+                f"{self.server} is unreachable: the connection request failed ({got.name})",
+                "the address resolved but no CM answered: is the peer up, and its RDMA port "
+                "ACTIVE (rdma link)?",
+            )
+        )
+
+    def _rejected(self, got: cm.Event) -> IbtoolError:
+        try:
+            reason = wire.decode_cm(got.private_data, wire.CmMessage.REFUSE, 0)
+        except wire.ProtocolError:
+            # A REJ without ibtool's data: the remote CM's own (no listener on the port: IBTA
+            # reject reason 8, invalid service ID) or another program's listener.
+            return CmRefused(
+                f"{self.server} refused the connection ({got.name}): its RDMA stack answered, "
+                f"but no ibtool ping server listens on port {self.port}",
+                "start `ibtool ping --server --cm --bind ADDR` there, or give the --port it "
+                "listens on",
+            )
+        return CmRefused(f"the ping server at {self.server} refused this client: {reason}")
+
+    def ping(self, seq: int) -> float:
+        # Between pings, not in the timed part: the server's disconnect ends the run with its
+        # reason instead of a timeout per ping.
+        try:
+            self.conn.check_events()
+        except cm.Disconnected as e:
+            raise cm.Disconnected(
+                f"the ping server at {self.server} disconnected ({e.message})",
+                "it stopped, or dropped this client: its log says why",
+            ) from None
+        return super().ping(seq)
+
+
+# -- server ------------------------------------------------------------------------------------
+
+
+def serve(bind: str, port: int, log: Log, max_clients: int | None = None) -> None:
+    """Serve clients one after another until interrupted (or `max_clients` were served)."""
+    rdmacm = cm.rdmacm()
+    _require_private_data(rdmacm)
+    with cm.Listener(bind, port) as listener:
+        if listener.channel.fd is None:
+            raise UnsupportedError(
+                "cannot watch the rdma_cm events: the event channel's descriptor was not found "
+                f"in /proc/self/fd (no {cm.RDMA_CM_DEVICE})",
+                "ping over TCP instead (leave --cm out)",
+            )
+        log(f"listening on {listener.where} (rdma_cm), {listener.device}")
+        served = 0
+        while max_clients is None or served < max_clients:
+            conn = listener.request()
+            served += 1
+            with conn:
+                who = f"client {served}"
+                try:
+                    answered = _serve_client(listener, conn, log, who)
+                    log(f"{who} done: {answered} pings answered")
+                except IbtoolError as e:
+                    log(f"{who} dropped: {e.message}")
+
+
+def _serve_client(listener: cm.Listener, conn: cm.Connection, log: Log, who: str) -> int:
+    try:
+        offer = wire.decode_cm(conn.private_data, wire.CmMessage.REQUEST, ping.MAX_PING_SIZE)
+    except wire.ProtocolError as e:
+        _refuse(conn, e.message)
+        raise
+    session = ping.Session(conn, offer.size, offer.mode)
+    conn.keep(session.close)
+    conn.connect_qp(session.qp)
+    session.ready(offer)
+    session.post_recv()
+    session.post_recv()  # the spare: the client's next ping may come before the echo's re-post
+    data = wire.encode_cm(wire.CmMessage.ACCEPT, _offer(session))
+    param = _param(conn, session.qp, data)
+    conn._verbs(lambda: conn.cmid.accept(param), "accept the connection")
+    conn._established("accept", who)
+    conn.busy = wire.encode_cm(wire.CmMessage.REFUSE, f"busy: serving {who}, one at a time")
+    mode = offer.mode.name.lower().replace("_", "-")  # as --mode spells it
+    log(f"{who} connected on {conn.device}: mode {mode} size {offer.size}")
+    answered = 0
+    while True:
+        # _echo returns when a CM event is there: the client's disconnect, or a request of
+        # another client (turned down by check_events: one client at a time).
+        _, n = ping._echo(session, listener.channel.fd)
+        answered += n
+        try:
+            conn.check_events()
+        except cm.Disconnected:
+            return answered
+
+
+def _refuse(conn: cm.Connection, reason: str) -> None:
+    """Reject the request with our reason in the REJ (rdma_reject); the id goes with conn."""
+    with contextlib.suppress(conn.pv.Error):
+        conn.cmid.reject(wire.encode_cm(wire.CmMessage.REFUSE, reason))

@@ -1,0 +1,133 @@
+"""`ibtool ping --cm`: ibtool's own ping connected through rdma_cm between two ibtool processes
+on the testbed's rxe0, both modes; a refused and an unreachable address told apart; Ctrl-C of
+either side; no QP or rdma_cm id left behind."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.test_ping import Running, user_objects
+
+pytestmark = pytest.mark.integration
+
+
+def nothing_left() -> bool:
+    return not user_objects("qp") and not user_objects("cm_id")
+
+
+@pytest.fixture
+def running():
+    started: list[Running] = []
+
+    def start(*args: str) -> Running:
+        started.append(Running(*args))
+        return started[-1]
+
+    yield start
+    for r in started:
+        r.finish(signal.SIGTERM if r.proc.poll() is None else None, timeout=30)
+
+
+def cm_server(running, addr: str, port: int, *extra: str) -> Running:
+    server = running("ping", "--server", "--cm", "--bind", addr, "--port", str(port), *extra)
+    server.wait_for_lines(lambda lines: lines, timeout=90)
+    assert server.lines[0].startswith(f"listening on {addr}:{port} (rdma_cm), "), server.lines
+    return server
+
+
+def ibtool(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ibtool", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize("mode", ["send", "write-imm"])
+def test_ping_over_rdma_cm_both_modes(testbed, running, wait_for, mode):
+    addr = testbed["ipv4"]
+    server = cm_server(running, addr, 18621, "--max-clients", "1")
+    proc = ibtool(
+        "-j", "ping", "--cm", addr, "--port", "18621", "-c", "5", "-i", "0", "-s", "100",
+        "--mode", mode,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["sent"], report["received"], report["mode"]) == (5, 5, mode)
+    assert [r["seq"] for r in report["replies"]] == [1, 2, 3, 4, 5]
+    assert report["rtt_us"]["min"] > 0
+    rc, out, err = server.finish(timeout=60)
+    assert (rc, err) == (0, ""), out
+    assert out.splitlines()[1:] == [
+        f"client 1 connected on {testbed['device']}/1: mode {mode} size 100",
+        "client 1 done: 5 pings answered",
+    ]
+    wait_for(nothing_left, "no QP or rdma_cm id of either side")
+
+
+def test_a_port_where_nothing_listens_is_refused_by_the_remote_stack(testbed, wait_for):
+    addr = testbed["ipv4"]
+    proc = ibtool("ping", "--cm", addr, "--port", "18699", "-c", "1")
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == (
+        f"ibtool: error: {addr}:18699 refused the connection (RDMA_CM_EVENT_REJECTED): its RDMA "
+        "stack answered, but no ibtool ping server listens on port 18699 (hint: start `ibtool "
+        "ping --server --cm --bind ADDR` there, or give the --port it listens on)\n"
+    )
+    wait_for(nothing_left, "no QP or rdma_cm id of the client")
+
+
+def test_an_address_nobody_has_is_unreachable(testbed, wait_for):
+    addr = testbed["ipv4"].rsplit(".", 1)[0] + ".99"  # on veth0's subnet: ARP gets no answer
+    proc = ibtool("ping", "--cm", addr, "-c", "1")
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.startswith(f"ibtool: error: {addr}:18520 is unreachable: "), proc.stderr
+    assert proc.stderr.count("\n") == 1
+    wait_for(nothing_left, "no QP or rdma_cm id of the client")
+
+
+def test_sigint_to_the_client_prints_the_statistics_and_the_server_goes_on(
+    testbed, running, wait_for
+):
+    addr = testbed["ipv4"]
+    server = cm_server(running, addr, 18622)
+    client = running("ping", "--cm", addr, "--port", "18622", "-i", "0.2", "--mode", "write-imm")
+    client.wait_for_lines(lambda lines: sum(" bytes from " in line for line in lines) >= 3, 120)
+    rc, out, err = client.finish(signal.SIGINT)
+    assert (rc, err) == (0, ""), out  # Ctrl-C after replies: 0, as ping(8)
+    lines = out.splitlines()
+    # The client's device is rdma_cm's pick for the route to addr (rxe1 here, not rxe0).
+    assert re.fullmatch(
+        rf"PING {addr}:18622 over rdma_cm \(rxe\d/1\): 64 bytes, mode write-imm", lines[0]
+    )
+    assert lines[-3] == f"--- {addr} ibtool ping statistics ---", out
+    m = re.fullmatch(r"(\d+) sent, (\d+) received, \d+% loss, time \d+ ms", lines[-2])
+    assert m and int(m[2]) >= 3 and int(m[1]) - int(m[2]) in (0, 1)
+    server.wait_for_lines(lambda lines: any("client 1 done: " in line for line in lines), 60)
+    wait_for(lambda: not user_objects("qp"), "the client's and the session's QPs destroyed")
+    again = ibtool("-j", "ping", "--cm", addr, "--port", "18622", "-c", "2", "-i", "0")
+    assert json.loads(again.stdout)["received"] == 2, again.stderr
+    rc, out, err = server.finish(signal.SIGINT, timeout=60)
+    assert (rc, err) == (130, "ibtool: interrupted\n"), out
+    wait_for(nothing_left, "no QP or rdma_cm id of either side")
+
+
+def test_sigint_to_the_server_mid_run_ends_the_client_with_a_reason(testbed, running, wait_for):
+    addr = testbed["ipv4"]
+    server = cm_server(running, addr, 18623)
+    client = running("ping", "--cm", addr, "--port", "18623", "-i", "0.2", "-W", "1")
+    client.wait_for_lines(lambda lines: sum(" bytes from " in line for line in lines) >= 2, 120)
+    rc, out, err = server.finish(signal.SIGINT, timeout=60)
+    assert (rc, err) == (130, "ibtool: interrupted\n"), out
+    assert out.splitlines()[-1] == "server stopped"
+    rc, out, err = client.finish(timeout=60)
+    assert rc == 1, out
+    assert f"--- {addr} ibtool ping statistics ---" in out
+    assert err.splitlines()[-1].startswith(
+        f"ibtool: error: the ping server at {addr}:18623 disconnected"
+    ), err
+    wait_for(nothing_left, "no QP or rdma_cm id of either side")

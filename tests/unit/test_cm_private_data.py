@@ -1,0 +1,137 @@
+"""`ibtool ping --cm`: what rides in the rdma_cm private data (REQ, REP, REJ), its validation
+against garbage and non-ibtool peers, and the command line of --cm."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from ibtool_plugins import ping as plugin
+
+from ibtool.errors import ExitCode, UsageError
+from ibtool.rdma import wire
+from ibtool.rdma.wire import CmMessage, CmOffer, Mode, ProtocolError
+
+MAX = 1 << 20
+WRITE = CmOffer(Mode.WRITE_IMM, 256, 0x55B783FA5DA0, 0x898)
+
+
+def padded(data: bytes, room: int) -> bytes:
+    """As the CM hands it over on InfiniBand and RoCE: the whole private data area."""
+    return data + bytes(room - len(data))
+
+
+def test_a_request_is_28_big_endian_bytes_and_fits_a_req():
+    raw = wire.encode_cm(CmMessage.REQUEST, WRITE)
+    assert raw == bytes.fromhex("4942434d010100140200000000000100000055b783fa5da000000898")
+    assert len(raw) <= wire.CM_REQ_ROOM
+    assert wire.decode_cm(padded(raw, wire.CM_REQ_ROOM), CmMessage.REQUEST, MAX) == WRITE
+    assert wire.decode_cm(raw, CmMessage.REQUEST, MAX) == WRITE  # iWARP: the exact length
+
+
+def test_an_accept_decodes_from_a_whole_rep_area():
+    offer = CmOffer(Mode.SEND, 64)
+    raw = padded(wire.encode_cm(CmMessage.ACCEPT, offer), wire.CM_REP_ROOM)
+    assert wire.decode_cm(raw, CmMessage.ACCEPT, MAX) == offer
+
+
+def test_a_refusal_is_cut_to_fit_a_rej_and_made_printable():
+    raw = wire.encode_cm(CmMessage.REFUSE, "bad \x1b[31m" + "x" * 300)
+    assert len(raw) == wire.CM_REJ_ROOM
+    reason = wire.decode_cm(padded(raw, wire.CM_REJ_ROOM), CmMessage.REFUSE, 0)
+    assert reason.startswith("bad \\x1b[31m") and len(reason) <= wire.MAX_TEXT + 3
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"", "no ibtool data in the connection (0 bytes, all zero)"),
+        # The REJ of a CM with no listener on the port: the whole area, zeros.
+        (bytes(148), "no ibtool data in the connection (148 bytes, all zero)"),
+        (b"IBCM\x01", "5 bytes of private data, shorter than a header"),
+        (padded(b"IBTP\x01\x01\x00\x00", 56), "not an ibtool ping --cm peer (magic b'IBTP')"),
+        (padded(b"IBCM\x02\x01\x00\x14", 56), "ping --cm protocol version 2, this ibtool speaks 1"),
+        (padded(b"IBCM\x01\x02\x00\x14", 56), "expected REQUEST, got ACCEPT"),
+        (padded(b"IBCM\x01\x09\x00\x14", 56), "expected REQUEST, got 9"),
+        (padded(b"IBCM\x01\x01\x00\x40", 56), "length field says 64, 48 bytes came"),
+        (padded(b"IBCM\x01\x01\x00\x10" + bytes(16), 56), "REQUEST of 16 bytes, want 20"),
+    ],
+)
+def test_what_is_not_an_ibtool_request_is_refused_in_one_line(data, message):
+    with pytest.raises(ProtocolError) as err:
+        wire.decode_cm(data, CmMessage.REQUEST, MAX)
+    assert err.value.message == message
+    assert err.value.exit_code == ExitCode.DATA_ERROR
+
+
+def offer_bytes(mode: int, size: int, addr: int = 0, rkey: int = 0) -> bytes:
+    body = wire._CM_OFFER.pack(mode, size, addr, rkey)
+    return wire.HEADER.pack(wire.CM_MAGIC, wire.CM_VERSION, CmMessage.REQUEST, len(body)) + body
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (offer_bytes(3, 64), "unknown mode 3"),
+        (offer_bytes(1, 0), f"ping size 0 not in 1..{MAX}"),
+        (offer_bytes(1, MAX + 1), f"ping size {MAX + 1} not in 1..{MAX}"),
+        (offer_bytes(1, 64, 0x1000, 0x12), "a buffer advertised in SEND mode"),
+        (offer_bytes(2, 64, 2**64 - 8, 0x12), "buffer wraps around the address space"),
+        (offer_bytes(1, 64) + b"\x00\x01", "2 bytes after the message are not zero padding"),
+    ],
+)
+def test_a_request_with_bad_fields_is_refused(raw, message):
+    with pytest.raises(ProtocolError) as err:
+        wire.decode_cm(raw, CmMessage.REQUEST, MAX)
+    assert err.value.message == message
+
+
+@given(st.binary(max_size=wire.CM_REP_ROOM))
+def test_any_private_data_decodes_or_raises_protocol_error(data):
+    for kind in CmMessage:
+        try:
+            wire.decode_cm(data, kind, MAX)
+        except ProtocolError as e:
+            assert "\n" not in e.message
+
+
+@given(
+    st.builds(
+        CmOffer,
+        mode=st.sampled_from(Mode),
+        size=st.integers(1, MAX),
+        addr=st.integers(0, 1 << 62),
+        rkey=st.integers(0, (1 << 32) - 1),
+    )
+)
+def test_every_valid_offer_round_trips(offer):
+    if offer.mode == Mode.SEND:
+        offer = CmOffer(Mode.SEND, offer.size)
+    raw = wire.encode_cm(CmMessage.ACCEPT, offer)
+    assert wire.decode_cm(padded(raw, wire.CM_REP_ROOM), CmMessage.ACCEPT, MAX) == offer
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--cm", "--compat", "rping", "h"], "--cm with --compat rping"),
+        (["--cm", "--dev", "rxe0", "h"], "--cm takes no --dev or --gid-index"),
+        (["--cm", "--gid-index", "1", "h"], "--cm takes no --dev or --gid-index"),
+        (["--cm", "--sl", "3", "h"], "--cm takes no --sl"),
+        (["--cm", "--tclass", "96", "h"], "--cm takes no --tclass"),
+        (["--cm", "--mtu", "1024", "h"], "--cm takes no --mtu"),
+        (["--cm", "--server"], "--server --cm needs --bind ADDR"),
+    ],
+)
+def test_cm_options_that_cannot_work_are_refused(args, message):
+    parser = argparse.ArgumentParser()
+    plugin.configure(parser)
+    with pytest.raises(UsageError) as err:
+        plugin._settle(parser.parse_args(args))
+    assert err.value.message == message
+    assert err.value.hint
