@@ -272,8 +272,9 @@ def _rping(inv: Invocation) -> int:
 
     def open_client(stack):
         client = rping.Client(args.host, args.port, args.size, args.timeout)
+        stack.callback(client.close)
         header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, "
-        path = {"compat": "rping", "cm": True, "mtu": None, "sl": None, "tclass": None}
+        path = dict(compat="rping", cm=True, mode=None, mtu=None, sl=None, tclass=None)
         return client, header + "compat rping", path
 
     return _client(inv, open_client)
@@ -293,7 +294,7 @@ def _cm(inv: Invocation) -> int:
         client = cmping.Client(args.host, args.port, args.size, mode, args.timeout)
         stack.callback(client.close)
         header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, "
-        path = {"compat": None, "cm": True, "mtu": None, "sl": None, "tclass": None}
+        path = dict(compat=None, cm=True, mode=args.mode, mtu=None, sl=None, tclass=None)
         return client, header + f"mode {args.mode}", path
 
     return _client(inv, open_client)
@@ -321,16 +322,17 @@ def _verbs_client(inv: Invocation, device: str, port: int, gid_index) -> int:
             client.connect()  # one session: a peer not there is the whole story
         # This side's MTU; an ibtool server may agree on a smaller one (its port's).
         mtu = MTU_BYTES[ladder.path_mtu(ladder.port_attr.active_mtu, path.mtu)]
-        report = dict(compat=args.compat, cm=False, mtu=mtu, sl=args.sl, tclass=args.tclass)
+        report = dict(compat=args.compat, cm=False, mode=None if args.compat else args.mode)
+        report.update(mtu=mtu, sl=args.sl, tclass=args.tclass)
         return client, _header(args, device, port, gid_index, mtu), report
 
     return _client(inv, open_client)
 
 
 def _client(inv: Invocation, open_client) -> int:
-    """Ping and report like ping(8); `open_client(stack)` gives the client (what it opens
-    on `stack`, closed on every way out), the first line, and what the report says of
-    the path."""
+    """Ping and report like ping(8). `open_client(stack)` opens the client, pushing its
+    close (and that of whatever else it opens) on `stack`, so every way out closes it; it
+    gives the client, the first line, and what the report says of the path."""
     from ibtool.rdma import ping
 
     args = inv.args

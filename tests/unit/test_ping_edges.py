@@ -376,6 +376,7 @@ def test_json_summary_has_no_error_key_without_an_error(roce, monkeypatch):
         "host",
         "compat",
         "cm",
+        "mode",
         "mtu",
         "sl",
         "tclass",
