@@ -194,17 +194,12 @@ def serve(bind: str, port: int, log: Log, max_clients: int | None = None) -> Non
                 "ping over TCP instead (leave --cm out)",
             )
         log(f"listening on {listener.where} (rdma_cm), {listener.device}")
-        served = 0
-        while max_clients is None or served < max_clients:
-            conn = listener.request()
-            served += 1
-            with conn:
-                who = f"client {served}"
-                try:
-                    answered = _serve_client(listener, conn, log, who)
-                    log(f"{who} done: {answered} pings answered")
-                except IbtoolError as e:
-                    log(f"{who} dropped: {e.message}")
+        cm.serve_clients(
+            listener.request,
+            max_clients,
+            log,
+            lambda conn, who: _serve_client(listener, conn, log, who),
+        )
 
 
 def _serve_client(listener: cm.Listener, conn: cm.Connection, log: Log, who: str) -> int:

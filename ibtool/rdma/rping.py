@@ -162,17 +162,12 @@ def serve(bind: str, port: int, log: Log, max_clients: int | None = None) -> Non
     as `rping -s -a ADDR -p PORT` does for one."""
     with cm.Listener(bind, port) as listener:
         log(f"listening on {listener.where} (rdma_cm, rping), {listener.device}")
-        served = 0
-        while max_clients is None or served < max_clients:
-            conn = listener.next_request(SQ_DEPTH, RQ_DEPTH)
-            served += 1
-            with conn:
-                who = f"client {served}"
-                try:
-                    answered = _serve_client(listener, conn, log, who)
-                    log(f"{who} done: {answered} pings answered")
-                except IbtoolError as e:
-                    log(f"{who} dropped: {e.message}")
+        cm.serve_clients(
+            lambda: listener.next_request(SQ_DEPTH, RQ_DEPTH),
+            max_clients,
+            log,
+            lambda conn, who: _serve_client(listener, conn, log, who),
+        )
 
 
 def _serve_client(listener: cm.Listener, conn: cm.Connection, log: Log, who: str) -> int:

@@ -21,19 +21,6 @@ def nothing_left() -> bool:
     return not user_objects("qp") and not user_objects("cm_id")
 
 
-@pytest.fixture
-def running():
-    started: list[Running] = []
-
-    def start(*args: str) -> Running:
-        started.append(Running(*args))
-        return started[-1]
-
-    yield start
-    for r in started:
-        r.finish(signal.SIGTERM if r.proc.poll() is None else None, timeout=30)
-
-
 def cm_server(running, addr: str, port: int, *extra: str) -> Running:
     server = running("ping", "--server", "--cm", "--bind", addr, "--port", str(port), *extra)
     server.wait_for_lines(lambda lines: lines, timeout=90)
