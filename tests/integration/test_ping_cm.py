@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from tests.integration.test_ping import Running, user_objects
+from tests.integration.running import Running
+from tests.integration.test_ping import user_objects
 
 pytestmark = pytest.mark.integration
 
