@@ -361,7 +361,7 @@ def _echo(
     session.answered = answered = 0
     spins, seen = 0, -1
     quiet_since = time.monotonic() + HANDSHAKE_TIMEOUT  # the first ping may take a while
-    cq, attr = session.polled, session.poll_attr
+    cq, attr, wr = session.polled, session.poll_attr, session.send_wr
     post_send = session.qp.post_send
     start, end, opcode_of, imm_of = cq.start_poll, cq.end_poll, cq.read_opcode, cq.read_imm_data
     echo_imm, rearm, sent = session.mode == wire.Mode.WRITE_IMM, session.post_recv, session.sent
@@ -386,29 +386,28 @@ def _echo(
                     return _next_endpoint(conn, HANDSHAKE_TIMEOUT), answered
             continue
         spins = 0
-        length = 0
         try:
             status = cq.status
             if status:
                 raise CompletionError.of(status, cq.read_vendor_err(), "ping reply")
-            ping = opcode_of() & 128  # else a (signaled) send's completion: nothing to do
-            if ping and echo_imm:
-                session.send_wr.imm_data = imm_of()  # as received, in network order
-            if ping and echo_length:
-                length = cq.read_byte_len()
+            if not opcode_of() & 128:
+                continue  # a (signaled) send's completion: nothing to do
+            if echo_length and cq.read_byte_len() != session.size:
+                session.answer_with(cq.read_byte_len())
+                wr = session.send_wr
+            if echo_imm:
+                wr.imm_data = imm_of()  # as received, in network order
+            # The answer (same bytes, same immediate) goes before anything else, even the
+            # end of the poll: it touches the QP only, never this CQ.
+            post_send(wr)
+        except session.ladder.pv.Error as e:
+            raise QPError(f"post the answer: {e}") from None
         finally:
             end()
-        if ping:  # answer with the same bytes (and immediate)
-            if echo_length and length != session.size:
-                session.answer_with(length)
-            try:
-                post_send(session.send_wr)
-            except session.ladder.pv.Error as e:
-                raise QPError(f"post the answer: {e}") from None
-            rearm()  # the spare receive posted up front covers the client's next ping
-            sent()
-            answered += 1
-            session.answered = answered  # what was answered, when a failure ends the loop
+        rearm()  # the spare receive posted up front covers the client's next ping
+        sent()
+        answered += 1
+        session.answered = answered  # what was answered, when a failure ends the loop
 
 
 # -- client ------------------------------------------------------------------------------
