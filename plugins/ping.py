@@ -52,6 +52,11 @@ def configure(parser) -> None:
         "-q", "--quiet", action="store_true", help="only the summary, no line per reply"
     )
     parser.add_argument(
+        "--hw-timestamps",
+        action="store_true",
+        help="also time each round trip on the HCA's own clock (mlx5), without this side's polling",
+    )
+    parser.add_argument(
         "--bind", default="", metavar="ADDR", help="server: the address to listen on (default: all)"
     )
     parser.add_argument(
@@ -147,6 +152,12 @@ def _settle(args) -> None:
         _settle_rping(args)
     if args.cm:
         _settle_cm(args)
+    if args.hw_timestamps and (args.server or args.cm or args.compat == "rping"):
+        over = "--server" if args.server else "--cm" if args.cm else "--compat rping"
+        raise UsageError(
+            f"--hw-timestamps with {over}",
+            "the client times its pings; over rdma_cm it cannot yet: leave one out",
+        )
     if args.compat and args.mode != "send":
         raise UsageError(
             f"--mode {args.mode} with --compat {args.compat}",
@@ -303,6 +314,7 @@ def _cm(inv: Invocation) -> int:
 def _verbs_client(inv: Invocation, device: str, port: int, gid_index) -> int:
     """ibtool's own protocol, or --compat rc_pingpong: an RC QP on DEVICE/PORT."""
     from ibtool.rdma import ping, pingpong, wire  # pyverbs is imported only here
+    from ibtool.rdma.hwclock import HwClock
     from ibtool.rdma.ladder import MTU_BYTES, Ladder
 
     args = inv.args
@@ -310,13 +322,16 @@ def _verbs_client(inv: Invocation, device: str, port: int, gid_index) -> int:
 
     def open_client(stack):
         ladder = stack.enter_context(Ladder(device, port, gid_index))
+        hw = HwClock(ladder) if args.hw_timestamps else None
         if args.compat == "rc_pingpong":
             client = pingpong.PingpongClient(
-                ladder, args.host, args.port, args.size, args.timeout, path, args.count
+                ladder, args.host, args.port, args.size, args.timeout, path, args.count, hw
             )
         else:
             mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
-            client = ping.Client(ladder, args.host, args.port, args.size, mode, args.timeout, path)
+            client = ping.Client(
+                ladder, args.host, args.port, args.size, mode, args.timeout, path, hw
+            )
         stack.callback(client.close)
         if args.compat:
             client.connect()  # one session: a peer not there is the whole story
@@ -336,7 +351,7 @@ def _client(inv: Invocation, open_client) -> int:
     from ibtool.rdma import ping
 
     args = inv.args
-    stats, rtts, replies = ping.PingStats(), [], []
+    stats, rtts, replies, hw_rtts = ping.PingStats(), [], [], []
     interrupted: KeyboardInterrupt | None = None
     failure: IbtoolError | None = None
     with contextlib.ExitStack() as stack:
@@ -346,8 +361,14 @@ def _client(inv: Invocation, open_client) -> int:
 
         def on_reply(r):
             replies.append({"seq": r.seq, "rtt_us": round(r.rtt_us, 1)})
+            hw = ""
+            if r.hw_us is not None:
+                hw_rtts.append(r.hw_us)
+                replies[-1]["hw_rtt_us"] = round(r.hw_us, 2)
+                hw = f" hw={r.hw_us:.2f} us"
             if not inv.json and not args.quiet:
-                inv.print(f"{args.size} bytes from {args.host}: seq={r.seq} rtt={r.rtt_us:.1f} us")
+                line = f"{args.size} bytes from {args.host}: seq={r.seq} rtt={r.rtt_us:.1f} us"
+                inv.print(line + hw)
                 inv.out.flush()
 
         def on_loss(seq, reason):
@@ -364,7 +385,8 @@ def _client(inv: Invocation, open_client) -> int:
             if not stats.sent:
                 raise  # the first exchange failed: the error is the whole story
             failure = e  # the summary of the pings done, then the error (main() says it)
-    _summary(inv, args.host, stats, stats.summary(rtts), replies, failure, report)
+    hw = stats.summary(hw_rtts) if args.hw_timestamps else None
+    _summary(inv, args.host, stats, stats.summary(rtts), replies, failure, report, hw)
     if failure is not None:
         raise failure
     if isinstance(interrupted, Terminated):
@@ -383,19 +405,27 @@ def _header(args, device: str, port: int, gid_index, mtu: int) -> str:
     return f"PING {peer} over {where}: {what}, mtu {mtu}, sl {args.sl}, tclass {args.tclass}{dscp}"
 
 
-def _summary(inv, host, stats, rtt, replies, failure=None, path=None) -> None:
+def _rounded(figures: dict, digits: int) -> dict:
+    return {k: (round(v, digits) if v is not None else None) for k, v in figures.items()}
+
+
+def _summary(inv, host, stats, rtt, replies, failure=None, path=None, hw=None) -> None:
+    """The end of the report; `path`: what the JSON says of the connection; `hw`: the
+    figures of the HCA's clock, with --hw-timestamps."""
     loss = 100.0 * (stats.sent - stats.received) / stats.sent if stats.sent else 0.0
     if inv.json:
         report = {
             "host": host,
-            **(path or {}),
+            **path,
             "sent": stats.sent,
             "received": stats.received,
             "loss_pct": round(loss, 1),
             "time_ms": round(stats.elapsed * 1000),
-            "rtt_us": {k: (round(v, 1) if v is not None else None) for k, v in rtt.items()},
+            "rtt_us": _rounded(rtt, 1),
             "replies": replies,
         }
+        if hw is not None:
+            report["hw_rtt_us"] = _rounded(hw, 2)
         if failure is not None:
             report["error"] = failure.message  # what ended the run, as on standard error
         inv.emit_json(report)
@@ -405,12 +435,15 @@ def _summary(inv, host, stats, rtt, replies, failure=None, path=None) -> None:
         f"{stats.sent} sent, {stats.received} received, {loss:.0f}% loss, "
         f"time {stats.elapsed * 1000:.0f} ms"
     )
-    if rtt["min"] is not None:
-        inv.print(
-            "rtt min/avg/median/max/mdev = "
-            + "/".join(f"{rtt[k]:.1f}" for k in ("min", "avg", "median", "max", "mdev"))
-            + " us"
-        )
+    for name, figures, digits in (("rtt", rtt, 1), ("hw rtt", hw, 2)):
+        if figures and figures["min"] is not None:
+            inv.print(
+                f"{name} min/avg/median/max/mdev = "
+                + "/".join(
+                    f"{figures[k]:.{digits}f}" for k in ("min", "avg", "median", "max", "mdev")
+                )
+                + " us"
+            )
 
 
 @hookimpl

@@ -21,6 +21,7 @@ from errno import ENOENT
 from ibtool.errors import IbtoolError, PermissionDeniedError, UsageError
 from ibtool.rdma import wire
 from ibtool.rdma.completions import CompletionError, CompletionTimeout, in_place, poll_failed
+from ibtool.rdma.hwclock import HwClock
 from ibtool.rdma.ladder import (
     ACCESS_LOCAL_WRITE,
     ACCESS_REMOTE_WRITE,
@@ -36,6 +37,7 @@ DEFAULT_PORT = 18520
 HANDSHAKE_TIMEOUT = 5.0
 SIGNAL_EVERY = 16
 IBV_SEND_SIGNALED = 2
+IBV_WC_EX_WITH_COMPLETION_TIMESTAMP = 1 << 7  # enum ibv_create_cq_wc_flags (verbs.h)
 RECONNECT_WAIT = 600.0  # how long a server keeps a client whose QP died before it returns
 MAX_PING_SIZE = 1 << 20
 Log = Callable[[str], None]
@@ -83,14 +85,16 @@ class Session:
         mode: wire.Mode,
         room: int = 0,
         path: PathSpec = DEFAULT_PATH,
+        stamped: bool = False,
     ):
         """Pings of `size` bytes; receives take up to `room` bytes (at least `size`), so a
-        longer reply arrives whole and its length says what the peer sends."""
+        longer reply arrives whole and its length says what the peer sends. `stamped`:
+        completions carry the HCA's timestamp (hwclock.HwClock has checked it can)."""
         self.ladder, self.size, self.mode, self.path = ladder, size, mode, path
         self.room = max(size, room, 1)
         self._objects: list = []
         self.answered = 0  # pings a server answered in this session
-        self.cq = self._keep(_completion_queue(ladder, mode))
+        self.cq = self._keep(_completion_queue(ladder, mode, stamped))
         self.polled = in_place(self.cq, ladder.pv)
         self.poll_attr = ladder.pv.cq.PollCqAttr() if ladder.pv.cqex else None
         self.mr = self._keep(ladder.pv.mr.MR(ladder.pd, self.room, _access(mode)))
@@ -185,9 +189,10 @@ class Session:
         self.send_wr.send_flags = 0
 
 
-def _completion_queue(ladder: Ladder, mode: wire.Mode):
+def _completion_queue(ladder: Ladder, mode: wire.Mode, stamped: bool = False):
     """An extended CQ (read in place, see completions.in_place), or a plain one where pyverbs
-    or the provider has no extended CQ (ibv_create_cq_ex)."""
+    or the provider has no extended CQ (ibv_create_cq_ex); `stamped`: extended, with the
+    completions' timestamps, or an error."""
     pv = ladder.pv
     if pv.cqex:
         wc_ex = pv.e.ibv_create_cq_wc_flags
@@ -196,6 +201,12 @@ def _completion_queue(ladder: Ladder, mode: wire.Mode):
         flags = wc_ex.IBV_WC_EX_WITH_BYTE_LEN
         if mode == wire.Mode.WRITE_IMM:
             flags |= wc_ex.IBV_WC_EX_WITH_IMM
+        if stamped:
+            flags |= IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+            return ladder._verbs(
+                lambda: pv.cq.CQEX(ladder.ctx, pv.cq.CqInitAttrEx(cqe=8, wc_flags=flags)),
+                "create a CQ with completion timestamps",
+            )
         try:
             return pv.cq.CQEX(ladder.ctx, pv.cq.CqInitAttrEx(cqe=8, wc_flags=flags))
         except pv.Error:
@@ -417,6 +428,7 @@ def _echo(
 class Reply:
     seq: int
     rtt_us: float
+    hw_us: float | None = None  # from the HCA's clock, with --hw-timestamps
 
 
 @dataclass
@@ -453,9 +465,10 @@ class Client:
         mode: wire.Mode,
         timeout: float,
         path: PathSpec = DEFAULT_PATH,
+        hw: HwClock | None = None,
     ):
         self.ladder, self.size, self.mode, self.timeout = ladder, size, mode, timeout
-        self.path = path
+        self.path, self.hw, self.hw_us = path, hw, None
         self.server = f"{host}:{tcp_port}"
         try:
             self.conn = socket.create_connection((host, tcp_port), timeout=HANDSHAKE_TIMEOUT)
@@ -477,7 +490,7 @@ class Client:
         if self.session:
             self.session.close()
             self.session = None
-        session = Session(self.ladder, self.size, self.mode, path=self.path)
+        session = Session(self.ladder, self.size, self.mode, path=self.path, stamped=bool(self.hw))
         try:
             wire.send(self.conn, wire.encode_endpoint(session.endpoint()))
             remote = wire.receive(self.conn, HANDSHAKE_TIMEOUT, wire.MessageType.ENDPOINT)
@@ -523,7 +536,8 @@ class Client:
         imm = socket.htonl(seq & 0xFFFFFFFF)
         if with_imm:
             wr.imm_data = imm
-        spins = 0
+        spins, hw = 0, self.hw
+        c0 = hw.now() if hw else 0  # the HCA's counter, as close to the post as it gets
         t0 = clock()
         try:
             post_send(wr)
@@ -545,6 +559,7 @@ class Client:
                     got_imm = imm_of() if with_imm and not status else imm
                     vendor_err = cq.read_vendor_err() if status else 0
                     got_len = cq.read_byte_len() if not status else size
+                    stamp = cq.read_timestamp() if hw and not status else c0
                     break
             finally:
                 end()  # also for a (signaled) send's completion, passed over
@@ -557,6 +572,7 @@ class Client:
             raise IbtoolError(f"reply carries immediate {socket.ntohl(got_imm)}, want {seq}")
         if s.mr.read(size, 0) != payload:
             raise IbtoolError(f"reply {seq} payload differs from what was sent")
+        self.hw_us = hw.us(stamp - c0) if hw else None
         return (t1 - t0) * 1e6
 
 
@@ -597,7 +613,7 @@ def run_client(
             else:
                 stats.received += 1
                 rtts.append(rtt)
-                on_reply(Reply(seq, rtt))
+                on_reply(Reply(seq, rtt, getattr(client, "hw_us", None)))
             if (count is None or seq < count) and interval > 0:
                 time.sleep(max(0.0, interval - (time.monotonic() - t_start)))
     finally:

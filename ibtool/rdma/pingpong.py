@@ -20,6 +20,7 @@ import time
 from ibtool.errors import IbtoolError
 from ibtool.rdma import wire
 from ibtool.rdma.completions import CompletionError, CompletionTimeout
+from ibtool.rdma.hwclock import HwClock
 from ibtool.rdma.ladder import DEFAULT_PATH, Ladder, PathSpec, Peer
 from ibtool.rdma.ping import (
     HANDSHAKE_TIMEOUT,
@@ -104,9 +105,11 @@ class PingpongClient(Client):
         timeout: float,
         path: PathSpec = DEFAULT_PATH,
         count: int | None = None,
+        hw: HwClock | None = None,
     ):
         self.ladder, self.size, self.mode, self.timeout = ladder, size, wire.Mode.SEND, timeout
         self.host, self.tcp_port, self.path, self.count = host, tcp_port, path, count
+        self.hw, self.hw_us = hw, None
         self.server = f"{host}:{tcp_port}"
         self.session: Session | None = None
         self.answered = 0
@@ -121,7 +124,9 @@ class PingpongClient(Client):
         if self._used:
             raise SessionEnded(f"{TOOL} serves one session, and it has ended")
         self._used = True
-        session = Session(self.ladder, self.size, self.mode, room=MAX_PING_SIZE, path=self.path)
+        session = Session(
+            self.ladder, self.size, self.mode, MAX_PING_SIZE, self.path, stamped=bool(self.hw)
+        )
         try:
             with self._dial() as conn:
                 wire.send(conn, _ours(session))

@@ -366,3 +366,10 @@ def test_tclass_is_the_ds_field_of_the_packets_sent(peer_server, testbed):
     report = json.loads(proc.stdout)
     assert (report["received"], report["tclass"], report["sl"]) == (5, 104, 0), proc.stderr
     assert result and set(result) == {104}, result  # DSCP 26 (AF31), ECN 0: every packet
+
+
+def test_hw_timestamps_on_rxe_are_refused_with_the_devices_figures():
+    proc = ping("-c", "1", "--hw-timestamps")  # no server needed: refused before connecting
+    assert (proc.returncode, proc.stdout) == (6, ""), proc.stderr
+    assert proc.stderr.startswith("ibtool: error: rxe0 does not timestamp its completions ")
+    assert len(proc.stderr.splitlines()) == 1

@@ -89,6 +89,9 @@ CM_ENUMS = {
 }
 
 
+TICK = 1000  # counter ticks per step of the fake HCA clock: 1 us at 1 GHz
+
+
 @dataclass(frozen=True)
 class Layout:
     enum_modules: tuple[str, ...]
@@ -140,6 +143,8 @@ class FakePort:
     lid: int = 0
     gids: dict[int, str] = field(default_factory=dict)
     active_mtu: int = 3  # ibv_mtu: 1024
+    timestamp_mask: int = 0  # the device's completion_timestamp_mask (mlx5: 2^64 - 1)
+    core_clock_khz: int = 0  # its hca_core_clock
 
 
 class Fabric:
@@ -150,6 +155,7 @@ class Fabric:
         self.qps: dict[int, FakeQP] = {}
         self.mrs: list[FakeMR] = []
         self.cqex_fails = False  # a provider without ibv_create_cq_ex
+        self.clock = 0  # the HCA's counter: moves TICK at each reading and each receive
         self._next_addr, self._next_qpn, self._next_key = 0x7F0000001000, 0x11, 0x100
 
     def add_port(self, device: str, port: int, **attrs) -> None:
@@ -160,6 +166,10 @@ class Fabric:
         self._next_addr += (length // 4096 + 2) * 4096
         self._next_key += 1
         return addr, key
+
+    def tick(self) -> int:
+        self.clock += TICK
+        return self.clock
 
     def new_qpn(self) -> int:
         self._next_qpn += 1
@@ -183,7 +193,7 @@ class Fabric:
 
 
 def _wc(**fields) -> SimpleNamespace:
-    base = dict(wr_id=0, status=0, opcode=0, vendor_err=0, byte_len=0, imm_data=0, wc_flags=0)
+    base = dict(wr_id=0, status=0, opcode=0, vendor_err=0, byte_len=0, imm_data=0, wc_flags=0, ts=0)
     return SimpleNamespace(**{**base, **fields})
 
 
@@ -219,6 +229,15 @@ class FakeContext(_Closable):
 
     def query_device(self):
         return SimpleNamespace(max_qp_rd_atom=16, max_qp_init_rd_atom=16, atomic_caps=1)
+
+    def query_device_ex(self):
+        p = next(p for (d, _), p in self.fabric.ports.items() if d == self.name)
+        return SimpleNamespace(
+            completion_timestamp_mask=p.timestamp_mask, hca_core_clock=p.core_clock_khz
+        )
+
+    def query_rt_values_ex(self, comp_mask: int = 1):
+        return 0, self.fabric.tick()  # as mlx5: the raw counter in the nanoseconds field
 
     def query_port(self, port: int):
         p = self.fabric.ports[(self.name, port)]
@@ -295,6 +314,10 @@ class FakeCQEX(FakeCQ):
 
     def read_vendor_err(self) -> int:
         return self.current.vendor_err
+
+    def read_timestamp(self) -> int:
+        assert self.wc_flags & 1 << 7  # IBV_WC_EX_WITH_COMPLETION_TIMESTAMP, as for the others
+        return self.current.ts
 
     def read_byte_len(self) -> int:
         # As libibverbs: without IBV_WC_EX_WITH_BYTE_LEN the reader is NULL (SIGSEGV there).
@@ -457,7 +480,7 @@ class FakeQP(_Closable):
             if opcode == WR["IBV_WR_SEND"]:
                 grh = GRH_SIZE if self.type == 4 else 0
                 f.write(recv.sg[0].addr + grh, data)
-                peer.rcq.push(_wc(opcode=WC["IBV_WC_RECV"], byte_len=grh + len(data)))
+                peer.rcq.push(_wc(opcode=WC["IBV_WC_RECV"], byte_len=grh + len(data), ts=f.tick()))
                 return 0, WC["IBV_WC_SEND"]
             f.write(wr.remote[1], data)
             peer.rcq.push(
@@ -465,6 +488,7 @@ class FakeQP(_Closable):
                     opcode=WC["IBV_WC_RECV_RDMA_WITH_IMM"],
                     byte_len=len(data),
                     imm_data=wr.imm_data,
+                    ts=f.tick(),
                     wc_flags=IBV_ENUMS["ibv_wc_flags"]["IBV_WC_WITH_IMM"],
                 )
             )
