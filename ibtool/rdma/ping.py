@@ -456,6 +456,9 @@ class PingStats:
 
 
 class Client:
+    hw: HwClock | None = None  # --hw-timestamps; subclasses that build themselves keep None
+    hw_us: float | None = None  # the last round trip on the HCA's clock
+
     def __init__(
         self,
         ladder: Ladder,

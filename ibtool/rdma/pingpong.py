@@ -109,7 +109,7 @@ class PingpongClient(Client):
     ):
         self.ladder, self.size, self.mode, self.timeout = ladder, size, wire.Mode.SEND, timeout
         self.host, self.tcp_port, self.path, self.count = host, tcp_port, path, count
-        self.hw, self.hw_us = hw, None
+        self.hw = hw
         self.server = f"{host}:{tcp_port}"
         self.session: Session | None = None
         self.answered = 0
