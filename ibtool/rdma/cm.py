@@ -126,7 +126,20 @@ def _cm_call(fn, what: str):
         raise IbtoolError(f"{what}: {e}") from None
 
 
-class Connection:
+class _Holder(contextlib.AbstractContextManager):
+    """What holds its objects on `_stack`: closed in reverse by close() or the `with`."""
+
+    _stack: contextlib.ExitStack
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class Connection(_Holder):
     """One RC connection over rdma_cm and everything it owns (QP, CQ, MRs, the id, and on the
     active side the event channel). close() destroys them on every path: MRs, then the id with
     its QP, then the CQ (a CQ with a QP on it cannot be destroyed), then the channel."""
@@ -155,16 +168,6 @@ class Connection:
     @property
     def device(self) -> str:
         return device_of(self.cmid)
-
-    def close(self) -> None:
-        self._stack.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
     def _verbs(self, fn, what: str):
         try:
@@ -413,7 +416,7 @@ def _tcp(cm):
 # -- passive side ------------------------------------------------------------------------------
 
 
-class Listener:
+class Listener(_Holder):
     """A listening id on one address and port; accept() hands out one client's Connection."""
 
     def __init__(self, bind: str, port: int):
@@ -461,16 +464,6 @@ class Listener:
                     "give the IP address of an IPoIB or RoCE netdev (`rdma link` names them)",
                 ) from None
             raise IbtoolError(f"cannot listen on {self.where}: {e}") from None
-
-    def close(self) -> None:
-        self._stack.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
     def next_request(self, send_wr: int, recv_wr: int) -> Connection:
         """Wait for a client's connection request; its Connection with CQ and QP built (the
