@@ -341,7 +341,11 @@ def _addr_info(cm, what: str, **kw):
 def dial(host: str, port: int, send_wr: int, recv_wr: int) -> Connection:
     """The active side up to its QP (resolved, not connected): the caller registers its MRs,
     posts its receives, then calls connect_to()."""
-    conn = resolve(host, port)
+    return _with_qp(resolve(host, port), send_wr, recv_wr)
+
+
+def _with_qp(conn: Connection, send_wr: int, recv_wr: int) -> Connection:
+    """`conn` with its CQ and QP built, or closed if they cannot be."""
     try:
         conn.build_qp(send_wr, recv_wr)
     except BaseException:
@@ -468,13 +472,7 @@ class Listener(_Holder):
     def next_request(self, send_wr: int, recv_wr: int) -> Connection:
         """Wait for a client's connection request; its Connection with CQ and QP built (the
         caller registers its MRs, posts its receives, then calls accept())."""
-        conn = self.request()
-        try:
-            conn.build_qp(send_wr, recv_wr)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return _with_qp(self.request(), send_wr, recv_wr)
 
     def request(self) -> Connection:
         """Wait for a client's connection request: its Connection, no QP yet, the client's

@@ -141,7 +141,6 @@ class Session:
 
     def connect_to(self, peer: Peer, remote: wire.Endpoint | None = None) -> None:
         """Connect the QP to `peer`; `remote` is the peer's buffer (WRITE WITH IMM only)."""
-        self.peer = remote
         self.ladder.connect_rc(self.qp, self.psn, peer, _access(self.mode), path=self.path)
         self.path_mtu = self.ladder.path_mtu(peer.mtu, self.path.mtu)
         self.ready(remote)
