@@ -122,6 +122,28 @@ class Rate:
 
 
 @dataclass(frozen=True)
+class BondSlave:
+    name: str
+    state: str | None = None  # "active" or "backup" (bonding_slave/state)
+    mii_status: str | None = None  # "up", "down", "going down", "going back" (mii_status)
+
+    @property
+    def active(self) -> bool:
+        return self.state == "active"
+
+
+@dataclass(frozen=True)
+class Bond:
+    """The Linux bond under a RoCE port (rxe on a bond, or a RoCE LAG device), from
+    /sys/class/net/BOND/bonding (drivers/net/bonding/bond_sysfs.c, bond_sysfs_slave.c)."""
+
+    name: str
+    mode: str | None  # "active-backup", "802.3ad", ... (the mode's name without its number)
+    slaves: tuple[BondSlave, ...] = ()
+    active_slave: str | None = None  # active-backup, balance-tlb/alb: the slave in use
+
+
+@dataclass(frozen=True)
 class Port:
     device: str
     port: int
@@ -136,6 +158,7 @@ class Port:
     cap_mask: int | None = None
     netdev: str | None = None
     netdev_index: int | None = None  # its ifindex, where netlink tells (NDEV_INDEX)
+    bond: Bond | None = None  # the netdev is a bond: its mode and slaves
     gid_tbl_len: int | None = None
     # From verbs only (ibv_query_port); None unless details were asked for.
     active_mtu: int | None = None

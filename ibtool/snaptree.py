@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from ibtool.replay import SnapshotError
+from ibtool.sources.sysfs import BOND_FILES, BOND_SLAVE_FILES, valid_netdev_name
 
 _SKIP_DIRS = {"power"}  # runtime PM attributes: not RDMA state, and reading them wakes devices
 
@@ -80,7 +81,41 @@ def capture_tree(root: str = "/") -> list[dict[str, Any]]:
     vlan = os.path.join(root, "proc", "net", "vlan", "config")
     if os.path.exists(vlan):
         out.append(_entry(vlan, root))
+    _bonds(root, out)
     return out
+
+
+def _bonds(root: str, out: list[dict[str, Any]]) -> None:
+    """What the sysfs source reads of each bond (a RoCE port's netdev may be one): its
+    bonding/ attributes and its slaves' bonding_slave/ ones."""
+    net = os.path.join(root, "sys", "class", "net")
+    try:
+        names = sorted(os.listdir(net))
+    except OSError:
+        return
+    for name in names:
+        bonding = os.path.join(net, name, "bonding")
+        if not os.path.isdir(bonding):
+            continue
+        for directory, files in ((bonding, BOND_FILES), *_slave_dirs(net, bonding)):
+            out.append({"path": os.path.relpath(directory, root), "dir": True})
+            for file in files:
+                entry = _entry(os.path.join(directory, file), root)
+                if entry is not None and "dir" not in entry:
+                    out.append(entry)
+
+
+def _slave_dirs(net: str, bonding: str) -> list[tuple[str, tuple[str, ...]]]:
+    try:
+        with open(os.path.join(bonding, "slaves")) as f:
+            slaves = f.read().split()
+    except OSError:
+        return []
+    return [
+        (os.path.join(net, s, "bonding_slave"), BOND_SLAVE_FILES)
+        for s in slaves
+        if valid_netdev_name(s)
+    ]
 
 
 def build_tree(entries: list[dict[str, Any]], dest: str) -> None:

@@ -11,7 +11,7 @@ from ibtool.api import CheckContext, HealthResult, MetricFamily, Perfdata, Statu
 from ibtool.commands import Invocation, add_selector, selector
 from ibtool.errors import CommandFailed, UsageError
 from ibtool.host import PORT_SHOWN, Host
-from ibtool.model import LinkLayer, PhysState, Port, PortState
+from ibtool.model import Bond, LinkLayer, PhysState, Port, PortState
 
 # IB PortInfo CapabilityMask bit positions (sysfs cap_mask holds the low 32 bits).
 PORT_CAP_FLAGS = {
@@ -56,6 +56,30 @@ def _lids(p: Port) -> str | None:
     return f"{r[0]}-{r[1]}"
 
 
+def _bond_json(bond: Bond) -> dict:
+    return {
+        "mode": bond.mode,
+        "active_slave": bond.active_slave,
+        "slaves": [dataclasses.asdict(s) for s in bond.slaves],
+    }
+
+
+def _slave_text(s: dict, active: str | None) -> str:
+    """A slave's name, with what an operator looks for: the one in use (modes with one active
+    slave), one whose link is not up."""
+    notes = ["active"] if s["name"] == active else []
+    if s["mii_status"] is None:
+        notes.append("unknown")
+    elif s["mii_status"] != "up":
+        notes.append(s["mii_status"])
+    return s["name"] + (f"({','.join(notes)})" if notes else "")
+
+
+def _bond_text(bond: dict) -> str:
+    slaves = ",".join(_slave_text(s, bond["active_slave"]) for s in bond["slaves"]) or "none"
+    return f"{bond['mode'] or render.UNKNOWN} slaves {slaves}"
+
+
 FIELDS = [
     render.Field("ifname", lambda p: p.device, in_text=False),
     render.Field("port", lambda p: p.port, in_text=False),
@@ -86,6 +110,7 @@ FIELDS = [
     render.Field("sm_lid", lambda p: p.sm_lid if p.sm_lid else None),
     render.Field("sm_sl", lambda p: p.sm_sl if p.sm_lid else None),
     render.Field("netdev", lambda p: p.netdev),
+    render.Field("bond", lambda p: _bond_json(p.bond) if p.bond else None, text=_bond_text),
     render.Field("active_mtu", lambda p: p.active_mtu, details=True),
     render.Field("max_mtu", lambda p: p.max_mtu, details=True),
     render.Field("gid_tbl_len", lambda p: p.gid_tbl_len, details=True),

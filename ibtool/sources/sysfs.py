@@ -19,6 +19,8 @@ from collections.abc import Callable, Collection, Iterator
 from ibtool import counterinfo
 from ibtool.errors import DataError, NoDevicesError, PermissionDeniedError
 from ibtool.model import (
+    Bond,
+    BondSlave,
     CounterSample,
     Device,
     Gid,
@@ -162,6 +164,39 @@ def parse_netdev(text: str) -> str:
     return text
 
 
+BOND_FILES = ("mode", "slaves", "active_slave")  # under /sys/class/net/BOND/bonding
+BOND_SLAVE_FILES = ("state", "mii_status")  # under /sys/class/net/SLAVE/bonding_slave
+BOND_SLAVE_STATES = ("active", "backup")
+BOND_MII = ("up", "going down", "down", "going back")
+
+
+def _parse_bond_mode(text: str) -> str:
+    name, number = text.split(" ")
+    if not name or not number.isdigit():
+        raise ValueError(text)
+    return name
+
+
+def _parse_netdev_list(text: str) -> tuple[str, ...]:
+    names = tuple(text.split())
+    if not all(valid_netdev_name(n) for n in names) or len(set(names)) != len(names):
+        raise ValueError(text)
+    return names
+
+
+def _parse_optional_netdev(text: str) -> str:
+    return parse_netdev(text) if text else ""
+
+
+def _parse_word(words: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in words:
+            raise ValueError(text)
+        return text
+
+    return parse
+
+
 def _printable(text: str) -> bool:
     # U+FFFD: bytes that were not UTF-8 (_read_attr decodes with "replace")
     return text.isprintable() and "\ufffd" not in text
@@ -195,7 +230,7 @@ def _read_attr(path: str) -> str:
 
 # Port fields as Port names them; a command reads (and so warns about) only those it shows.
 PORT_FIELDS = ("state", "physical_state", "link_layer", "rate", "lid", "sm_lid", "lmc", "sm_sl")
-PORT_NETDEV = ("netdev",)
+PORT_NETDEV = ("netdev", "bond")
 PORT_DETAILS = ("cap_mask", "gid_tbl_len")
 _PORT_ATTRS: dict[str, tuple[str, Callable, bool]] = {
     # field: (file, parse, required)
@@ -486,8 +521,12 @@ class SysfsSource:
         for name in ("lid", "sm_lid"):
             if name in want:
                 values[name] = self._lid(device, os.path.join(p, name))
-        if "netdev" in want:
-            values["netdev"] = self._port_netdev(device, port)
+        if "netdev" in want or "bond" in want:
+            netdev = self._port_netdev(device, port)
+            if "netdev" in want:
+                values["netdev"] = netdev
+            if "bond" in want and netdev:
+                values["bond"] = self.bond(netdev)
         if "gid_tbl_len" in want:
             slots = self._listdir(os.path.join(p, "gids"), required=False)
             values["gid_tbl_len"] = len(slots) or None
@@ -613,6 +652,28 @@ class SysfsSource:
             if malformed is not None:
                 self.bad(path, f"malformed line {_shown(malformed)}")
         return self._vlans
+
+    def bond(self, netdev: str) -> Bond | None:
+        """The bond `netdev` is, from its bonding/ directory; None when it is not a bond.
+
+        bond_sysfs.c: mode "NAME NUMBER", slaves "A B ..." (an empty line without slaves),
+        active_slave the name or nothing; bond_sysfs_slave.c, per slave: state "active" or
+        "backup", mii_status "up", "going down", "down" or "going back"."""
+        bonding = os.path.join(self.root, "sys", "class", "net", netdev, "bonding")
+        if not os.path.isdir(bonding):
+            return None
+        mode = self.parsed(os.path.join(bonding, "mode"), _parse_bond_mode)
+        names = self.parsed(os.path.join(bonding, "slaves"), _parse_netdev_list) or ()
+        active = self.parsed(
+            os.path.join(bonding, "active_slave"), _parse_optional_netdev, required=False
+        )
+        slaves = []
+        for name in names:
+            slave_dir = os.path.join(self.root, "sys", "class", "net", name, "bonding_slave")
+            state = self.parsed(os.path.join(slave_dir, "state"), _parse_word(BOND_SLAVE_STATES))
+            mii = self.parsed(os.path.join(slave_dir, "mii_status"), _parse_word(BOND_MII))
+            slaves.append(BondSlave(name, state, mii))
+        return Bond(netdev, mode, tuple(slaves), active or None)
 
     def carrier_changes(self, netdev: str) -> int | None:
         """How often the netdev's carrier went up or down since it was created

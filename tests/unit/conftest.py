@@ -73,6 +73,11 @@ def mlx5_roce(tmp_path) -> Ibtool:
 
 
 @pytest.fixture
+def mlx5_roce_lag(tmp_path) -> Ibtool:
+    return _tree("mlx5_roce_lag", tmp_path)
+
+
+@pytest.fixture
 def cxgb4_iwarp(tmp_path) -> Ibtool:
     return _tree("cxgb4_iwarp", tmp_path)
 

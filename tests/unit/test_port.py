@@ -20,6 +20,7 @@ IB_PORT_1 = {
     "sm_lid": 1,
     "sm_sl": 0,
     "netdev": "ib0",
+    "bond": None,
 }
 
 IB_PORT_2_DOWN = {
@@ -38,6 +39,7 @@ IB_PORT_2_DOWN = {
     "sm_lid": None,
     "sm_sl": None,
     "netdev": "ib1",
+    "bond": None,
 }
 
 ROCE_PORT = {
@@ -56,6 +58,7 @@ ROCE_PORT = {
     "sm_lid": None,
     "sm_sl": None,
     "netdev": "enp3s0f0",
+    "bond": None,
 }
 
 
@@ -229,6 +232,7 @@ def test_captured_rxe_port_on_veth(captured_rxe):
             "sm_lid": None,
             "sm_sl": None,
             "netdev": "veth0",
+            "bond": None,
         }
     ]
 
@@ -384,3 +388,82 @@ def test_garbled_ports_are_unknown_and_the_sound_ones_complete(garbled_values):
         "ibtool: warning: mlx4_0/ports/1/lid_mask_count: '20000' is out of range (0..7)",
         "ibtool: warning: mlx4_0/ports/1/lid: '0x12345' is out of range (0x0..0xffff)",
     ]
+
+
+# -- a bond under the port -------------------------------------------------------------------
+
+LAG_BOND = {
+    "mode": "active-backup",
+    "active_slave": "enp3s0f1np1",
+    "slaves": [
+        {"name": "enp3s0f0np0", "state": "backup", "mii_status": "down"},
+        {"name": "enp3s0f1np1", "state": "active", "mii_status": "up"},
+    ],
+}
+
+
+def test_a_roce_lag_port_names_its_bond_slaves_and_the_active_one(mlx5_roce_lag):
+    r = mlx5_roce_lag("port")
+    assert (r.code, r.err) == (0, "")
+    assert r.out.endswith(
+        " netdev bond0 bond active-backup slaves enp3s0f0np0(down),enp3s0f1np1(active)\n"
+    )
+    j = mlx5_roce_lag("-j", "port")
+    assert [(p["netdev"], p["bond"]) for p in j.json] == [("bond0", LAG_BOND)]
+
+
+def _bonding(ibtool, *parts: str):
+    return ibtool.root / "sys/class/net" / "/".join(parts)
+
+
+def test_an_802_3ad_bond_marks_no_slave_active_and_one_without_link(mlx5_roce_lag):
+    _bonding(mlx5_roce_lag, "bond0/bonding/mode").write_text("802.3ad 4\n")
+    _bonding(mlx5_roce_lag, "bond0/bonding/active_slave").write_text("")
+    _bonding(mlx5_roce_lag, "enp3s0f0np0/bonding_slave/state").write_text("active\n")
+    _bonding(mlx5_roce_lag, "enp3s0f0np0/bonding_slave/mii_status").write_text("going back\n")
+    r = mlx5_roce_lag("port")
+    assert (r.code, r.err) == (0, "")
+    assert r.out.endswith(" bond 802.3ad slaves enp3s0f0np0(going back),enp3s0f1np1\n")
+    assert mlx5_roce_lag("-j", "port").json[0]["bond"]["active_slave"] is None
+
+
+def test_a_bond_without_slaves_says_none(mlx5_roce_lag):
+    _bonding(mlx5_roce_lag, "bond0/bonding/slaves").write_text("\n")
+    _bonding(mlx5_roce_lag, "bond0/bonding/active_slave").write_text("")
+    r = mlx5_roce_lag("port")
+    assert (r.code, r.err) == (0, "")
+    assert r.out.endswith(" netdev bond0 bond active-backup slaves none\n")
+
+
+@pytest.mark.parametrize(
+    "file, text, field",
+    [
+        ("bond0/bonding/mode", "sideways\n", "mode"),
+        ("enp3s0f0np0/bonding_slave/mii_status", "wobbly\n", "mii_status"),
+        ("enp3s0f1np1/bonding_slave/state", "standby\n", "state"),
+    ],
+)
+def test_a_garbled_bond_file_is_warned_about_and_the_rest_shown(mlx5_roce_lag, file, text, field):
+    _bonding(mlx5_roce_lag, file).write_text(text)
+    r = mlx5_roce_lag("-j", "port")
+    assert r.code == 0
+    path = _bonding(mlx5_roce_lag, file)
+    assert r.warnings == [f"ibtool: warning: {path}: malformed value {text.strip()!r}"]
+    bond = r.json[0]["bond"]
+    assert r.json[0]["state"] == "ACTIVE"
+    got = bond[field] if field == "mode" else [s[field] for s in bond["slaves"]]
+    want = LAG_BOND[field] if field == "mode" else [s[field] for s in LAG_BOND["slaves"]]
+    assert got != want and (got is None or None in got)
+    assert len(bond["slaves"]) == 2
+
+
+def test_a_snapshot_keeps_the_bond(mlx5_roce_lag, cli, tmp_path):
+    """What a snapshot holds of the sysfs tree, built back: the same bond."""
+    from ibtool import snaptree
+
+    entries = snaptree.capture_tree(str(mlx5_roce_lag.root))
+    assert any(e["path"] == "sys/class/net/enp3s0f0np0/bonding_slave/mii_status" for e in entries)
+    rebuilt = tmp_path / "rebuilt"
+    snaptree.build_tree(entries, str(rebuilt))
+    for argv in (["port"], ["-j", "port"]):
+        assert cli("--root", str(rebuilt), *argv).out == mlx5_roce_lag(*argv).out
