@@ -8,13 +8,14 @@ Each is passed in, so a snapshot or a test gives its own.
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import re
 from collections.abc import Callable
 from typing import Any
 
-from ibtool.errors import IbtoolError, NotFoundError, NotLiveError, UsageError
-from ibtool.model import CounterSample, Device, Gid, LinkLayer, Port
+from ibtool.errors import DataError, IbtoolError, NotFoundError, NotLiveError, UsageError
+from ibtool.model import CounterSample, Device, Gid, LinkLayer, PKey, Port
 from ibtool.sources.sysfs import PORT_DETAILS, PORT_FIELDS, PORT_NETDEV, SysfsSource
 
 # What `ibtool port` shows without -d: state, rate, LIDs and the netdev, all from sysfs.
@@ -226,6 +227,38 @@ class Host:
         gids = list(self.sysfs.gids(device, port, p.link_layer))
         return best_gid(gids, {(device, port): p}, self.sysfs.vlans(), p.netdev or "").index
 
+    def pkey(self, device: str, port: int, index: int, *, asked: bool = True) -> PKey:
+        """Slot `index` of the port's P_Key table, for the data path's QPs. `asked`: the
+        operator chose it, so an index outside the table, an empty slot (0x0000: no
+        partition) or a port without a table is a NotFoundError naming the table and its
+        populated slots, and an unreadable slot a DataError; not asked (the default, 0), the
+        slot is what it is (value None when there is none)."""
+        slots, entries = self.sysfs.pkey_table(device, port)
+        found = next((k for k in entries or () if k.index == index), None)
+        if found is not None and found.value is not None or not asked:
+            return found or PKey(index, None)
+        table = os.path.join(self.sysfs.class_dir, device, "ports", str(port), "pkeys")
+        where = f"{device}/{port}"
+        if found is not None:
+            raise DataError(f"cannot read P_Key index {index} of {where} ({table}/{index})")
+        usable = [k for k in entries or () if k.value is not None]
+        hint = (
+            "populated: " + ", ".join(f"index {k.index} ({k.hex})" for k in usable)
+            if usable
+            else "no slot of it is populated"
+        )
+        if slots is None:
+            raise NotFoundError(f"{where} has no P_Key table ({table} is absent)", hint)
+        if index >= slots:
+            raise NotFoundError(
+                f"{where} has no P_Key index {index}: {table} has {slots} "
+                f"slot{'s' * (slots != 1)} (0..{slots - 1})",
+                hint,
+            )
+        raise NotFoundError(
+            f"P_Key index {index} of {where} is empty ({table}/{index}: 0x0000)", hint
+        )
+
     # -- verbs (details only) ----------------------------------------------------------------
 
     def verbs(self):
@@ -261,4 +294,11 @@ class Host:
         except IbtoolError as e:
             self.warn(e.message)
             return port
-        return dataclasses.replace(port, active_mtu=attrs["active_mtu"], max_mtu=attrs["max_mtu"])
+        return dataclasses.replace(
+            port,
+            active_mtu=attrs["active_mtu"],
+            max_mtu=attrs["max_mtu"],
+            # not in the snapshots of ibtool before they were read
+            max_vl_num=attrs.get("max_vl_num"),
+            auto_path_mig=attrs.get("auto_path_mig"),
+        )

@@ -26,7 +26,8 @@ PORT_ATTRS = {
     "cap_mask": "RDMA_NLDEV_ATTR_CAP_FLAGS",
     "netdev": "RDMA_NLDEV_ATTR_NDEV_NAME",
 }
-VERBS_FIELDS = ("active_mtu", "max_mtu")
+VERBS_FIELDS = ("active_mtu", "max_mtu", "max_vl_num", "auto_path_mig")
+IB_DEVICE_AUTO_PATH_MIG = 1 << 4  # enum ib_device_cap_flags, the device's CAP_FLAGS
 # Not model data with a source: keys, the sources themselves, and what change detection keeps.
 _KEYS = ("name", "device", "port", "ports", "sources", "netdev_index")
 
@@ -74,8 +75,20 @@ class Merger:
 
         reply = self._port_replies(port.device).get(port.port)
         if reply is None:
-            return _merged(port, port, (), {})
-        return _merged(port, records.port(reply), reply, PORT_ATTRS)
+            merged = _merged(port, port, (), {})
+        else:
+            merged = _merged(port, records.port(reply), reply, PORT_ATTRS)
+        return self._device_caps(merged)
+
+    def _device_caps(self, port: Port) -> Port:
+        """What the port has of its device's capabilities (GET's CAP_FLAGS: device_cap_flags),
+        netlink's answer over verbs'."""
+        caps = self.replies.get(port.device, {}).get("RDMA_NLDEV_ATTR_CAP_FLAGS")
+        if caps is None:
+            return port
+        sources = {**(port.sources or {}), "auto_path_mig": "netlink"}
+        apm = bool(caps & IB_DEVICE_AUTO_PATH_MIG)
+        return dataclasses.replace(port, auto_path_mig=apm, sources=sources)
 
     def _port_replies(self, device: str) -> dict[int, dict]:
         if device not in self.port_replies:

@@ -121,6 +121,46 @@ class Rate:
         return f"{self.lanes}X" if self.lanes else None
 
 
+PKEY_BASE_MASK = 0x7FFF  # the partition number; bit 15 is the membership
+PKEY_FULL_MEMBER = 0x8000
+PKEY_DEFAULT_BASE = 0x7FFF  # the default partition: 0xFFFF full member, 0x7FFF limited
+
+
+@dataclass(frozen=True)
+class PKey:
+    """One populated slot of a port's P_Key table. `value` None: the slot could not be read."""
+
+    index: int
+    value: int | None
+
+    @property
+    def membership(self) -> str | None:
+        """'full' (bit 15 set: may talk to every member) or 'limited' (only to full members)."""
+        if self.value is None:
+            return None
+        return "full" if self.value & PKEY_FULL_MEMBER else "limited"
+
+    @property
+    def default(self) -> bool | None:
+        """In the default partition (base 0x7fff)."""
+        return None if self.value is None else self.value & PKEY_BASE_MASK == PKEY_DEFAULT_BASE
+
+    @property
+    def label(self) -> str:
+        """'0xffff (index 0)', or 'index 0' when the value is not known."""
+        if self.value is None:
+            return f"index {self.index}"
+        return f"0x{self.value:04x} (index {self.index})"
+
+    @property
+    def hex(self) -> str | None:
+        return None if self.value is None else f"0x{self.value:04x}"
+
+
+# PortInfo:VLCap (verbs max_vl_num): the data VLs a port has (IBTA vol. 1, 14.2.5.6).
+VL_CAP = {1: "VL0", 2: "VL0-1", 3: "VL0-3", 4: "VL0-7", 5: "VL0-14"}
+
+
 @dataclass(frozen=True)
 class BondSlave:
     name: str
@@ -160,9 +200,17 @@ class Port:
     netdev_index: int | None = None  # its ifindex, where netlink tells (NDEV_INDEX)
     bond: Bond | None = None  # the netdev is a bond: its mode and slaves
     gid_tbl_len: int | None = None
+    # Details (-d) only. The P_Key table (pkeys/): its slots and the populated ones.
+    pkey_tbl_len: int | None = None
+    pkeys: tuple[PKey, ...] | None = None
+    # The VL of each SL, where the driver shows it (qib sl2vl/; hfi1 through sl2sc/ and sc2vl/).
+    sl2vl: tuple[int | None, ...] | None = None
     # From verbs only (ibv_query_port); None unless details were asked for.
     active_mtu: int | None = None
     max_mtu: int | None = None
+    max_vl_num: int | None = None  # VLCap: 1 VL0, 2 VL0-1, 3 VL0-3, 4 VL0-7, 5 VL0-14
+    # The device's automatic path migration (device_cap_flags AUTO_PATH_MIG), for its ports.
+    auto_path_mig: bool | None = None
     # Under details: field name -> the source it came from ("sysfs", "netlink", "verbs").
     sources: dict[str, str] | None = field(default=None, compare=False)
 

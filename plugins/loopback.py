@@ -20,6 +20,12 @@ def configure(parser) -> None:
     parser.add_argument("--iters", type=int, default=100, help="iterations per operation")
     parser.add_argument("--gid-index", type=int, help="GID index (default: the --best rule)")
     parser.add_argument(
+        "--pkey-index",
+        type=int,
+        metavar="N",
+        help="the slot of the port's P_Key table (its partition) the QPs use (default 0)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=5.0, help="seconds one iteration may take (default 5)"
     )
     parser.add_argument(
@@ -49,6 +55,7 @@ FIELDS = [
 
 def run(inv: Invocation) -> int:
     from ibtool.rdma import loopback  # pyverbs is imported only here
+    from ibtool.rdma.ladder import PathSpec
 
     args = inv.args
     inv.host.require_live("ibtool loopback uses this host's RDMA devices through verbs")
@@ -60,6 +67,8 @@ def run(inv: Invocation) -> int:
         )
     if args.size < 1 or args.iters < 1 or args.depth < 1 or args.timeout <= 0:
         raise UsageError("--size, --iters, --depth and --timeout must be positive")
+    if args.pkey_index is not None and args.pkey_index < 0:
+        raise UsageError(f"--pkey-index {args.pkey_index}: an index is 0 or more")
     sel = selector(args)
     pairs = inv.host.select(sel)
     device = pairs[0][0]
@@ -75,8 +84,11 @@ def run(inv: Invocation) -> int:
     gid_index = args.gid_index
     if gid_index is None:
         gid_index = inv.host.roce_gid_index(device, port)
+    asked = args.pkey_index is not None
+    pkey = inv.host.pkey(device, port, args.pkey_index or 0, asked=asked)
+    path = PathSpec(pkey_index=pkey.index)
     results = loopback.run(
-        device, port, gid_index, ops, args.size, args.iters, args.timeout, args.depth
+        device, port, gid_index, ops, args.size, args.iters, args.timeout, args.depth, path
     )
     failed = [r for r in results if r.status in (loopback.Status.FAIL, loopback.Status.TIMEOUT)]
     if inv.json:
@@ -85,6 +97,8 @@ def run(inv: Invocation) -> int:
                 "ifname": device,
                 "port": port,
                 "gid_index": gid_index,
+                "pkey_index": pkey.index,
+                "pkey": pkey.hex,
                 "results": [
                     {**render.record_json(r, FIELDS, True), "error": r.error} for r in results
                 ],
@@ -92,6 +106,7 @@ def run(inv: Invocation) -> int:
         )
     else:
         where = f"{device}/{port}" + (f" gid {gid_index}" if gid_index is not None else "")
+        where += f", pkey {pkey.label}"
         inv.print(f"loopback on {where}, {args.size} bytes, {args.iters} iterations")
         for line in render.table(results, FIELDS, True):
             inv.print(line)

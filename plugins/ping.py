@@ -71,6 +71,12 @@ def configure(parser) -> None:
     )
     parser.add_argument("--gid-index", type=int, help="GID index (default: the --best rule)")
     parser.add_argument(
+        "--pkey-index",
+        type=int,
+        metavar="N",
+        help="the slot of the port's P_Key table (its partition) the QP uses (default 0)",
+    )
+    parser.add_argument(
         "--mode",
         choices=("send", "write-imm"),
         default="send",
@@ -143,6 +149,8 @@ def _settle(args) -> None:
         )
     if not 0 <= args.sl <= 15:
         raise UsageError(f"--sl {args.sl}: a service level is 0..15")
+    if args.pkey_index is not None and args.pkey_index < 0:
+        raise UsageError(f"--pkey-index {args.pkey_index}: an index is 0 or more")
     if not 0 <= args.tclass <= 255:
         raise UsageError(
             f"--tclass {args.tclass}: a traffic class is 0..255",
@@ -177,6 +185,12 @@ def _settle_rping(args) -> None:
             "--compat rping takes no --dev or --gid-index",
             "rdma_cm picks the RDMA device and GID from the IP address",
         )
+    if args.pkey_index is not None:
+        raise UsageError(
+            "--compat rping takes no --pkey-index",
+            "rdma_cm takes the P_Key from the address: the partition of its IPoIB netdev, "
+            "the default one on RoCE",
+        )
     chosen = [f for f, v in (("--sl", args.sl), ("--tclass", args.tclass)) if v]
     if chosen or args.mtu:
         raise UsageError(
@@ -202,6 +216,12 @@ def _settle_cm(args) -> None:
             "--cm takes no --dev or --gid-index",
             "rdma_cm picks the RDMA device and GID from the IP address",
         )
+    if args.pkey_index is not None:
+        raise UsageError(
+            "--cm takes no --pkey-index",
+            "rdma_cm takes the P_Key from the address: the partition of its IPoIB netdev, "
+            "the default one on RoCE; leave --cm out to choose it",
+        )
     chosen = [f for f, v in (("--sl", args.sl), ("--tclass", args.tclass)) if v]
     if chosen or args.mtu:
         raise UsageError(
@@ -220,7 +240,8 @@ def _settle_cm(args) -> None:
 def _path(args):
     from ibtool.rdma.ladder import MTU_CODES, PathSpec
 
-    return PathSpec(args.sl, args.tclass, MTU_CODES[args.mtu] if args.mtu else None)
+    mtu = MTU_CODES[args.mtu] if args.mtu else None
+    return PathSpec(args.sl, args.tclass, mtu, args.pkey_index or 0)
 
 
 def run(inv: Invocation) -> int:
@@ -235,9 +256,11 @@ def run(inv: Invocation) -> int:
     gid_index = args.gid_index
     if gid_index is None:
         gid_index = inv.host.roce_gid_index(device, port)
+    asked = args.pkey_index is not None
+    pkey = inv.host.pkey(device, port, args.pkey_index or 0, asked=asked)
     if args.server:
-        return _run_server(inv, lambda log: _serve(args, device, port, gid_index, log))
-    return _verbs_client(inv, device, port, gid_index)
+        return _run_server(inv, lambda log: _serve(args, device, port, gid_index, log, pkey))
+    return _verbs_client(inv, device, port, gid_index, pkey)
 
 
 def _run_server(inv: Invocation, serve) -> int:
@@ -251,14 +274,14 @@ def _run_server(inv: Invocation, serve) -> int:
     return 0
 
 
-def _serve(args, device: str, port: int, gid_index, log) -> None:
+def _serve(args, device: str, port: int, gid_index, log, pkey) -> None:
     from ibtool.rdma import ping, pingpong  # pyverbs is imported only here
 
     where = (device, port, gid_index, args.bind, args.port, log, args.max_clients, _path(args))
     if args.compat == "rc_pingpong":
-        pingpong.serve(*where, idle=args.timeout)
+        pingpong.serve(*where, idle=args.timeout, pkey=pkey)
     else:
-        ping.serve(*where)
+        ping.serve(*where, pkey=pkey)
 
 
 def _server_log(inv: Invocation):
@@ -286,6 +309,7 @@ def _rping(inv: Invocation) -> int:
         stack.callback(client.close)
         header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, "
         path = dict(compat="rping", cm=True, mode=None, mtu=None, sl=None, tclass=None)
+        path.update(pkey_index=None, pkey=None)
         return client, header + "compat rping", path
 
     return _client(inv, open_client)
@@ -306,12 +330,13 @@ def _cm(inv: Invocation) -> int:
         stack.callback(client.close)
         header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, "
         path = dict(compat=None, cm=True, mode=args.mode, mtu=None, sl=None, tclass=None)
+        path.update(pkey_index=None, pkey=None)
         return client, header + f"mode {args.mode}", path
 
     return _client(inv, open_client)
 
 
-def _verbs_client(inv: Invocation, device: str, port: int, gid_index) -> int:
+def _verbs_client(inv: Invocation, device: str, port: int, gid_index, pkey) -> int:
     """ibtool's own protocol, or --compat rc_pingpong: an RC QP on DEVICE/PORT."""
     from ibtool.rdma import ping, pingpong, wire  # pyverbs is imported only here
     from ibtool.rdma.hwclock import HwClock
@@ -339,7 +364,8 @@ def _verbs_client(inv: Invocation, device: str, port: int, gid_index) -> int:
         mtu = MTU_BYTES[ladder.path_mtu(ladder.port_attr.active_mtu, path.mtu)]
         report = dict(compat=args.compat, cm=False, mode=None if args.compat else args.mode)
         report.update(mtu=mtu, sl=args.sl, tclass=args.tclass)
-        return client, _header(args, device, port, gid_index, mtu), report
+        report.update(pkey_index=pkey.index, pkey=pkey.hex)
+        return client, _header(args, device, port, gid_index, mtu, pkey), report
 
     return _client(inv, open_client)
 
@@ -397,12 +423,13 @@ def _client(inv: Invocation, open_client) -> int:
     return 1 if stats.received == 0 or incomplete else 0
 
 
-def _header(args, device: str, port: int, gid_index, mtu: int) -> str:
+def _header(args, device: str, port: int, gid_index, mtu: int, pkey) -> str:
     where = f"{device}/{port}" + (f" gid {gid_index}" if gid_index is not None else "")
     peer = f"{args.host} ({'ibv_' + args.compat})" if args.compat else args.host
     what = f"{args.size} bytes" + ("" if args.compat else f", mode {args.mode}")
     dscp = f" (DSCP {args.tclass >> 2})" if args.tclass else ""
-    return f"PING {peer} over {where}: {what}, mtu {mtu}, sl {args.sl}, tclass {args.tclass}{dscp}"
+    path = f"mtu {mtu}, sl {args.sl}, tclass {args.tclass}{dscp}, pkey {pkey.label}"
+    return f"PING {peer} over {where}: {what}, {path}"
 
 
 def _rounded(figures: dict, digits: int) -> dict:

@@ -11,7 +11,7 @@ from ibtool.api import CheckContext, HealthResult, MetricFamily, Perfdata, Statu
 from ibtool.commands import Invocation, add_selector, selector
 from ibtool.errors import CommandFailed, UsageError
 from ibtool.host import PORT_SHOWN, Host
-from ibtool.model import Bond, LinkLayer, PhysState, Port, PortState
+from ibtool.model import VL_CAP, Bond, LinkLayer, PhysState, PKey, Port, PortState
 
 # IB PortInfo CapabilityMask bit positions (sysfs cap_mask holds the low 32 bits).
 PORT_CAP_FLAGS = {
@@ -47,6 +47,44 @@ PORT_CAP_FLAGS = {
     30: "MULT_FDB",
     31: "HIERARCHY_INFO",
 }
+
+
+def _pkey_json(k: PKey) -> dict:
+    return {
+        "index": k.index,
+        "pkey": f"0x{k.value:04x}" if k.value is not None else None,
+        "membership": k.membership,
+        "default": k.default,
+    }
+
+
+def _pkey_line(k: PKey) -> str:
+    if k.value is None:
+        return f"pkey index {k.index}: {render.UNKNOWN}"
+    default = ", default partition" if k.default else ""
+    return f"pkey index {k.index}: 0x{k.value:04x} {k.membership} member{default}"
+
+
+def _sl2vl_text(table) -> str:
+    return " ".join(f"{sl}:{render.UNKNOWN if vl is None else vl}" for sl, vl in enumerate(table))
+
+
+def detail_lines(p: Port) -> list[str]:
+    """What -d shows of a port under its line: the P_Key table (the populated slots; the empty
+    ones counted), the VLs and the SL-to-VL mapping, automatic path migration."""
+    lines = []
+    if p.pkey_tbl_len is not None and p.pkeys is not None:
+        slots = p.pkey_tbl_len
+        empty = slots - len(p.pkeys)
+        lines.append(f"pkeys {slots} slot{'s' * (slots != 1)}, {empty} empty")
+        lines.extend(_pkey_line(k) for k in p.pkeys)
+    if p.max_vl_num is not None:
+        lines.append(f"max_vl_num {p.max_vl_num} ({VL_CAP.get(p.max_vl_num, 'reserved')})")
+    if p.sl2vl is not None:
+        lines.append(f"sl2vl {_sl2vl_text(p.sl2vl)}")
+    if p.auto_path_mig is not None:
+        lines.append(f"auto_path_mig {'yes' if p.auto_path_mig else 'no'}")
+    return lines
 
 
 def _lids(p: Port) -> str | None:
@@ -121,6 +159,28 @@ FIELDS = [
         details=True,
         text=",".join,
     ),
+    # Shown in text by detail_lines, under the port's line.
+    render.Field("pkey_tbl_len", lambda p: p.pkey_tbl_len, details=True, in_text=False),
+    render.Field(
+        "pkeys",
+        lambda p: [_pkey_json(k) for k in p.pkeys] if p.pkeys is not None else None,
+        details=True,
+        in_text=False,
+    ),
+    render.Field("max_vl_num", lambda p: p.max_vl_num, details=True, in_text=False),
+    render.Field(
+        "vl_cap",
+        lambda p: VL_CAP.get(p.max_vl_num) if p.max_vl_num is not None else None,
+        details=True,
+        in_text=False,
+    ),
+    render.Field(
+        "sl2vl",
+        lambda p: list(p.sl2vl) if p.sl2vl is not None else None,
+        details=True,
+        in_text=False,
+    ),
+    render.Field("auto_path_mig", lambda p: p.auto_path_mig, details=True, in_text=False),
 ]
 
 
@@ -174,6 +234,9 @@ def run(inv: Invocation) -> None:
         return
     for p in ports:
         inv.print(f"{p.device}/{p.port}: {render.record_line(p, FIELDS, inv.details)}")
+        if inv.details:
+            for line in detail_lines(p):
+                inv.print(f"    {line}")
 
 
 @hookimpl

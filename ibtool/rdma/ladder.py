@@ -44,11 +44,14 @@ class Peer:
 class PathSpec:
     """What an operator chooses of an RC connection's path: the service level (IB: the VL
     through the SL-to-VL tables; RoCE: the priority), the GRH traffic class (RoCE v2: the IP
-    DS field, DSCP in its upper six bits) and a cap on the path MTU (an ibv_mtu code)."""
+    DS field, DSCP in its upper six bits), a cap on the path MTU (an ibv_mtu code) and the
+    slot of the port's P_Key table whose partition the QP is in (its packets carry that
+    P_Key; set at RESET->INIT)."""
 
     sl: int = 0
     traffic_class: int = 0
     mtu: int | None = None
+    pkey_index: int = 0
 
 
 DEFAULT_PATH = PathSpec()
@@ -187,7 +190,7 @@ class Ladder(contextlib.AbstractContextManager):
             cur_qp_state=e.ibv_qp_state.IBV_QPS_RESET,
             port_num=self.port,
         )
-        attr.pkey_index = 0
+        attr.pkey_index = path.pkey_index
         attr.qp_access_flags = access
         self._verbs(lambda: qp.to_init(attr), "QP RESET->INIT")
         attr.path_mtu = self.path_mtu(peer.mtu, path.mtu)
@@ -223,14 +226,14 @@ class Ladder(contextlib.AbstractContextManager):
                         "(ip route get, ip neigh) and that its link is up",
                     ) from None
 
-    def ready_ud(self, qp, psn: int, qkey: int = DEFAULT_QKEY) -> None:
+    def ready_ud(self, qp, psn: int, qkey: int = DEFAULT_QKEY, pkey_index: int = 0) -> None:
         e = self.pv.e
         attr = self.pv.qp.QPAttr(
             qp_state=e.ibv_qp_state.IBV_QPS_INIT,
             cur_qp_state=e.ibv_qp_state.IBV_QPS_RESET,
             port_num=self.port,
         )
-        attr.pkey_index = 0
+        attr.pkey_index = pkey_index
         attr.qkey = qkey
         attr.sq_psn = psn
         self._verbs(lambda: qp.to_rts(attr), "UD QP RESET->RTS")

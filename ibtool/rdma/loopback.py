@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 
 from ibtool.errors import IbtoolError
 from ibtool.rdma.completions import CompletionError, CompletionTimeout, poll
-from ibtool.rdma.ladder import ACCESS_ALL_REMOTE, GRH_SIZE, Ladder, new_psn
+from ibtool.rdma.ladder import (
+    ACCESS_ALL_REMOTE,
+    DEFAULT_PATH,
+    GRH_SIZE,
+    Ladder,
+    PathSpec,
+    new_psn,
+)
 
 OPS = ("send", "write", "write_imm", "read", "fetch_add", "cmp_swap", "ud_send")
 BANDWIDTH_OPS = ("send", "write", "read")
@@ -77,8 +84,17 @@ class Mismatch(IbtoolError):
 class Loopback:
     """The QPs and buffers of one self-test; a context manager that owns them all."""
 
-    def __init__(self, device: str, port: int, gid_index: int | None, size: int, depth: int):
-        self.size, self.depth = size, depth
+    def __init__(
+        self,
+        device: str,
+        port: int,
+        gid_index: int | None,
+        size: int,
+        depth: int,
+        path: PathSpec = DEFAULT_PATH,
+    ):
+        """`path`: what the QPs are built with of it (the P_Key index, for RC and UD)."""
+        self.size, self.depth, self.path = size, depth, path
         self.ladder = Ladder(device, port, gid_index)
         try:
             self._build()
@@ -99,8 +115,9 @@ class Loopback:
         self.qp_a = lad.qp(self.cq_a, "rc", self.depth + 1, self.depth + 1)
         self.qp_b = lad.qp(self.cq_b, "rc", self.depth + 1, self.depth + 1)
         psn_a, psn_b = new_psn(), new_psn()
-        lad.connect_rc(self.qp_a, psn_a, lad.local(self.qp_b, psn_b), ACCESS_ALL_REMOTE, rd_atomic)
-        lad.connect_rc(self.qp_b, psn_b, lad.local(self.qp_a, psn_a), ACCESS_ALL_REMOTE, rd_atomic)
+        to_b, to_a = lad.local(self.qp_b, psn_b), lad.local(self.qp_a, psn_a)
+        lad.connect_rc(self.qp_a, psn_a, to_b, ACCESS_ALL_REMOTE, rd_atomic, self.path)
+        lad.connect_rc(self.qp_b, psn_b, to_a, ACCESS_ALL_REMOTE, rd_atomic, self.path)
         self.atomics = lad.dev_attr.atomic_caps != 0
         self._ud = None
 
@@ -225,8 +242,8 @@ class Loopback:
         if self._ud is None:
             cq_s, cq_r = lad.cq(4), lad.cq(4)
             qp_s, qp_r = lad.qp(cq_s, "ud", 2, 2), lad.qp(cq_r, "ud", 2, 2)
-            lad.ready_ud(qp_s, new_psn())
-            lad.ready_ud(qp_r, new_psn())
+            lad.ready_ud(qp_s, new_psn(), pkey_index=self.path.pkey_index)
+            lad.ready_ud(qp_r, new_psn(), pkey_index=self.path.pkey_index)
             ah = lad.ah(lad.local(qp_r, 0))
             mr = lad.mr(GRH_SIZE + mtu_bytes * 2, 1)
             self._ud = (cq_s, cq_r, qp_s, qp_r, ah, mr)
@@ -321,6 +338,7 @@ def run(
     iters: int,
     timeout: float,
     depth: int = 16,
+    path: PathSpec = DEFAULT_PATH,
 ) -> list[OpResult]:
-    with Loopback(device, port, gid_index, size, depth) as lb:
+    with Loopback(device, port, gid_index, size, depth, path) as lb:
         return [run_op(lb, op, iters, timeout, bandwidth_iters=max(iters, depth * 8)) for op in ops]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from errno import ENOENT
 
 from ibtool.errors import IbtoolError, PermissionDeniedError, UsageError
+from ibtool.model import PKey
 from ibtool.rdma import wire
 from ibtool.rdma.completions import CompletionError, CompletionTimeout, in_place, poll_failed
 from ibtool.rdma.hwclock import HwClock
@@ -225,10 +226,15 @@ def serve(
     log: Log,
     max_clients: int | None = None,
     path: PathSpec = DEFAULT_PATH,
+    pkey: PKey | None = None,
 ) -> None:
     """Serve clients one after another until interrupted (or `max_clients` were served), on
-    the service level and traffic class of `path`, the path MTU capped by it."""
-    with serving(device, port, gid_index, bind, tcp_port, log, "listening") as (listener, ladder):
+    the service level, traffic class and P_Key index of `path`, the path MTU capped by it;
+    `pkey`: that P_Key table slot, for the first line."""
+    with serving(device, port, gid_index, bind, tcp_port, log, "listening", pkey) as (
+        listener,
+        ladder,
+    ):
         for conn, peer in clients(listener, max_clients):
             with conn:
                 try:
@@ -243,13 +249,15 @@ def serve(
 
 @contextlib.contextmanager
 def serving(device: str, port: int, gid_index: int | None, bind: str, tcp_port: int, log: Log,
-            saying: str):  # fmt: skip
+            saying: str, pkey: PKey | None = None):  # fmt: skip
     """The listening socket and the port's verbs ladder of a server, said in the log as
-    `saying` on ADDR:PORT, DEV/PORT and the GID index; both closed on the way out."""
+    `saying` on ADDR:PORT, DEV/PORT, the GID index and the P_Key; both closed on the way
+    out."""
     with listen(bind, tcp_port) as listener, Ladder(device, port, gid_index) as ladder:
         log(
             f"{saying} on {bind or '*'}:{listener.getsockname()[1]}, {device}/{port}"
             + (f" gid {gid_index}" if gid_index is not None else "")
+            + (f", pkey {pkey.label}" if pkey is not None else "")
         )
         yield listener, ladder
 

@@ -18,6 +18,7 @@ import socket
 import time
 
 from ibtool.errors import IbtoolError
+from ibtool.model import PKey
 from ibtool.rdma import wire
 from ibtool.rdma.completions import CompletionError, CompletionTimeout
 from ibtool.rdma.hwclock import HwClock
@@ -211,12 +212,17 @@ def serve(
     max_clients: int | None = None,
     path: PathSpec = DEFAULT_PATH,
     idle: float = 2.0,
+    pkey: PKey | None = None,
 ) -> None:
     """Serve stock ibv_rc_pingpong clients one after another: each gets its exchange, then
     every ping it sends is answered with as many bytes as it carried, until it has sent
-    nothing for `idle` seconds (it ran its -n iterations and exited)."""
+    nothing for `idle` seconds (it ran its -n iterations and exited). `pkey`: the slot of
+    path.pkey_index, for the first line."""
     saying = f"listening for {TOOL} clients"
-    with serving(device, port, gid_index, bind, tcp_port, log, saying) as (listener, ladder):
+    with serving(device, port, gid_index, bind, tcp_port, log, saying, pkey) as (
+        listener,
+        ladder,
+    ):
         for conn, client in clients(listener, max_clients):
             try:
                 count, size = _serve_client(ladder, conn, client, log, path, idle)

@@ -28,6 +28,7 @@ from ibtool.model import (
     LinkLayer,
     NodeType,
     PhysState,
+    PKey,
     Port,
     PortState,
     Protocol,
@@ -52,6 +53,11 @@ IB_LID_MAX = 0xFFFF
 OPA_LID_MAX = 0xFFFFFFFF
 LMC_MAX = 7  # PortInfo:LMC is 3 bits (IBTA vol. 1, 14.2.5.6)
 SL_MAX = 15  # a service level is 4 bits
+PKEY_MAX = 0xFFFF
+# qib's sl2vl/<SL> and hfi1's sl2sc/<SL>, sc2vl/<SC>: "%u\n" (qib_sysfs.c, hfi1 sysfs.c). OPA
+# has 32 SLs, SCs and VLs (5 bits); InfiniBand VLs are 4 bits.
+VL_MAX = 15
+OPA_SL_SC_VL_MAX = 31
 # Where node_type is missing (an incomplete capture), iWARP hardware is known by the PCI driver
 # its ib_device hangs off (i40iw: i40e; iw_cxgb4: cxgb4; iw_cxgb3: cxgb3) or by its hca_type
 # (i40iw "I40IW", iw_cxgb4 and iw_cxgb3 the LAN driver's name, qedr "FastLinQ QL... iWARP").
@@ -231,7 +237,8 @@ def _read_attr(path: str) -> str:
 # Port fields as Port names them; a command reads (and so warns about) only those it shows.
 PORT_FIELDS = ("state", "physical_state", "link_layer", "rate", "lid", "sm_lid", "lmc", "sm_sl")
 PORT_NETDEV = ("netdev", "bond")
-PORT_DETAILS = ("cap_mask", "gid_tbl_len")
+# "pkeys" reads pkey_tbl_len too; "sl2vl" is what the driver shows of its SL-to-VL mapping.
+PORT_DETAILS = ("cap_mask", "gid_tbl_len", "pkeys", "sl2vl")
 _PORT_ATTRS: dict[str, tuple[str, Callable, bool]] = {
     # field: (file, parse, required)
     "state": ("state", parse_enum(PortState, "a port state"), True),
@@ -530,7 +537,51 @@ class SysfsSource:
         if "gid_tbl_len" in want:
             slots = self._listdir(os.path.join(p, "gids"), required=False)
             values["gid_tbl_len"] = len(slots) or None
+        if "pkeys" in want:
+            values["pkey_tbl_len"], values["pkeys"] = self.pkey_table(device, port)
+        if "sl2vl" in want:
+            values["sl2vl"] = self._sl2vl(p)
         return Port(device=device, port=port, **values)
+
+    def pkey_table(self, device: str, port: int) -> tuple[int | None, tuple[PKey, ...] | None]:
+        """The port's P_Key table (pkeys/<i>, "0x%04x"): how many slots it has, and its
+        populated slots. 0x0000 is an empty slot, no partition; an unreadable or malformed
+        slot is warned about and kept with value None. (None, None): no table (absent)."""
+        directory = os.path.join(self.class_dir, device, "ports", str(port), "pkeys")
+        indexes = sorted(int(i) for i in self._listdir(directory, required=False) if _is_number(i))
+        if not indexes:
+            return None, None
+        entries = []
+        for index in indexes:
+            value = self.parsed(os.path.join(directory, str(index)), parse_hex(PKEY_MAX))
+            if value != 0:
+                entries.append(PKey(index, value))
+        return len(indexes), tuple(entries)
+
+    def _sl2vl(self, port_dir: str) -> tuple[int | None, ...] | None:
+        """The VL each SL goes out on: qib's sl2vl/, or hfi1's sl2sc/ then sc2vl/ (Omni-Path
+        maps an SL to a service channel, the channel to a VL). None where the driver shows
+        neither (mlx4, mlx5, rxe, ...: only a subnet manager query tells)."""
+        direct = self._indexed(os.path.join(port_dir, "sl2vl"), VL_MAX)
+        if direct is not None:
+            return direct
+        sl2sc = self._indexed(os.path.join(port_dir, "sl2sc"), OPA_SL_SC_VL_MAX)
+        sc2vl = self._indexed(os.path.join(port_dir, "sc2vl"), OPA_SL_SC_VL_MAX)
+        if sl2sc is None or sc2vl is None:
+            return None
+        return tuple(None if sc is None or sc >= len(sc2vl) else sc2vl[sc] for sc in sl2sc)
+
+    def _indexed(self, directory: str, maximum: int) -> tuple[int | None, ...] | None:
+        """A table of files 0..N-1 holding "%u": the values in index order (None where one is
+        missing or unreadable); None when the directory is absent."""
+        indexes = [int(i) for i in self._listdir(directory, required=False) if _is_number(i)]
+        if not indexes:
+            return None
+        table: list[int | None] = [None] * (max(indexes) + 1)
+        for index in indexes:
+            path = os.path.join(directory, str(index))
+            table[index] = self.parsed(path, parse_decimal(maximum))
+        return tuple(table)
 
     def _lid(self, device: str, path: str) -> int | None:
         """'0x%x'; 16 bits, except on Omni-Path."""

@@ -266,6 +266,7 @@ IBV_SPEED = {
 }
 ATOMIC_CAPS = {0: "NONE", 1: "HCA", 2: "GLOB"}
 
+IB_DEVICE_AUTO_PATH_MIG = 1 << 4
 # ib_device_cap_flags bit positions, named as iproute2 prints them.
 DEVICE_CAP_FLAGS = {
     0: "RESIZE_MAX_WR",
@@ -364,6 +365,7 @@ class VerbsSource:
     def port_attrs(self, device: str, port: int) -> dict[str, Any]:
         with self._open(device) as ctx:
             a = ctx.query_port(port)
+            flags = ctx.query_device().device_cap_flags
         return {
             "active_mtu": IBV_MTU_BYTES.get(a.active_mtu),
             "max_mtu": IBV_MTU_BYTES.get(a.max_mtu),
@@ -371,7 +373,9 @@ class VerbsSource:
             "speed": IBV_SPEED.get(a.active_speed),
             "gid_tbl_len": a.gid_tbl_len,
             "pkey_tbl_len": a.pkey_tbl_len,
+            "max_vl_num": a.max_vl_num,
             "max_msg_sz": a.max_msg_sz,
             "port_cap_flags": a.port_cap_flags,
             "port_cap_flags2": a.port_cap_flags2,
+            "auto_path_mig": bool(flags & IB_DEVICE_AUTO_PATH_MIG),
         }

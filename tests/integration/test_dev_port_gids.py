@@ -125,6 +125,31 @@ def test_port_details_agree_with_ibv_devinfo():
         assert (p["lid"] or 0) == int(theirs["port_lid"], 0)
 
 
+def test_port_details_show_the_pkey_table_vls_and_apm_as_the_kernel_has_them():
+    info = devinfo()
+    rdma_caps = {
+        d["ifname"]: d.get("caps", []) for d in json.loads(sh("rdma", "-d", "-j", "dev", "show"))
+    }
+    for p in ibtool_json("-d", "port"):
+        table = f"{SYS}/{p['ifname']}/ports/{p['port']}/pkeys"
+        kernel = {int(i): int(open(f"{table}/{i}").read(), 16) for i in os.listdir(table)}
+        assert p["pkey_tbl_len"] == len(kernel)
+        assert [(k["index"], int(k["pkey"], 16)) for k in p["pkeys"]] == sorted(
+            (i, v) for i, v in kernel.items() if v
+        )
+        for k in p["pkeys"]:
+            value = int(k["pkey"], 16)
+            assert k["membership"] == ("full" if value & 0x8000 else "limited")
+            assert k["default"] == (value & 0x7FFF == 0x7FFF)
+        theirs = info[p["ifname"]]["ports"][p["port"]]
+        assert p["pkey_tbl_len"] == int(theirs["pkey_tbl_len"])
+        assert p["max_vl_num"] == int(theirs["max_vl_num"].split()[0])
+        assert p["auto_path_mig"] == ("AUTO_PATH_MIG" in rdma_caps[p["ifname"]])
+        assert p["sources"]["auto_path_mig"] == "netlink"
+        assert p["sources"]["max_vl_num"] == "verbs" and p["sources"]["pkeys"] == "sysfs"
+        assert p["sl2vl"] is None  # rxe shows no SL-to-VL table
+
+
 def test_gids_agree_with_ibv_devinfo_and_sysfs():
     info = devinfo()
     ours = ibtool_json("gids")

@@ -82,3 +82,42 @@ def test_link_down_is_an_error_naming_the_port_state(link_down):
 def test_unknown_operation_is_a_usage_error():
     proc = ibtool("loopback", "--ops", "teleport", timeout=60)
     assert proc.returncode == 2 and "unknown operation 'teleport'" in proc.stderr
+
+
+def sysfs_pkeys(device: str, port: int = 1) -> dict[int, int]:
+    """The port's P_Key table as the kernel prints it: slot -> value ("0x%04x")."""
+    import os
+
+    table = f"/sys/class/infiniband/{device}/ports/{port}/pkeys"
+    return {int(i): int(open(f"{table}/{i}").read(), 16) for i in os.listdir(table)}
+
+
+def test_pkey_index_0_is_the_tables_first_slot_and_every_op_passes(testbed, no_leaks):
+    pkeys = sysfs_pkeys(testbed["device"])
+    proc = ibtool("-j", "loopback", f"{testbed['device']}/1", "--iters", "3", "--pkey-index", "0")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["pkey_index"], report["pkey"]) == (0, f"0x{pkeys[0]:04x}")
+    assert {r["status"] for r in report["results"]} == {"PASS"}  # RC and UD QPs alike
+    text = ibtool("loopback", "--iters", "2", "--ops", "send", "--pkey-index", "0").stdout
+    header = text.splitlines()[0]
+    assert header.startswith(f"loopback on {testbed['device']}/1 gid "), text
+    assert f", pkey 0x{pkeys[0]:04x} (index 0), " in header, text
+
+
+def test_a_pkey_index_outside_the_table_is_one_error_naming_it(testbed, no_leaks):
+    device = testbed["device"]
+    pkeys = sysfs_pkeys(device)
+    index = len(pkeys)  # rxe's table has one slot
+    proc = ibtool("loopback", "--ops", "send", "--pkey-index", str(index))
+    assert (proc.returncode, proc.stdout) == (4, ""), proc.stderr
+    table = f"/sys/class/infiniband/{device}/ports/1/pkeys"
+    assert proc.stderr == (
+        f"ibtool: error: {device}/1 has no P_Key index {index}: {table} has {len(pkeys)} "
+        f"slot{'s' * (len(pkeys) != 1)} (0..{len(pkeys) - 1}) "
+        f"(hint: populated: {populated(pkeys)})\n"
+    )
+
+
+def populated(pkeys: dict[int, int]) -> str:
+    return ", ".join(f"index {i} (0x{v:04x})" for i, v in sorted(pkeys.items()) if v)

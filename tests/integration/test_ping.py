@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
 import signal
 import socket
@@ -328,10 +329,11 @@ def test_a_signal_to_the_client_mid_run_prints_the_statistics(running, wait_for,
     assert server.proc.poll() is None
 
 
-def roce_v2_tos(netdev: str, source: str, until: threading.Event) -> list[int]:
-    """The IPv4 TOS byte of every RoCE v2 packet (UDP port 4791) from `source` seen on
-    `netdev` until `until` is set, read off an AF_PACKET socket."""
-    seen: list[int] = []
+def roce_v2_packets(netdev: str, source: str, until: threading.Event) -> list[tuple[int, int]]:
+    """(IPv4 TOS byte, BTH P_Key) of every RoCE v2 packet (UDP port 4791) from `source` seen
+    on `netdev` until `until` is set, read off an AF_PACKET socket. The BTH follows the UDP
+    header; its P_Key is bytes 2-3 (IBTA vol. 1, 9.2; RoCE v2: annex A17)."""
+    seen: list[tuple[int, int]] = []
     # ETH_P_ALL: a socket of one protocol is not shown what the host sends
     # (dev_queue_xmit_nit walks only the ETH_P_ALL taps).
     with socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003)) as sniff:
@@ -348,24 +350,55 @@ def roce_v2_tos(netdev: str, source: str, until: threading.Event) -> list[int]:
             header = (ip[0] & 0x0F) * 4
             udp_dport = int.from_bytes(ip[header + 2 : header + 4], "big")
             if ip[9] == 17 and udp_dport == 4791 and socket.inet_ntoa(ip[12:16]) == source:
-                seen.append(ip[1])
+                bth = ip[header + 8 :]
+                seen.append((ip[1], int.from_bytes(bth[2:4], "big")))
     return seen
 
 
-def test_tclass_is_the_ds_field_of_the_packets_sent(peer_server, testbed):
+def sniffed_ping(testbed, *args: str) -> tuple[subprocess.CompletedProcess, list[tuple[int, int]]]:
+    """A ping from rxe0 to the peer server, and what the sniffer saw of its packets."""
     done, result = threading.Event(), []
     sniffer = threading.Thread(
-        target=lambda: result.extend(roce_v2_tos(testbed["netdev"], testbed["ipv4"], done))
+        target=lambda: result.extend(roce_v2_packets(testbed["netdev"], testbed["ipv4"], done))
     )
     sniffer.start()
     try:
-        proc = ping("--dev", testbed["device"], "-j", "-c", "5", "-i", "0", "--tclass", "104")
+        proc = ping("--dev", testbed["device"], "-j", "-c", "5", "-i", "0", *args)
     finally:
         done.set()
         sniffer.join(10)
+    return proc, result
+
+
+def test_tclass_is_the_ds_field_of_the_packets_sent(peer_server, testbed):
+    proc, packets = sniffed_ping(testbed, "--tclass", "104")
     report = json.loads(proc.stdout)
     assert (report["received"], report["tclass"], report["sl"]) == (5, 104, 0), proc.stderr
-    assert result and set(result) == {104}, result  # DSCP 26 (AF31), ECN 0: every packet
+    tos = {t for t, _ in packets}
+    assert tos == {104}, packets  # DSCP 26 (AF31), ECN 0: every packet
+
+
+def test_the_pkey_of_the_index_asked_for_is_in_every_packets_bth(peer_server, testbed):
+    table = f"/sys/class/infiniband/{testbed['device']}/ports/1/pkeys"
+    pkey = int(open(f"{table}/0").read(), 16)
+    proc, packets = sniffed_ping(testbed, "--pkey-index", "0")
+    report = json.loads(proc.stdout)
+    assert report["received"] == 5, proc.stderr
+    assert (report["pkey_index"], report["pkey"]) == (0, f"0x{pkey:04x}")
+    assert packets and {p for _, p in packets} == {pkey}, packets
+
+
+@pytest.mark.parametrize("side", ["client", "server"])
+def test_a_pkey_index_outside_the_table_is_one_error_naming_it(testbed, side):
+    table = f"/sys/class/infiniband/{testbed['device']}/ports/1/pkeys"
+    slots = len(os.listdir(table))
+    where = ["--server", "--port", str(PORT + 2)] if side == "server" else ["127.0.0.1"]
+    proc = ibtool("ping", *where, "--pkey-index", str(slots), timeout=60)
+    assert (proc.returncode, proc.stdout) == (4, ""), proc.stderr
+    assert proc.stderr.startswith(
+        f"ibtool: error: {testbed['device']}/1 has no P_Key index {slots}: {table} has "
+    ), proc.stderr
+    assert "(hint: populated: index 0 (0x" in proc.stderr and proc.stderr.count("\n") == 1
 
 
 def test_hw_timestamps_on_rxe_are_refused_with_the_devices_figures():

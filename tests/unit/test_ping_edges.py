@@ -29,7 +29,10 @@ from tests.fixtures.peers import EVIL, EVIL_SHOWN, Peer, resets, sends_escapes
 from tests.unit.fake_host import ROCE_GID
 
 REPO = Path(__file__).resolve().parents[2]
-HEADER = "PING 127.0.0.1 over mlx5_0/1 gid 3: 64 bytes, mode send, mtu 1024, sl 0, tclass 0\n"
+HEADER = (
+    "PING 127.0.0.1 over mlx5_0/1 gid 3: 64 bytes, mode send, mtu 1024, sl 0, tclass 0, "
+    "pkey 0xffff (index 0)\n"
+)
 VERBS_ONLY = "uses this host's RDMA devices through verbs; --root trees hold only sysfs"
 # ESC sequences that recolour and retitle the terminal, a line forged after a newline, a
 # carriage return, a bidi override, a C1 CSI (0x9b) clearing the screen, then far too much.
@@ -339,7 +342,7 @@ def test_a_signal_stops_the_server_with_its_code(sig, code, said):
     port = free_port()
     proc = on_fake_host("ping", "--server", "--bind", "127.0.0.1", "--port", str(port))
     first = read_lines(proc, lambda lines: lines)
-    assert first == [f"listening on 127.0.0.1:{port}, mlx5_0/1 gid 3\n"]
+    assert first == [f"listening on 127.0.0.1:{port}, mlx5_0/1 gid 3, pkey 0xffff (index 0)\n"]
     out, err = signalled(proc, sig)
     assert (proc.returncode, out, err) == (code, "server stopped\n", said)
 
@@ -380,6 +383,8 @@ def test_json_summary_has_no_error_key_without_an_error(roce, monkeypatch):
         "mtu",
         "sl",
         "tclass",
+        "pkey_index",
+        "pkey",
         "sent",
         "received",
         "loss_pct",
@@ -389,3 +394,4 @@ def test_json_summary_has_no_error_key_without_an_error(roce, monkeypatch):
     ]
     assert json.loads(r.out)["received"] == 2
     assert (r.json["compat"], r.json["mtu"], r.json["sl"], r.json["tclass"]) == (None, 1024, 0, 0)
+    assert (r.json["pkey_index"], r.json["pkey"]) == (0, "0xffff")

@@ -151,7 +151,7 @@ def test_the_header_names_the_peer_and_the_path(roce_fabric, live_roce, monkeypa
     lines = r.out.splitlines()
     assert lines[0] == (
         "PING 127.0.0.1 (ibv_rc_pingpong) over mlx5_0/1 gid 3: 64 bytes, mtu 1024, sl 3, "
-        "tclass 96 (DSCP 24)"
+        "tclass 96 (DSCP 24), pkey 0xffff (index 0)"
     )
     assert lines[1] == "--- 127.0.0.1 ibtool ping statistics ---"  # -q: no line per reply
     assert lines[2].startswith("2 sent, 2 received, 0% loss")
