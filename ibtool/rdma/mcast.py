@@ -39,7 +39,7 @@ from ibtool.sources.verbs import rdmacm
 MULTICAST_QPN = 0xFFFFFF  # the destination QP number of a multicast send (IBA: the permissive QPN)
 JOIN_TIMEOUT = 10.0  # an SA join on a busy fabric; RoCE answers at once
 # enum ibv_qp_attr_mask (libibverbs/verbs.h)
-IBV_QP_STATE, IBV_QP_PKEY_INDEX, IBV_QP_QKEY = 1, 1 << 4, 1 << 6
+IBV_QP_PKEY_INDEX, IBV_QP_QKEY = 1 << 4, 1 << 6
 MEMBERS = 2
 # What rdma_join_multicast fails with where the kernel cannot join such a group at all: the
 # kernel's own ENOTSUPP (524; measured for an IPv6 group on RoCE v2 under Linux 6.1), and
