@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -142,3 +143,47 @@ def test_every_operation_runs_on_a_service_level(testbed, no_leaks):  # noqa: F8
     assert lines[0].endswith(", 3 iterations, sl 3")
     assert lines[1].startswith("note: sl 3: on RoCE the SL has no field on the wire")
     assert [line.split()[1] for line in lines[3:7]] == ["PASS"] * 4
+
+
+def mine(kind: str) -> list[dict]:
+    """This process's objects of `kind` in `rdma res show` (the process lives on: what it
+    holds is what it did not destroy, not what the kernel cleaned up at its exit)."""
+    return [o for o in user_objects(kind) if o.get("pid") == os.getpid()]
+
+
+HELD = ("qp", "cq", "mr", "pd", "cm_id")
+
+
+def test_every_operation_destroys_what_it_made_before_the_process_ends(testbed):
+    from ibtool.rdma import loopback
+
+    got = loopback.run(
+        testbed["device"], 1, int(testbed["ipv4_gid_index"]), loopback.OPS, 512, 3, 5.0,
+        mcast_source=testbed["ipv4"],
+    )  # fmt: skip
+    assert {r.op: r.status.value for r in got if r.status.value != "PASS"} == {"apm": "UNSUPPORTED"}
+    assert {kind: mine(kind) for kind in HELD} == {kind: [] for kind in HELD}
+
+
+def test_ctrl_c_in_a_multicast_round_leaves_the_group_before_the_process_ends(testbed, monkeypatch):
+    from ibtool.rdma import loopback, mcast
+
+    rounds: list[list[dict]] = []
+    real_round = mcast.Group.round
+
+    def interrupted(self, *args):
+        rounds.append(mine("cm_id"))
+        if len(rounds) == 3:
+            raise KeyboardInterrupt
+        return real_round(self, *args)
+
+    monkeypatch.setattr(mcast.Group, "round", interrupted)
+    group = mcast.group_address(testbed["ipv4"])
+    with pytest.raises(KeyboardInterrupt):
+        loopback.run(
+            testbed["device"], 1, int(testbed["ipv4_gid_index"]), ["send", "mcast"], 256, 10,
+            5.0, mcast_source=testbed["ipv4"],
+        )  # fmt: skip
+    assert [len(ids) for ids in rounds] == [2, 2, 2]  # the members, while it ran
+    assert {kind: mine(kind) for kind in HELD} == {kind: [] for kind in HELD}
+    assert group not in ip_groups(testbed["netdev"])
