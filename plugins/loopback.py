@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from ibtool import hookimpl, render
 from ibtool.commands import Invocation, selector
 from ibtool.errors import CommandFailed, IbtoolError, UsageError
@@ -14,7 +16,8 @@ def configure(parser) -> None:
     parser.add_argument(
         "--ops",
         default="all",
-        help="comma-separated: send,write,write_imm,read,fetch_add,cmp_swap,ud_send (default: all)",
+        help="comma-separated: send,write,write_imm,read,fetch_add,cmp_swap,ud_send,ud_qkey,"
+        "mcast,apm (default: all)",
     )
     parser.add_argument("--size", type=int, default=4096, help="message size in bytes")
     parser.add_argument("--iters", type=int, default=100, help="iterations per operation")
@@ -34,6 +37,65 @@ def configure(parser) -> None:
         default=16,
         help="operations in flight in the bandwidth phase (default 16)",
     )
+    parser.add_argument(
+        "--sl",
+        type=int,
+        metavar="N",
+        help="service level 0-15 of the address vectors (default 0): InfiniBand maps it to a "
+        "VL, RoCE drivers to the frames' priority",
+    )
+    parser.add_argument(
+        "--qkey",
+        metavar="Q",
+        help="Q_Key of ud_send and ud_qkey, hex (0x...) or decimal (default 0x11111111); "
+        "bit 31 set is a controlled Q_Key, which only privileged processes may use",
+    )
+
+
+def _qkey(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = int(text, 0)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 0xFFFFFFFF:
+        raise UsageError(f"--qkey {text}: a Q_Key is 32 bits", "give 0x0..0xffffffff, or decimal")
+    return value
+
+
+def _ipv4_of(netdev: str) -> str | None:
+    """The IPv4 address of a netdev (SIOCGIFADDR), or None."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            ifreq = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", netdev.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(ifreq[20:24])
+
+
+def _mcast_source(host, device: str, port: int, gid_index: int | None) -> str | None:
+    """The address rdma_cm reaches this port by: on RoCE the one in the chosen GID, on
+    InfiniBand the IPoIB netdev's IPv4 address."""
+    if gid_index is not None:
+        for g in host.gids(f"{device}/{port}"):
+            if g.index == gid_index and g.ip:
+                return None if ipaddress.ip_address(g.ip).is_link_local else g.ip
+        return None
+    netdev = host.sysfs.port(device, port, ("netdev",)).netdev
+    return _ipv4_of(netdev) if netdev else None
+
+
+SL_NOTES = {
+    True: "the SL-to-VL tables of the port and the switches map the SL to a virtual lane",
+    False: "on RoCE the SL has no field on the wire: drivers send it as the frames' Ethernet "
+    "priority (802.1p PCP, 0-7, on a VLAN netdev), rxe ignores it; the DSCP is the GRH's "
+    "traffic class",
+}
 
 
 def _us(v: float | None) -> str:
@@ -69,6 +131,9 @@ def run(inv: Invocation) -> int:
         raise UsageError("--size, --iters, --depth and --timeout must be positive")
     if args.pkey_index is not None and args.pkey_index < 0:
         raise UsageError(f"--pkey-index {args.pkey_index}: an index is 0 or more")
+    if args.sl is not None and not 0 <= args.sl <= 15:
+        raise UsageError(f"--sl {args.sl}: a service level is 0..15")
+    qkey = _qkey(args.qkey)
     sel = selector(args)
     pairs = inv.host.select(sel)
     device = pairs[0][0]
@@ -86,11 +151,26 @@ def run(inv: Invocation) -> int:
         gid_index = inv.host.roce_gid_index(device, port)
     asked = args.pkey_index is not None
     pkey = inv.host.pkey(device, port, args.pkey_index or 0, asked=asked)
-    path = PathSpec(pkey_index=pkey.index)
+    path = PathSpec(sl=args.sl or 0, pkey_index=pkey.index)
+    source = _mcast_source(inv.host, device, port, gid_index) if "mcast" in ops else None
     results = loopback.run(
-        device, port, gid_index, ops, args.size, args.iters, args.timeout, args.depth, path
+        device,
+        port,
+        gid_index,
+        ops,
+        args.size,
+        args.iters,
+        args.timeout,
+        args.depth,
+        path,
+        qkey=qkey,
+        mcast_source=source,
     )
     failed = [r for r in results if r.status in (loopback.Status.FAIL, loopback.Status.TIMEOUT)]
+    # What the command line chose beyond the defaults (absent otherwise: the reports of a
+    # plain run stay as they were).
+    chosen = {"sl": args.sl, "qkey": None if qkey is None else f"{qkey:#010x}"}
+    chosen = {k: v for k, v in chosen.items() if v is not None}
     if inv.json:
         inv.emit_json(
             {
@@ -99,21 +179,32 @@ def run(inv: Invocation) -> int:
                 "gid_index": gid_index,
                 "pkey_index": pkey.index,
                 "pkey": pkey.hex,
-                "results": [
-                    {**render.record_json(r, FIELDS, True), "error": r.error} for r in results
-                ],
+                **chosen,
+                "results": [_result_json(r) for r in results],
             }
         )
     else:
         where = f"{device}/{port}" + (f" gid {gid_index}" if gid_index is not None else "")
         where += f", pkey {pkey.label}"
-        inv.print(f"loopback on {where}, {args.size} bytes, {args.iters} iterations")
+        extra = "".join(f", {k if k == 'sl' else 'Q_Key'} {v}" for k, v in chosen.items())
+        inv.print(f"loopback on {where}, {args.size} bytes, {args.iters} iterations{extra}")
+        if args.sl is not None:
+            inv.print(f"note: sl {args.sl}: {SL_NOTES[gid_index is None]}")
         for line in render.table(results, FIELDS, True):
             inv.print(line)
         for r in results:
             if r.error:
                 inv.print(f"{r.op}: {r.error}")
+            if r.detail:
+                inv.print(f"{r.op}: {r.detail}")
     return 1 if failed else 0
+
+
+def _result_json(r) -> dict:
+    out = {**render.record_json(r, FIELDS, True), "error": r.error, **r.facts}
+    if r.detail:
+        out["detail"] = r.detail
+    return out
 
 
 @hookimpl

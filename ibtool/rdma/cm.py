@@ -72,6 +72,7 @@ class Event(NamedTuple):
     name: str
     child: object  # the new id of a connection request, else None
     private_data: bytes  # of a REQ, REP or REJ (padding included); b"" where none came
+    ud: object = None  # a MULTICAST_JOIN's UDParam (the group's AH attributes, Q_Key)
 
 
 def _rdma_cm_fds() -> set[int]:
@@ -105,18 +106,22 @@ class EventChannel:
 
     def next(self, timeout: float | None) -> Event | None:
         """The next event, acknowledged; None when nothing came within `timeout` seconds. A
-        connection request yields its new id."""
+        connection request yields its new id, a multicast join the group's UDParam (copied out
+        of the event, which the acknowledgement frees)."""
         if not self.ready(timeout):
             return None
         event = _cm_call(lambda: self.cm.cmid.CMEvent(self.channel), "read a CM event")
+        types = self.cm.e.rdma_cm_event_type
         try:
-            kind, name, child = event.event_type, event.event_str(), None
+            kind, name, child, ud = event.event_type, event.event_str(), None, None
             data = bytes(getattr(event, "private_data", b""))
-            if kind == self.cm.e.rdma_cm_event_type.RDMA_CM_EVENT_CONNECT_REQUEST:
+            if kind == types.RDMA_CM_EVENT_CONNECT_REQUEST:
                 child = self.cm.cmid.CMID(creator=event, listen_id=self.listener)
+            elif kind == getattr(types, "RDMA_CM_EVENT_MULTICAST_JOIN", None):
+                ud = self.cm.cmid.UDParam(event)
         finally:
             event.ack_cm_event()
-        return Event(kind, name, child, data)
+        return Event(kind, name, child, data, ud)
 
 
 def _cm_call(fn, what: str):
@@ -283,7 +288,8 @@ class Connection(_Holder):
     def check_events(self) -> None:
         """Handle the CM events that came (none: return at once)."""
         while self.channel.fd is not None and self.channel.ready(0):
-            kind, name, child, _ = self.channel.next(0)
+            got = self.channel.next(0)
+            kind, name, child = got.kind, got.name, got.child
             if child is not None:
                 # One client at a time: another's request is turned down, with our reason.
                 if self.busy:
@@ -328,9 +334,12 @@ def _event_error(name: str, what: str, peer: str) -> IbtoolError:
     return IbtoolError(f"{what}: {name}")
 
 
-def _addr_info(cm, what: str, **kw):
+def _addr_info(cm, what: str, port_space=None, **kw):
+    """An AddrInfo of the TCP port space, or of `port_space`."""
+    if port_space is None:
+        port_space = cm.e.rdma_port_space.RDMA_PS_TCP
     try:
-        return cm.cmid.AddrInfo(port_space=cm.e.rdma_port_space.RDMA_PS_TCP, **kw)
+        return cm.cmid.AddrInfo(port_space=port_space, **kw)
     except pyverbs().Error as e:
         raise IbtoolError(f"{what}: {e}", "give an IP address or a host name") from None
 

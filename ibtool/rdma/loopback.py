@@ -2,6 +2,11 @@
 
 Each operation runs `iters` times one at a time (latency: post to last completion), checking
 the data every time; SEND, WRITE and READ then run pipelined `depth` deep for bandwidth.
+
+The fabric's own rules are tested too: ud_qkey (a UD send whose Q_Key is wrong is dropped),
+mcast (a multicast group reaches its members and no one else, mcast.py) and apm (an RC QP
+migrates to its alternate path, apm.py). What a device or port cannot do is UNSUPPORTED with the
+reason, never a failure.
 """
 
 from __future__ import annotations
@@ -14,22 +19,38 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ibtool.errors import IbtoolError
+from ibtool.errors import IbtoolError, PermissionDeniedError
+from ibtool.model import LinkLayer
+from ibtool.rdma import apm
 from ibtool.rdma.completions import CompletionError, CompletionTimeout, poll
 from ibtool.rdma.ladder import (
     ACCESS_ALL_REMOTE,
     DEFAULT_PATH,
+    DEFAULT_QKEY,
     GRH_SIZE,
     Ladder,
     PathSpec,
     new_psn,
 )
 
-OPS = ("send", "write", "write_imm", "read", "fetch_add", "cmp_swap", "ud_send")
+OPS = (
+    "send",
+    "write",
+    "write_imm",
+    "read",
+    "fetch_add",
+    "cmp_swap",
+    "ud_send",
+    "ud_qkey",
+    "mcast",
+    "apm",
+)
 BANDWIDTH_OPS = ("send", "write", "read")
 ATOMIC_OPS = ("fetch_add", "cmp_swap")
 IBV_WC_RECV, IBV_WC_RECV_RDMA_WITH_IMM, IBV_WC_WITH_IMM = 128, 129, 2
 ATOMIC_SLOT = 8
+CONTROLLED_QKEY = 0x80000000  # Q_Key bit 31: a controlled Q_Key (IBA; ib_verbs.h IB_QP_SET_QKEY)
+QKEY_VIOL_CNTR_MAX = 0xFFFF  # PortInfo's Q_KeyViolations is a 16-bit counter
 
 
 class Status(str, enum.Enum):
@@ -48,6 +69,8 @@ class OpResult:
     latencies_us: list[float] = field(default_factory=list, repr=False)
     bandwidth_mbps: float | None = None  # MB/s (10^6 bytes), pipelined
     error: str | None = None
+    detail: str | None = None  # what the operation proved, in words (ud_qkey, mcast, apm)
+    facts: dict = field(default_factory=dict)  # the same as -j keys of its own
 
     def percentile(self, p: float) -> float | None:
         if not self.latencies_us:
@@ -81,6 +104,33 @@ class Mismatch(IbtoolError):
     pass
 
 
+class OpUnsupported(IbtoolError):
+    """The device, port or library cannot run this operation: UNSUPPORTED, the reason said."""
+
+
+def drop_wait(timeout: float) -> float:
+    """How long a message that must not arrive is waited for: 1/100 of an iteration's
+    timeout, at least 5 ms (a UD delivery takes well under 1 ms on hardware, ~2 ms on rxe
+    under emulation)."""
+    return min(timeout, max(0.005, timeout / 100))
+
+
+def wrong_qkey(qkey: int) -> int:
+    """A Q_Key that differs from `qkey` and is not controlled: a work request's Q_Key with
+    bit 31 set tells the HCA to send with the sending QP's own Q_Key instead (IBA's rule for
+    UD sends), which would be the right one."""
+    return (qkey ^ 1) & ~CONTROLLED_QKEY
+
+
+def controlled_qkey_refused(qkey: int, error: IbtoolError) -> IbtoolError:
+    return IbtoolError(
+        f"Q_Key {qkey:#010x} is a controlled Q_Key (bit 31 set) and the kernel refused it to "
+        f"this process ({error.message}); hint: run with CAP_NET_RAW (root), choose a Q_Key "
+        "below 0x80000000 with --qkey, or let every process use them with `rdma system set "
+        "privileged-qkey on` (Linux 6.7 and later)"
+    )
+
+
 class Loopback:
     """The QPs and buffers of one self-test; a context manager that owns them all."""
 
@@ -92,9 +142,18 @@ class Loopback:
         size: int,
         depth: int,
         path: PathSpec = DEFAULT_PATH,
+        *,
+        qkey: int | None = None,
+        mcast_source: str | None = None,
     ):
-        """`path`: what the QPs are built with of it (the P_Key index, for RC and UD)."""
+        """`path`: what the QPs are built with of it (the service level, the P_Key index, for
+        RC and UD); `qkey`: the UD operations' Q_Key (None: DEFAULT_QKEY, not reported for
+        ud_send); `mcast_source`: an IP address of the port's netdev, for rdma_cm (None: mcast
+        is UNSUPPORTED)."""
         self.size, self.depth, self.path = size, depth, path
+        self.sl, self.mcast_source = path.sl, mcast_source
+        self.qkey_given = qkey is not None
+        self.qkey = DEFAULT_QKEY if qkey is None else qkey
         self.ladder = Ladder(device, port, gid_index)
         try:
             self._build()
@@ -114,15 +173,26 @@ class Loopback:
         rd_atomic = max(1, min(16, lad.dev_attr.max_qp_rd_atom, lad.dev_attr.max_qp_init_rd_atom))
         self.qp_a = lad.qp(self.cq_a, "rc", self.depth + 1, self.depth + 1)
         self.qp_b = lad.qp(self.cq_b, "rc", self.depth + 1, self.depth + 1)
-        psn_a, psn_b = new_psn(), new_psn()
-        to_b, to_a = lad.local(self.qp_b, psn_b), lad.local(self.qp_a, psn_a)
-        lad.connect_rc(self.qp_a, psn_a, to_b, ACCESS_ALL_REMOTE, rd_atomic, self.path)
-        lad.connect_rc(self.qp_b, psn_b, to_a, ACCESS_ALL_REMOTE, rd_atomic, self.path)
+        self._connect_pair(self.qp_a, self.qp_b, rd_atomic)
         self.atomics = lad.dev_attr.atomic_caps != 0
         self._ud = None
+        self._qk = None
+        self._mcast = None
+        self._mcast_group: str | None = None  # the group address, once one is tried
+        self._apm = None
+
+    def _connect_pair(self, qp_a, qp_b, rd_atomic: int = 1) -> None:
+        lad = self.ladder
+        psn_a, psn_b = new_psn(), new_psn()
+        peer_b, peer_a = lad.local(qp_b, psn_b), lad.local(qp_a, psn_a)
+        lad.connect_rc(qp_a, psn_a, peer_b, ACCESS_ALL_REMOTE, rd_atomic, self.path)
+        lad.connect_rc(qp_b, psn_b, peer_a, ACCESS_ALL_REMOTE, rd_atomic, self.path)
 
     def close(self) -> None:
-        self.ladder.close()
+        try:
+            self.release("mcast")
+        finally:
+            self.ladder.close()
 
     def __enter__(self):
         return self
@@ -242,9 +312,9 @@ class Loopback:
         if self._ud is None:
             cq_s, cq_r = lad.cq(4), lad.cq(4)
             qp_s, qp_r = lad.qp(cq_s, "ud", 2, 2), lad.qp(cq_r, "ud", 2, 2)
-            lad.ready_ud(qp_s, new_psn(), pkey_index=self.path.pkey_index)
-            lad.ready_ud(qp_r, new_psn(), pkey_index=self.path.pkey_index)
-            ah = lad.ah(lad.local(qp_r, 0))
+            self._ready_ud(qp_s)
+            self._ready_ud(qp_r)
+            ah = lad.ah(lad.local(qp_r, 0), self.sl)
             mr = lad.mr(GRH_SIZE + mtu_bytes * 2, 1)
             self._ud = (cq_s, cq_r, qp_s, qp_r, ah, mr)
         cq_s, cq_r, qp_s, qp_r, ah, mr = self._ud
@@ -254,13 +324,241 @@ class Loopback:
         self._recv(qp_r, mr, recv_at, GRH_SIZE + size)
         mr.write(data, size, 0)
         wr = self._send_wr(self.wr_opcode.IBV_WR_SEND, mr, 0, size)
-        wr.set_wr_ud(ah, qp_r.qp_num, 0x11111111)
+        wr.set_wr_ud(ah, qp_r.qp_num, self.qkey)
         qp_s.post_send(wr)
         poll(cq_s, 1, deadline, "UD SEND")
         (wc,) = poll(cq_r, 1, deadline, "UD RECV")
         if wc.byte_len != GRH_SIZE + size:
             raise Mismatch(f"UD receive of {wc.byte_len} bytes, want {GRH_SIZE + size}")
+        self._check_sl(wc, "UD RECV")
         self._verify(mr, recv_at + GRH_SIZE, data, "UD SEND/RECV")
+
+    def _check_sl(self, wc, what: str) -> None:
+        # A UD completion carries the SL the packet came on (ibv_poll_cq(3)); on InfiniBand
+        # that is the one sent. RoCE has no SL on the wire: its wc.sl is the driver's guess.
+        if self.sl and self.ladder.link_layer == LinkLayer.INFINIBAND and wc.sl != self.sl:
+            raise Mismatch(f"{what} came on SL {wc.sl}, sent on SL {self.sl}")
+
+    def _ready_ud(self, qp, qkey: int | None = None) -> None:
+        qkey = self.qkey if qkey is None else qkey
+        try:
+            self.ladder.ready_ud(qp, new_psn(), qkey, pkey_index=self.path.pkey_index)
+        except PermissionDeniedError as e:
+            if qkey & CONTROLLED_QKEY:
+                raise controlled_qkey_refused(qkey, e) from None
+            raise
+
+    # -- the fabric's rules --------------------------------------------------------------
+
+    def ud_qkey(self, i: int, deadline: float) -> None:
+        """A SEND with a wrong Q_Key, then one with the right Q_Key: the first receive must be
+        the right one's. Receives are consumed in order, and a wrong-key message delivered
+        late shows at the next round's start or in finish()'s wait."""
+        lad = self.ladder
+        mtu_bytes = 128 << lad.port_attr.active_mtu
+        size = min(self.size, mtu_bytes)
+        slot = GRH_SIZE + size
+        if self._qk is None:
+            cq_s, cq_r = lad.cq(4), lad.cq(4)
+            qp_s, qp_r = lad.qp(cq_s, "ud", 2, 3), lad.qp(cq_r, "ud", 2, 3)
+            self._ready_ud(qp_s)
+            self._ready_ud(qp_r)
+            ah = lad.ah(lad.local(qp_r, 0), self.sl)
+            mr = lad.mr(size * 2 + slot * 2, 1)  # right, wrong, then two receive slots
+            viol = lad.ctx.query_port(lad.port).qkey_viol_cntr
+            self._qk = dict(cq_s=cq_s, cq_r=cq_r, qp_s=qp_s, qp_r=qp_r, ah=ah, mr=mr)
+            self._qk.update(viol=viol, wrong=0, posted=0)
+            self._recv(qp_r, mr, size * 2, slot, wr_id=0)  # one receive always stays posted
+            self._qk["posted"] += 1
+        q = self._qk
+        if q.pop("fresh", False):
+            q.update(viol=lad.ctx.query_port(lad.port).qkey_viol_cntr, wrong=0)
+        mr, right_key, bad_key = q["mr"], self.qkey, wrong_qkey(self.qkey)
+        self._no_delivery(q["cq_r"], "a UD SEND with a wrong Q_Key")
+        right, wrong = pattern(i, size), pattern(i + 128, size)
+        mr.write(right, size, 0)
+        mr.write(wrong, size, size)
+        spare = q["posted"] % 2
+        self._recv(q["qp_r"], mr, size * 2 + spare * slot, slot, wr_id=spare)
+        q["posted"] += 1
+        for offset, key in ((size, bad_key), (0, right_key)):
+            wr = self._send_wr(self.wr_opcode.IBV_WR_SEND, mr, offset, size)
+            wr.set_wr_ud(q["ah"], q["qp_r"].qp_num, key)
+            q["qp_s"].post_send(wr)
+            poll(q["cq_s"], 1, deadline, "UD SEND")
+        q["wrong"] += 1
+        (wc,) = poll(q["cq_r"], 1, deadline, f"UD RECV of the Q_Key {right_key:#010x} SEND")
+        at = size * 2 + wc.wr_id * slot + GRH_SIZE
+        if mr.read(size, at) == wrong:
+            raise Mismatch(
+                f"a UD SEND with Q_Key {bad_key:#010x} was delivered to a QP whose Q_Key is "
+                f"{right_key:#010x}"
+            )
+        self._check_sl(wc, "UD RECV")
+        self._verify(mr, at, right, "UD SEND/RECV with the right Q_Key")
+
+    def _no_delivery(self, cq, what: str, wait: float = 0.0) -> None:
+        """Nothing on `cq` now, nor within `wait` seconds (polled: the CQ has no channel)."""
+        until = time.monotonic() + wait
+        while True:
+            n, _ = cq.poll(1)
+            if n:
+                raise Mismatch(f"{what} was delivered")
+            if time.monotonic() >= until:
+                return
+
+    def mcast(self, i: int, deadline: float) -> None:
+        from ibtool.rdma import mcast  # rdma_cm: only for this operation
+
+        if self._mcast is None:
+            if not self.mcast_source:
+                raise OpUnsupported(
+                    f"no IP address on {self.ladder.device}/{self.ladder.port}'s netdev: "
+                    "multicast groups are joined through rdma_cm, which finds a port by its "
+                    "IP address (IPoIB on InfiniBand)"
+                )
+            try:
+                mcast.rdmacm()
+            except IbtoolError as e:
+                hint = f" (hint: {e.hint})" if e.hint else ""
+                raise OpUnsupported(f"{e.message}{hint}") from None
+            size = min(self.size, 128 << self.ladder.port_attr.active_mtu)
+            self._mcast_group = mcast.group_address(self.mcast_source)
+            try:
+                self._mcast = mcast.Group(self.ladder, self.mcast_source, size, deadline)
+            except mcast.NotSupported as e:
+                raise OpUnsupported(e.message) from None
+        group = self._mcast
+        group.round(pattern(i, group.size), deadline, self._verify)
+
+    def apm(self, i: int, deadline: float) -> None:
+        """Migrate a fresh RC pair to its alternate path (once), then SEND both ways on it."""
+        if self._apm is None:
+            self._apm = self._migrated_pair(deadline)
+        qp_a, qp_b, cq_a, cq_b, mr_a, mr_b = self._apm["pair"]
+        for (src, cq_s, mr_s), (dst, cq_d, mr_d) in (
+            ((qp_a, cq_a, mr_a), (qp_b, cq_b, mr_b)),
+            ((qp_b, cq_b, mr_b), (qp_a, cq_a, mr_a)),
+        ):
+            data = pattern(i, self.size)
+            mr_d.write(bytes(self.size), self.size, 0)
+            self._recv(dst, mr_d, 0, self.size)
+            mr_s.write(data, self.size, 0)
+            src.post_send(self._send_wr(self.wr_opcode.IBV_WR_SEND, mr_s, 0, self.size))
+            poll(cq_s, 1, deadline, "SEND on the migrated path")
+            poll(cq_d, 1, deadline, "RECV on the migrated path")
+            self._verify(mr_d, 0, data, "SEND on the migrated path")
+
+    def _migrated_pair(self, deadline: float) -> dict:
+        lad = self.ladder
+        reason = apm.unsupported_reason(lad)
+        if reason:
+            raise OpUnsupported(reason)
+        cq_a, cq_b = lad.cq(4), lad.cq(4)
+        mr_a, mr_b = lad.mr(self.size, ACCESS_ALL_REMOTE), lad.mr(self.size, ACCESS_ALL_REMOTE)
+        qp_a, qp_b = lad.qp(cq_a, "rc", 2, 2), lad.qp(cq_b, "rc", 2, 2)
+        self._connect_pair(qp_a, qp_b)
+        try:
+            alt = apm.load_alt_path(lad, qp_a, lad.local(qp_b, 0), self.sl, self.path.pkey_index)
+            apm.load_alt_path(lad, qp_b, lad.local(qp_a, 0), self.sl, self.path.pkey_index)
+        except apm.NotSupported as e:
+            raise OpUnsupported(e.message) from None
+        armed = apm.wait_armed(lad, (qp_a, qp_b), deadline)
+        apm.migrate(lad, qp_a)
+        return dict(pair=(qp_a, qp_b, cq_a, cq_b, mr_a, mr_b), alt=alt, armed=armed)
+
+    # -- what an operation used and proved -----------------------------------------------
+
+    def facts(self, op: str) -> dict:
+        """The -j keys of what an operation used, as far as it got (a failure has them too)."""
+        if op == "ud_send" and self.qkey_given:
+            return {"qkey": f"{self.qkey:#010x}"}
+        if op == "ud_qkey":
+            return {"qkey": f"{self.qkey:#010x}", "wrong_qkey": f"{wrong_qkey(self.qkey):#010x}"}
+        if op == "apm":
+            flags = self.ladder.dev_attr.device_cap_flags
+            return {"auto_path_mig": bool(flags & apm.IB_DEVICE_AUTO_PATH_MIG)}
+        if op == "mcast" and self._mcast is None and self._mcast_group:
+            return {"group": self._mcast_group}
+        if op == "mcast" and self._mcast is not None:
+            g = self._mcast
+            return {
+                "group": g.address,
+                "mgid": g.mgid,
+                "mlid": None if g.mlid is None else f"{g.mlid:#06x}",
+                "qkey": f"{g.qkey:#010x}",
+                "members": len(g.members),
+            }
+        return {}
+
+    def finish(self, op: str, result: OpResult, timeout: float) -> None:
+        """An operation's last checks after its rounds, and what it proved (detail, facts)."""
+        done = getattr(self, f"_finish_{op}", None)
+        if done is not None:
+            done(result, drop_wait(timeout))
+
+    def _finish_ud_qkey(self, result: OpResult, wait: float) -> None:
+        q, lad = self._qk, self.ladder
+        self._no_delivery(q["cq_r"], "a UD SEND with a wrong Q_Key", wait)
+        right, bad, n = self.qkey, wrong_qkey(self.qkey), q["wrong"]
+        before, after = q["viol"], lad.ctx.query_port(lad.port).qkey_viol_cntr
+        if before >= QKEY_VIOL_CNTR_MAX:
+            counted, delta = "port qkey_viol_cntr saturated (0xffff)", None
+        else:
+            delta = after - before
+            counted = f"port qkey_viol_cntr +{delta}"
+            if delta < n:
+                counted += (
+                    " (saturated at 0xffff)"
+                    if after >= QKEY_VIOL_CNTR_MAX
+                    else " (this driver does not count them all there)"
+                )
+        result.detail = (
+            f"receiver's Q_Key {right:#010x}: {n} SENDs with {right:#010x} delivered, {n} with "
+            f"{bad:#010x} dropped; {counted}"
+        )
+        result.facts.update(dropped=n, qkey_viol_cntr_delta=delta)
+
+    def _finish_mcast(self, result: OpResult, wait: float) -> None:
+        g = self._mcast
+        until = time.monotonic() + wait
+        while True:
+            g.check_outsider()
+            if time.monotonic() >= until:
+                break
+        lad = self.ladder
+        mlid = "" if g.mlid is None else f", MLID {g.mlid:#06x}"
+        result.detail = (
+            f"group {g.address} (MGID {g.mgid}{mlid}, Q_Key {g.qkey:#010x}) joined through "
+            f"rdma_cm by {len(g.members)} UD QPs on {lad.device}/{lad.port}: every SEND to it "
+            "reached both, a QP that did not join got none"
+        )
+
+    def _finish_apm(self, result: OpResult, wait: float) -> None:
+        st, lad = self._apm, self.ladder
+        alt, peer_state = st["alt"], apm.mig_state(lad, st["pair"][1])
+        peer = apm.MIG_STATES.get(peer_state, str(peer_state))
+        result.detail = (
+            f"alternate path ({alt.describe()}, alt_timeout {alt.timeout}) armed by the HCA in "
+            f"{st['armed'] * 1000:.1f} ms; QP migrated to it (MIGRATED), SENDs verified both "
+            f"ways after; the peer QP is {peer}"
+        )
+        result.facts.update(
+            alt_port=alt.port,
+            alt_lid=None if alt.lid is None else f"{alt.lid:#x}",
+            armed_ms=round(st["armed"] * 1000, 3),
+            path_mig_state="MIGRATED",
+            peer_path_mig_state=peer,
+        )
+
+    def release(self, op: str) -> None:
+        """Close what an operation holds outside the ladder: the multicast group (left, its
+        rdma_cm ids destroyed) as soon as its operation ends."""
+        if op == "mcast" and self._mcast is not None:
+            group, self._mcast = self._mcast, None
+            group.close()
+        if op == "ud_qkey" and self._qk is not None:
+            self._qk["fresh"] = True  # a second ud_qkey of the run counts afresh
 
     def _drain(self, cq, what: str) -> int:
         n, wcs = cq.poll(num_entries=self.depth)
@@ -320,12 +618,20 @@ def run_op(lb: Loopback, op: str, iters: int, timeout: float, bandwidth_iters: i
             result.bandwidth_mbps = lb.bandwidth(
                 op, bandwidth_iters, time.monotonic() + timeout * 4
             )
+        lb.finish(op, result, timeout)
+    except OpUnsupported as e:
+        result.status, result.error = Status.UNSUPPORTED, e.message
     except CompletionTimeout as e:
         result.status, result.error = Status.TIMEOUT, e.message
     except (CompletionError, Mismatch) as e:
         result.status, result.error = Status.FAIL, e.message
     except IbtoolError as e:
         result.status, result.error = Status.FAIL, e.message
+    finally:
+        try:
+            result.facts = {**lb.facts(op), **result.facts}
+        finally:
+            lb.release(op)
     return result
 
 
@@ -339,6 +645,8 @@ def run(
     timeout: float,
     depth: int = 16,
     path: PathSpec = DEFAULT_PATH,
+    **fabric,
 ) -> list[OpResult]:
-    with Loopback(device, port, gid_index, size, depth, path) as lb:
+    """`fabric`: Loopback's keyword arguments (qkey, mcast_source)."""
+    with Loopback(device, port, gid_index, size, depth, path, **fabric) as lb:
         return [run_op(lb, op, iters, timeout, bandwidth_iters=max(iters, depth * 8)) for op in ops]

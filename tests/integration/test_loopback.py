@@ -41,12 +41,13 @@ def test_every_operation_passes_with_verified_data(size, no_leaks):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     statuses = {r["op"]: r["status"] for r in report["results"]}
-    assert statuses == {
-        op: "PASS"
-        for op in ("send", "write", "write_imm", "read", "fetch_add", "cmp_swap", "ud_send")
-    }
+    passing = ("send", "write", "write_imm", "read", "fetch_add", "cmp_swap", "ud_send")
+    passing += ("ud_qkey", "mcast")
+    # Path migration: Linux takes alternate paths on InfiniBand ports only.
+    assert statuses == {**{op: "PASS" for op in passing}, "apm": "UNSUPPORTED"}
     for r in report["results"]:
-        assert r["iters"] == 10 and r["lat_p50_us"] > 0
+        if r["status"] == "PASS":
+            assert r["iters"] == 10 and r["lat_p50_us"] > 0
         if r["op"] in ("send", "write", "read"):
             assert r["bw_MBps"] > 0
 

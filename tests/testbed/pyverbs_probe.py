@@ -20,7 +20,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from ibtool.errors import IbtoolError  # noqa: E402
-from ibtool.rdma import completions, ladder, loopback, ping  # noqa: E402
+from ibtool.rdma import apm, completions, ladder, loopback, mcast, ping  # noqa: E402
 from ibtool.sources import verbs  # noqa: E402
 
 # ibtool's plain numbers where it reads or sets libibverbs values itself, with the pyverbs
@@ -34,6 +34,14 @@ OWN_NUMBERS = [
     (loopback.IBV_WC_RECV_RDMA_WITH_IMM, "ibv_wc_opcode", "IBV_WC_RECV_RDMA_WITH_IMM"),
     (loopback.IBV_WC_WITH_IMM, "ibv_wc_flags", "IBV_WC_WITH_IMM"),
     (ping.IBV_SEND_SIGNALED, "ibv_send_flags", "IBV_SEND_SIGNALED"),
+    (apm.IBV_QP_ALT_PATH, "ibv_qp_attr_mask", "IBV_QP_ALT_PATH"),
+    (apm.IBV_QP_PATH_MIG_STATE, "ibv_qp_attr_mask", "IBV_QP_PATH_MIG_STATE"),
+    (mcast.IBV_QP_QKEY, "ibv_qp_attr_mask", "IBV_QP_QKEY"),
+    (mcast.IBV_QP_PKEY_INDEX, "ibv_qp_attr_mask", "IBV_QP_PKEY_INDEX"),
+    (apm.IBV_MIG_MIGRATED, "ibv_mig_state", "IBV_MIG_MIGRATED"),
+    (apm.IBV_MIG_REARM, "ibv_mig_state", "IBV_MIG_REARM"),
+    (apm.IBV_MIG_ARMED, "ibv_mig_state", "IBV_MIG_ARMED"),
+    (apm.IB_DEVICE_AUTO_PATH_MIG, "ibv_device_cap_flags", "IBV_DEVICE_AUTO_PATH_MIG"),
 ] + [
     (status, "ibv_wc_status", f"IBV_WC_{name}")
     for status, (name, _) in sorted(completions.WC_STATUS.items())
@@ -125,6 +133,15 @@ class Probe:
             print(f"  {cls}: {values}")
         print(f"  pyverbs.cmid: {' '.join(c for c in verbs.CM_CLASSES if hasattr(cm.cmid, c))}")
         print(f"  CMID.reject: {'yes' if cm.reject else 'no (rdma-core 38 and later)'}")
+        multicast = ("join_multicast", "leave_multicast", "query_qp", "qpn")
+        found = [m for m in multicast if hasattr(cm.cmid.CMID, m)]
+        joined = getattr(cm.e.rdma_cm_event_type, "RDMA_CM_EVENT_MULTICAST_JOIN", None)
+        self.check(
+            found == list(multicast) and hasattr(cm.cmid, "UDParam") and joined is not None,
+            "multicast (loopback --ops mcast) lacks some of CMID."
+            f"{'/'.join(multicast)}, UDParam, RDMA_CM_EVENT_MULTICAST_JOIN",
+        )
+        print(f"  multicast: CMID.{' '.join(found)}, UDParam, MULTICAST_JOIN={joined}")
 
 
 def main() -> int:

@@ -12,7 +12,12 @@ The layouts are what each release's own root showed (Python 3.9 to 3.14):
 
 The device behind them executes work requests as soon as they are posted: RC SEND, RDMA WRITE
 (with immediate), RDMA READ, the two atomics and UD SEND, with the completions libibverbs
-would give, so the data path runs end to end and verifies its own data.
+would give, so the data path runs end to end and verifies its own data. The fabric's rules are
+the kernel's and the HCA's: a UD message whose Q_Key differs from the receiving QP's is dropped
+and counted in the port's qkey_viol_cntr; a UD SEND to the multicast QPN reaches the QPs
+attached to its MGID, which an rdma_cm id (RDMA_PS_UDP) attaches its QP to when it joins; an
+alternate path (APM) is refused on a non-InfiniBand port with EINVAL, as Linux's verbs core
+does, and otherwise armed by the "HCA" when the port's `arms` says so.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from errno import EINVAL, ENOENT, EOPNOTSUPP
+from errno import EADDRNOTAVAIL, EAGAIN, EINVAL, ENOENT, EOPNOTSUPP, EPERM
 from types import ModuleType, SimpleNamespace
 
 # uapi numbers (libibverbs/verbs.h, librdmacm/rdma_cma.h); a member missing here is not used.
@@ -83,6 +88,9 @@ CM_ENUMS = {
                 "RDMA_CM_EVENT_REJECTED",
                 "RDMA_CM_EVENT_ESTABLISHED",
                 "RDMA_CM_EVENT_DISCONNECTED",
+                "RDMA_CM_EVENT_DEVICE_REMOVAL",
+                "RDMA_CM_EVENT_MULTICAST_JOIN",
+                "RDMA_CM_EVENT_MULTICAST_ERROR",
             )
         )
     },
@@ -132,6 +140,10 @@ WR = IBV_ENUMS["ibv_wr_opcode"]
 WC = IBV_ENUMS["ibv_wc_opcode"]
 ACCESS_REMOTE_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_ATOMIC = 2, 4, 8
 WC_REM_INV_REQ_ERR, WC_REM_ACCESS_ERR, WC_RETRY_EXC_ERR = 9, 10, 12
+MULTICAST_QPN = 0xFFFFFF
+RDMA_UDP_QKEY = 0x01234567  # the Q_Key the kernel gives an RDMA_PS_UDP id's QP
+QP_ALT_PATH, QP_PATH_MIG_STATE = 1 << 14, 1 << 18
+MIG_MIGRATED, MIG_REARM, MIG_ARMED = 0, 1, 2
 
 
 # -- the device ------------------------------------------------------------------------------
@@ -145,6 +157,10 @@ class FakePort:
     active_mtu: int = 3  # ibv_mtu: 1024
     timestamp_mask: int = 0  # the device's completion_timestamp_mask (mlx5: 2^64 - 1)
     core_clock_khz: int = 0  # its hca_core_clock
+    cap_flags: int = 0  # the device's device_cap_flags (bit 4: AUTO_PATH_MIG)
+    lmc: int = 0
+    arms: bool = True  # the HCA arms a loaded alternate path (REARM -> ARMED)
+    qkey_viol_cntr: int = 0
 
 
 class Fabric:
@@ -155,6 +171,16 @@ class Fabric:
         self.qps: dict[int, FakeQP] = {}
         self.mrs: list[FakeMR] = []
         self.cqex_fails = False  # a provider without ibv_create_cq_ex
+        self.groups: dict[str, set[int]] = {}  # MGID -> QP numbers attached
+        self.cm_ids: set = set()  # rdma_cm ids not destroyed
+        self.ignores_qkey = False  # a broken device: delivers whatever the Q_Key
+        self.floods_mcast = False  # a broken device: a multicast reaches every UD QP
+        self.join_errno = 0  # what rdma_join_multicast fails with (0: it does not)
+        self.mlid = 0xC001  # the MLID an InfiniBand subnet manager gives a group
+        self.ipoib: dict[str, tuple[str, int]] = {}  # IPoIB address -> (device, port)
+        self.controlled_qkeys = True  # the process may use Q_Keys with bit 31 (CAP_NET_RAW)
+        self.rtr_sls: list[int] = []  # the SL of each RC QP's path, as INIT->RTR gave it
+        self.wc_sl: int | None = None  # a broken device: UD completions on this SL
         self.clock = 0  # the HCA's counter: moves TICK at each reading and each receive
         self._next_addr, self._next_qpn, self._next_key = 0x7F0000001000, 0x11, 0x100
 
@@ -193,7 +219,9 @@ class Fabric:
 
 
 def _wc(**fields) -> SimpleNamespace:
-    base = dict(wr_id=0, status=0, opcode=0, vendor_err=0, byte_len=0, imm_data=0, wc_flags=0, ts=0)
+    base = dict(
+        wr_id=0, status=0, opcode=0, vendor_err=0, byte_len=0, imm_data=0, wc_flags=0, ts=0, sl=0
+    )
     return SimpleNamespace(**{**base, **fields})
 
 
@@ -228,7 +256,10 @@ class FakeContext(_Closable):
         self.name = name
 
     def query_device(self):
-        return SimpleNamespace(max_qp_rd_atom=16, max_qp_init_rd_atom=16, atomic_caps=1)
+        flags = next(p.cap_flags for (d, _), p in self.fabric.ports.items() if d == self.name)
+        return SimpleNamespace(
+            max_qp_rd_atom=16, max_qp_init_rd_atom=16, atomic_caps=1, device_cap_flags=flags
+        )
 
     def query_device_ex(self):
         p = next(p for (d, _), p in self.fabric.ports.items() if d == self.name)
@@ -242,7 +273,13 @@ class FakeContext(_Closable):
     def query_port(self, port: int):
         p = self.fabric.ports[(self.name, port)]
         return SimpleNamespace(
-            link_layer=p.link_layer, flags=0, lid=p.lid, active_mtu=p.active_mtu, state=4
+            link_layer=p.link_layer,
+            flags=0,
+            lid=p.lid,
+            lmc=p.lmc,
+            active_mtu=p.active_mtu,
+            state=4,
+            qkey_viol_cntr=p.qkey_viol_cntr,
         )
 
     def query_gid(self, port: int, index: int):
@@ -369,7 +406,8 @@ class FakeQPInitAttr(_Attrs):
 
 
 class FakeAHAttr(_Attrs):
-    pass
+    def __init__(self, sl=0, **kwargs):
+        super().__init__(sl=sl, **kwargs)
 
 
 class FakeGID:
@@ -423,12 +461,46 @@ class FakeQP(_Closable):
         self.type = int(init_attr.qp_type)
         assert self.type in (2, 4), f"QP type {init_attr.qp_type!r}"
         self.scq, self.rcq, self.sq_sig_all = init_attr.scq, init_attr.rcq, init_attr.sq_sig_all
+        self.device = pd.ctx.name
         self.qp_num = self.fabric.new_qpn()
         self.state, self.recvs, self.attr = 0, deque(), None
+        self.mig_state, self.alt = MIG_MIGRATED, None
         self.fabric.qps[self.qp_num] = self
 
     def close(self) -> None:
         self.fabric.qps.pop(self.qp_num, None)
+        for members in self.fabric.groups.values():
+            members.discard(self.qp_num)
+
+    @property
+    def port(self) -> FakePort:
+        return self.fabric.ports[(self.device, self.attr.port_num)]
+
+    def modify(self, attr, mask: int) -> None:
+        # The RTS->RTS modifies of path migration (the only ones made through modify()).
+        if self.state != 3:
+            raise PyverbsRDMAError("Failed to modify QP", EINVAL)
+        if mask & QP_ALT_PATH:
+            if self.port.link_layer != 1:  # Linux's verbs core: alternate paths on IB only
+                raise PyverbsRDMAError("Failed to modify QP", EINVAL)
+            self.alt = attr.alt_ah_attr
+        if mask & QP_PATH_MIG_STATE:
+            wanted = int(attr.path_mig_state)
+            if wanted == MIG_REARM and self.alt is not None:
+                self.mig_state = MIG_ARMED if self.port.arms else MIG_REARM
+            elif wanted == MIG_MIGRATED and self.mig_state == MIG_ARMED:
+                self.mig_state, self.alt = MIG_MIGRATED, None
+            else:
+                raise PyverbsRDMAError("Failed to modify QP", EINVAL)
+
+    def query(self, mask: int):
+        attr = FakeQPAttr(
+            qp_state=self.state,
+            path_mig_state=self.mig_state,
+            qkey=getattr(self.attr, "qkey", 0),
+            pkey_index=getattr(self.attr, "pkey_index", 0),
+        )
+        return attr, FakeQPInitAttr()
 
     def to_init(self, attr) -> None:
         if (int(attr.qp_state), int(attr.cur_qp_state)) != (1, 0):
@@ -436,9 +508,13 @@ class FakeQP(_Closable):
         self.state, self.attr = 1, attr
 
     def to_rtr(self, attr) -> None:
+        self.fabric.rtr_sls.append(attr.ah_attr.sl)
         self.state, self.attr = 2, attr
 
     def to_rts(self, attr) -> None:
+        # uverbs modify_qp: a controlled Q_Key needs CAP_NET_RAW (or privileged-qkey on)
+        if self.type == 4 and attr.qkey & 0x80000000 and not self.fabric.controlled_qkeys:
+            raise PyverbsRDMAError("Failed to modify QP state to init", EPERM)
         self.state, self.attr = 3, attr
 
     def post_recv(self, wr: FakeRecvWR) -> None:
@@ -449,9 +525,8 @@ class FakeQP(_Closable):
             raise PyverbsRDMAError("Failed to post send", EINVAL)
         opcode, sge = int(wr.opcode), wr.sg[0]
         if self.type == 4:
-            _, qpn, qkey = wr.ud
-            peer = self.fabric.qps[qpn]
-            assert qkey == peer.attr.qkey
+            self._send_ud(wr, sge)
+            return
         else:
             peer = self.fabric.qps.get(self.attr.dest_qp_num)
             if peer is None:  # destroyed: no ACK ever comes, the RC retries run out
@@ -460,6 +535,36 @@ class FakeQP(_Closable):
         status, wc_opcode = self._execute(opcode, wr, sge, peer)
         if status or self.sq_sig_all or wr.send_flags & 2:
             self.scq.push(_wc(wr_id=wr.wr_id, status=status, opcode=wc_opcode))
+
+    def _send_ud(self, wr: FakeSendWR, sge: FakeSGE) -> None:
+        f = self.fabric
+        ah, qpn, qkey = wr.ud
+        if qpn == MULTICAST_QPN:
+            attached = f.groups.get(str(ah.attr.dgid), set())
+            targets = [q for n, q in f.qps.items() if n in attached or f.floods_mcast]
+            targets = [q for q in targets if q.type == 4 and q is not self]
+        else:
+            targets = [f.qps[qpn]]
+        data = f.read(sge.addr, sge.length)
+        for peer in targets:
+            if qkey != peer.attr.qkey and not f.ignores_qkey:
+                peer.port.qkey_viol_cntr = min(0xFFFF, peer.port.qkey_viol_cntr + 1)
+                continue
+            if not peer.recvs:  # UD: no receive posted, the message is gone
+                continue
+            recv = peer.recvs.popleft()
+            f.write(recv.sg[0].addr + GRH_SIZE, data)
+            peer.rcq.push(
+                _wc(
+                    wr_id=recv.wr_id,
+                    opcode=WC["IBV_WC_RECV"],
+                    byte_len=GRH_SIZE + len(data),
+                    ts=f.tick(),
+                    sl=ah.attr.sl if f.wc_sl is None else f.wc_sl,
+                )
+            )
+        if self.sq_sig_all or wr.send_flags & 2:
+            self.scq.push(_wc(wr_id=wr.wr_id, opcode=WC["IBV_WC_SEND"]))
 
     def _execute(self, opcode: int, wr: FakeSendWR, sge: FakeSGE, peer: FakeQP):
         f = self.fabric
@@ -514,16 +619,119 @@ class FakeQP(_Closable):
 
 
 class FakeCMID(_Closable):
-    """The methods rdma_cm callers probe for; the fake fabric has no rdma_cm to run them on."""
+    """An rdma_cm id that binds to a fake port's IPv4 address and joins multicast groups
+    (RDMA_PS_UDP, its own UD QP); connections are what the fake fabric cannot make."""
 
-    def __init__(self, *args, **kwargs):
-        pass
+    fabric: Fabric
+
+    def __init__(self, creator=None, port_space=0, **kwargs):
+        self.channel, self.port_space = creator, port_space
+        self.context = self.pd = self.qp = None
+        self.joined: dict[str, str] = {}  # group address -> MGID
+        self.fabric.cm_ids.add(self)
 
     def _no_rdma_cm(self, *args, **kwargs):
         raise PyverbsRDMAError("the fake fabric has no rdma_cm", EOPNOTSUPP)
 
-    bind_addr = listen = accept = resolve_addr = resolve_route = connect = _no_rdma_cm
-    disconnect = create_qp = post_send = post_recv = post_read = post_write = _no_rdma_cm
+    listen = accept = resolve_addr = resolve_route = connect = _no_rdma_cm
+    disconnect = post_send = post_read = post_write = _no_rdma_cm
+
+    def bind_addr(self, ai) -> None:
+        mapped = _mapped_gid(ai.src)
+        where = self.fabric.ipoib.get(ai.src)
+        roce = (k for k, p in self.fabric.ports.items() if mapped in p.gids.values())
+        where = where or next(roce, None)
+        if where is None:
+            raise PyverbsRDMAError("Failed to Bind ID", EADDRNOTAVAIL)
+        self.dev_name, self.port_num = where
+        self.context = bound_context(self.fabric)(name=self.dev_name)
+        self.pd = FakePD(self.context)
+
+    def create_qp(self, init_attr) -> None:
+        self.qp = type("QP", (FakeQP,), {"fabric": self.fabric})(self.pd, init_attr)
+        self.qp.state = 3
+        self.qp.attr = FakeQPAttr(port_num=self.port_num, qkey=RDMA_UDP_QKEY, pkey_index=0)
+
+    @property
+    def qpn(self) -> int:
+        return self.qp.qp_num
+
+    def query_qp(self, mask: int):
+        return self.qp.query(mask)
+
+    def post_recv(self, mr, length=None) -> None:
+        self.qp.post_recv(FakeRecvWR(sg=[FakeSGE(mr.buf, length or mr.length, mr.lkey)]))
+
+    def join_multicast(self, addr=None, mc_attr=None, context=0) -> None:
+        if self.fabric.join_errno:
+            raise PyverbsRDMAError("Failed to Join multicast", self.fabric.join_errno)
+        mgid = _mapped_gid(addr.src)
+        self.fabric.groups.setdefault(mgid, set()).add(self.qp.qp_num)
+        self.joined[addr.src] = mgid
+        infiniband = self.fabric.ports[(self.dev_name, self.port_num)].link_layer == 1
+        ah = FakeAHAttr(
+            dgid=mgid, dlid=self.fabric.mlid if infiniband else 0, is_global=1, port_num=1
+        )
+        event = FakeCMEvent(CM_ENUMS["rdma_cm_event_type"]["RDMA_CM_EVENT_MULTICAST_JOIN"])
+        event.ud = SimpleNamespace(qp_num=MULTICAST_QPN, qkey=RDMA_UDP_QKEY, ah_attr=ah)
+        self.channel.events.append(event)
+
+    def leave_multicast(self, addr) -> None:
+        mgid = self.joined.pop(addr.src)
+        self.fabric.groups[mgid].discard(self.qp.qp_num)
+
+    def close(self) -> None:
+        if self.qp is not None:
+            self.qp.close()
+            self.qp = None
+        self.fabric.cm_ids.discard(self)
+
+
+def _mapped_gid(address: str) -> str:
+    """The GID text of an IPv4 address (::ffff:a.b.c.d), as a RoCE v2 GID table holds it."""
+    import ipaddress
+
+    h = ipaddress.IPv6Address(f"::ffff:{address}").packed.hex()
+    return ":".join(h[i : i + 4] for i in range(0, 32, 4))
+
+
+def bound_context(fabric: Fabric):
+    return type("Context", (FakeContext,), {"fabric": fabric})
+
+
+class FakeCMEventChannel(_Closable):
+    def __init__(self):
+        self.events: deque = deque()
+
+
+class FakeCMEvent:
+    """An event; made by pyverbs' CMEvent(channel), which takes the channel's next one."""
+
+    NAMES = {v: k for k, v in CM_ENUMS["rdma_cm_event_type"].items()}
+
+    def __init__(self, event_type: int):
+        self.event_type, self.ud = event_type, None
+
+    @classmethod
+    def of(cls, channel: FakeCMEventChannel):
+        if not channel.events:  # the real one would block: say so instead
+            raise PyverbsRDMAError("Failed to create CMEvent (none queued)", EAGAIN)
+        return channel.events.popleft()
+
+    def event_str(self) -> str:
+        return self.NAMES[self.event_type]
+
+    def ack_cm_event(self) -> None:
+        pass
+
+
+class FakeAddrInfo(_Closable):
+    def __init__(self, src=None, dst=None, src_service=None, dst_service=None, **kwargs):
+        self.src, self.dst = src, dst
+
+
+def _ud_param(event: FakeCMEvent):
+    return event.ud
 
 
 def _cm_reject(self, private_data=None) -> None:
@@ -587,7 +795,8 @@ def install(
         cq.__dict__.update(
             CQEX=bound(FakeCQEX), CqInitAttrEx=FakeCqInitAttrEx, PollCqAttr=FakePollCqAttr
         )
-    cmid_class = type("CMID", (FakeCMID,), {"reject": _cm_reject} if lay.cmid_reject else {})
+    cmid_attrs = {"fabric": fabric, **({"reject": _cm_reject} if lay.cmid_reject else {})}
+    cmid_class = type("CMID", (FakeCMID,), cmid_attrs)
     modules = {
         "pyverbs_error": errors,
         "device": _module("pyverbs.device", Context=bound(FakeContext)),
@@ -608,7 +817,11 @@ def install(
         "cmid": _module(
             "pyverbs.cmid",
             CMID=cmid_class,
-            **{n: _Empty for n in ("CMEventChannel", "CMEvent", "AddrInfo", "ConnParam")},
+            CMEventChannel=FakeCMEventChannel,
+            CMEvent=FakeCMEvent.of,
+            AddrInfo=FakeAddrInfo,
+            UDParam=_ud_param,
+            ConnParam=_Empty,
         ),
     }
     for name in lay.enum_modules:
