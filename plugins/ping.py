@@ -358,6 +358,7 @@ def _verbs_client(inv: Invocation, device: str, port: int, gid_index, pkey) -> i
                 ladder, args.host, args.port, args.size, mode, args.timeout, path, hw
             )
         stack.callback(client.close)
+        client.on_note = inv.warn
         if args.compat:
             client.connect()  # one session: a peer not there is the whole story
         # This side's MTU; an ibtool server may agree on a smaller one (its port's).

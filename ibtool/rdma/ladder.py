@@ -84,15 +84,52 @@ class Ladder(contextlib.AbstractContextManager):
             self.link_layer = LinkLayer.parse(self.port_attr.link_layer)
             self.gid_index = gid_index
             self.gid = bytes(16)
+            self.gid_type: int | None = None
             if self.needs_grh:
                 if gid_index is None:
                     raise IbtoolError(f"{device}/{port}: no GID index given for a RoCE port")
                 g = self.ctx.query_gid(port, gid_index)
                 self.gid = bytes.fromhex(str(g.gid).replace(":", ""))
+                self.gid_type = self._gid_type(gid_index)
             self.pd = self._own(self.pv.pd.PD(self.ctx))
         except BaseException:
             self.close()
             raise
+
+    def _gid_type(self, index: int) -> int | None:
+        try:
+            return int(self.ctx.query_gid_type(self.port, index))
+        except self.pv.Error:
+            return None
+
+    def _gid_at(self, index: int) -> tuple[bytes, int | None] | None:
+        try:
+            g = self.ctx.query_gid(self.port, index)
+        except self.pv.Error:
+            return None  # an empty slot (the kernel: ENODATA)
+        return bytes.fromhex(str(g.gid).replace(":", "")), self._gid_type(index)
+
+    def follow_gid(self) -> str | None:
+        """Where the GID this ladder started with went, for the next connection.
+
+        The kernel keeps a RoCE port's GID table in step with its netdev
+        (drivers/infiniband/core/roce_gid_mgmt.c): an address removed and added again, or a
+        bond's failover, can delete a GID and add it back under another index. A QP built on
+        the old index then fails (ENODATA: no GID there). The same GID of the same type is
+        looked up again; returns what changed, to be told, or None."""
+        if not self.needs_grh or self.gid_index is None:
+            return None
+        want = (self.gid, self.gid_type)
+        if self._gid_at(self.gid_index) == want:
+            return None
+        for index in range(self.port_attr.gid_tbl_len):
+            if index != self.gid_index and self._gid_at(index) == want:
+                was, self.gid_index = self.gid_index, index
+                return (
+                    f"{self.device}/{self.port}: GID {gid_text(self.gid)} moved from index "
+                    f"{was} to {index} (the kernel re-made the GID table)"
+                )
+        return None  # gone: the connection's own error says what fails
 
     @property
     def needs_grh(self) -> bool:

@@ -328,6 +328,9 @@ def _serve_client(ladder: Ladder, conn: socket.socket, log: Log, peer: str, path
     while remote is not None:
         if remote.size > MAX_PING_SIZE:
             raise IbtoolError(f"ping size {remote.size} exceeds {MAX_PING_SIZE} bytes")
+        moved = ladder.follow_gid()
+        if moved:
+            log(f"client {peer}: {moved}")
         session = Session(ladder, remote.size, remote.mode, path=path)
         try:
             try:
@@ -465,6 +468,7 @@ class PingStats:
 class Client:
     hw: HwClock | None = None  # --hw-timestamps; subclasses that build themselves keep None
     hw_us: float | None = None  # the last round trip on the HCA's clock
+    on_note: Callable[[str], None] | None = None  # told what changed under a reconnection
 
     def __init__(
         self,
@@ -500,6 +504,9 @@ class Client:
         if self.session:
             self.session.close()
             self.session = None
+        moved = self.ladder.follow_gid()
+        if moved and self.on_note:
+            self.on_note(moved)
         session = Session(self.ladder, self.size, self.mode, path=self.path, stamped=bool(self.hw))
         try:
             wire.send(self.conn, wire.encode_endpoint(session.endpoint()))

@@ -145,13 +145,13 @@ def test_port_names_the_bond_slaves_and_the_active_one(bonded):
 def test_ping_rides_the_failover_to_the_backup_slave(bonded, running, wait_for):
     server = running("ping", "--server", "--port", str(PORT), "--dev", RXE_BRIDGE)
     server.wait_for_lines(lambda lines: any(line.startswith("listening") for line in lines))
-    count, interval = 40, 0.1
+    # Pings back to back for 5 s: one of them is in flight when the link goes.
     client = running(
         "-j", "ping", "127.0.0.1", "--port", str(PORT), "--dev", RXE_BOND,
-        "-c", str(count), "-i", str(interval), "-W", "5",
+        "-i", "0.005", "-w", "5", "-W", "5",
     )  # fmt: skip
     wait_for(lambda: len(user_qps()) >= 2, "the client's and the server's QPs", timeout=60)
-    time.sleep(1.0)  # some replies on the first slave
+    time.sleep(1.5)  # replies over the first slave
     moved_at = time.monotonic()
     sh("ip", "link", "set", PEERS[0], "down")  # the first slave's cable, pulled at the far end
     wait_for(lambda: _active_slave() == SLAVES[1], f"the bond to fail over to {SLAVES[1]}")
@@ -164,18 +164,23 @@ def test_ping_rides_the_failover_to_the_backup_slave(bonded, running, wait_for):
     rc, out, err = client.finish(timeout=180)
     assert "Traceback" not in err, err
     report = json.loads(out)
-    assert report["sent"] == count
     replies = report["replies"]
     rtts = [r["rtt_us"] for r in replies if "rtt_us" in r]
     lost = [r for r in replies if "error" in r]
-    # RC retransmission (67 ms per try, 7 retries) carries a ping over a failover this short;
-    # what a slow failover costs still shows: as a lost ping, or as one round trip far above
-    # the others.
-    assert report["received"] >= count - 2, (report, err)
-    assert rc == (0 if not lost else 1), (rc, err)
+    # RC retransmission (67 ms per try, 7 tries) carries the pings over; what the failover
+    # cost shows, as one round trip far above the others or as pings lost (when the kernel
+    # re-made the GID table under the bond, the QP fails and the client builds a new one:
+    # the pings after that are answered again).
+    assert report["sent"] > 50 and rc == 0, (rc, err)  # -w without -c: replies came back
+    assert len(lost) <= 5, (report["sent"], err)
+    after = [r for r in replies if r["seq"] > max((x["seq"] for x in lost), default=0)]
+    assert len(after) > 10 and all("rtt_us" in r for r in after), err
     slowest, typical = max(rtts), sorted(rtts)[len(rtts) // 2]
-    assert lost or slowest > 10 * typical, (failover_s, sorted(rtts)[-3:], typical)
-    print(f"failover {failover_s:.2f} s; lost {len(lost)}; slowest {slowest:.0f} us")
+    assert lost or slowest > 20 * typical, (failover_s, sorted(rtts)[-3:], typical)
+    print(
+        f"failover {failover_s:.2f} s; {report['sent']} sent, {len(lost)} lost; "
+        f"median {typical:.0f} us, slowest {slowest:.0f} us; {err.strip()}"
+    )
 
     server.finish(signal.SIGINT, timeout=60)
     wait_for(lambda: not user_qps(), "every QP to be destroyed")

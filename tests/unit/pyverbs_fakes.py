@@ -280,10 +280,18 @@ class FakeContext(_Closable):
             active_mtu=p.active_mtu,
             state=4,
             qkey_viol_cntr=p.qkey_viol_cntr,
+            gid_tbl_len=max(p.gids, default=-1) + 1 if p.gids else 0,
         )
 
     def query_gid(self, port: int, index: int):
-        return FakeGID(self.fabric.ports[(self.name, port)].gids[index])
+        gids = self.fabric.ports[(self.name, port)].gids
+        if index not in gids:  # the kernel's ENODATA for an empty slot (ib_query_gid)
+            raise PyverbsRDMAError(f"Failed to query gid {index} of port {port}", 61)
+        return FakeGID(gids[index])
+
+    def query_gid_type(self, port: int, index: int):
+        self.query_gid(port, index)
+        return 2  # IBV_GID_TYPE_SYSFS_ROCE_V2
 
 
 class FakePD(_Closable):

@@ -74,3 +74,63 @@ def test_other_errors_and_infiniband_fail_at_once():
     with pytest.raises(IbtoolError):
         rtr(ladder_on(LinkLayer.INFINIBAND), qp)
     assert qp.calls == 1
+
+
+# -- the GID table re-made under a run ---------------------------------------------------------
+
+V4 = "0000:0000:0000:0000:0000:ffff:c0a8:4e01"
+LINK_LOCAL = "fe80:0000:0000:0000:2cb5:56ff:fea9:4698"
+
+
+class Context:
+    """query_gid/query_gid_type as pyverbs answers them: an empty slot is an error (ENODATA)."""
+
+    def __init__(self, table: dict[int, tuple[str, int]]):
+        self.table = table
+
+    def query_gid(self, port: int, index: int):
+        if index not in self.table:
+            raise VerbsError(61)
+        return SimpleNamespace(gid=self.table[index][0])
+
+    def query_gid_type(self, port: int, index: int):
+        self.query_gid(port, index)
+        return self.table[index][1]
+
+
+def ladder_with(table: dict[int, tuple[str, int]], index: int) -> Ladder:
+    lad = ladder_on(LinkLayer.ETHERNET)
+    lad.device, lad.port, lad.ctx = "rxebond", 1, Context(table)
+    lad.port_attr = SimpleNamespace(flags=0, gid_tbl_len=16)
+    lad.gid_index = index
+    lad.gid = bytes.fromhex(table[index][0].replace(":", ""))
+    lad.gid_type = table[index][1]
+    return lad
+
+
+def test_a_gid_still_where_it_was_is_left_alone():
+    lad = ladder_with({0: (LINK_LOCAL, 2), 1: (V4, 2)}, 1)
+    assert lad.follow_gid() is None
+    assert lad.gid_index == 1
+
+
+def test_a_gid_the_kernel_moved_is_followed_to_its_new_index():
+    """What a bond failover did in the testbed: the table re-made, the IPv4 GID elsewhere."""
+    table = {0: (LINK_LOCAL, 2), 1: (V4, 2)}
+    lad = ladder_with(table, 1)
+    table.clear()
+    table.update({1: (LINK_LOCAL, 2), 2: (V4, 1), 3: (V4, 2)})  # v1 first: the type decides
+    assert lad.follow_gid() == (
+        "rxebond/1: GID 0000:0000:0000:0000:0000:ffff:c0a8:4e01 moved from index 1 to 3 "
+        "(the kernel re-made the GID table)"
+    )
+    assert lad.gid_index == 3
+    assert lad.follow_gid() is None
+
+
+def test_a_gid_gone_from_the_table_leaves_the_index_for_the_connection_to_fail_on():
+    table = {0: (LINK_LOCAL, 2), 1: (V4, 2)}
+    lad = ladder_with(table, 1)
+    del table[1]
+    assert lad.follow_gid() is None
+    assert lad.gid_index == 1

@@ -102,8 +102,8 @@ def test_a_refused_controlled_qkey_is_a_failure_with_the_hint_not_a_traceback(ro
     assert r.code == 1 and "Traceback" not in r.err
     lines = r.out.splitlines()
     assert (
-        lines[0]
-        == "loopback on mlx5_0/1 gid 3, pkey 0xffff (index 0), 4096 bytes, 2 iterations, Q_Key 0x80000001"
+        lines[0] == "loopback on mlx5_0/1 gid 3, pkey 0xffff (index 0), 4096 bytes, 2 iterations, "
+        "Q_Key 0x80000001"
     )
     assert [line.split()[:2] for line in lines[2:5]] == [
         ["send", "PASS"], ["ud_send", "FAIL"], ["ud_qkey", "FAIL"],
