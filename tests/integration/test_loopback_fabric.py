@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import traceback
 
 import pytest
 
@@ -154,7 +155,36 @@ def mine(kind: str) -> list[dict]:
 HELD = ("qp", "cq", "mr", "pd", "cm_id")
 
 
+def in_child(body) -> None:
+    """Run `body` in a forked child of this test process, its failure this test's.
+
+    librdmacm keeps a verbs context open on every RDMA device until its process ends, and rxe
+    cannot take a context away from a process: had the test process itself used rdma_cm, a
+    later test's `rdma link delete` would wait for it forever (the suite hung there)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without pytest's exit handlers
+        os.close(r)
+        try:
+            body()
+            said = b""
+        except BaseException:
+            said = traceback.format_exc().encode() or b"failed"
+        os.write(w, said)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read()
+    os.waitpid(pid, 0)
+    if said:
+        pytest.fail(said.decode(), pytrace=False)
+
+
 def test_every_operation_destroys_what_it_made_before_the_process_ends(testbed):
+    in_child(lambda: _every_operation(testbed))
+
+
+def _every_operation(testbed) -> None:
     from ibtool.rdma import loopback
 
     got = loopback.run(
@@ -166,6 +196,10 @@ def test_every_operation_destroys_what_it_made_before_the_process_ends(testbed):
 
 
 def test_ctrl_c_in_a_multicast_round_leaves_the_group_before_the_process_ends(testbed, monkeypatch):
+    in_child(lambda: _ctrl_c_in_a_round(testbed, monkeypatch))
+
+
+def _ctrl_c_in_a_round(testbed, monkeypatch) -> None:
     from ibtool.rdma import loopback, mcast
 
     rounds: list[list[dict]] = []
