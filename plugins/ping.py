@@ -222,13 +222,6 @@ def _settle_cm(args) -> None:
             "rdma_cm takes the P_Key from the address: the partition of its IPoIB netdev, "
             "the default one on RoCE; leave --cm out to choose it",
         )
-    chosen = [f for f, v in (("--sl", args.sl), ("--tclass", args.tclass)) if v]
-    if chosen or args.mtu:
-        raise UsageError(
-            f"--cm takes no {' or '.join(chosen or ['--mtu'])}",
-            "rdma_cm sets the path of the connection from the route to the address; "
-            "leave --cm out to choose it",
-        )
     if args.server and not args.bind:
         raise UsageError(
             "--server --cm needs --bind ADDR",
@@ -318,20 +311,24 @@ def _rping(inv: Invocation) -> int:
 def _cm(inv: Invocation) -> int:
     """--cm: ibtool's own ping, connected through rdma_cm, either side."""
     from ibtool.rdma import cmping, wire  # pyverbs is imported only here
+    from ibtool.rdma.ladder import MTU_BYTES
 
     args = inv.args
     if args.server:
         serve = cmping.serve
-        return _run_server(inv, lambda log: serve(args.bind, args.port, log, args.max_clients))
+        where = (args.bind, args.port)
+        return _run_server(inv, lambda log: serve(*where, log, args.max_clients, _path(args)))
 
     def open_client(stack):
         mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
-        client = cmping.Client(args.host, args.port, args.size, mode, args.timeout)
+        client = cmping.Client(args.host, args.port, args.size, mode, args.timeout, _path(args))
         stack.callback(client.close)
+        used = client.used  # rdma_cm's path, with what was asked of it
         header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, "
-        path = dict(compat=None, cm=True, mode=args.mode, mtu=None, sl=None, tclass=None)
-        path.update(pkey_index=None, pkey=None)
-        return client, header + f"mode {args.mode}", path
+        header += f"mode {args.mode}, {used.describe()}"
+        path = dict(compat=None, cm=True, mode=args.mode, mtu=MTU_BYTES.get(used.mtu))
+        path.update(sl=used.sl, tclass=used.traffic_class, pkey_index=None, pkey=None)
+        return client, header, path
 
     return _client(inv, open_client)
 
@@ -428,9 +425,7 @@ def _header(args, device: str, port: int, gid_index, mtu: int, pkey) -> str:
     where = f"{device}/{port}" + (f" gid {gid_index}" if gid_index is not None else "")
     peer = f"{args.host} ({'ibv_' + args.compat})" if args.compat else args.host
     what = f"{args.size} bytes" + ("" if args.compat else f", mode {args.mode}")
-    dscp = f" (DSCP {args.tclass >> 2})" if args.tclass else ""
-    path = f"mtu {mtu}, sl {args.sl}, tclass {args.tclass}{dscp}, pkey {pkey.label}"
-    return f"PING {peer} over {where}: {what}, {path}"
+    return f"PING {peer} over {where}: {what}, {_path(args).describe(mtu)}, pkey {pkey.label}"
 
 
 def _rounded(figures: dict, digits: int) -> dict:

@@ -46,6 +46,7 @@ from ibtool.errors import IbtoolError, UsageError
 from ibtool.model import LinkLayer
 from ibtool.rdma import wire
 from ibtool.rdma.completions import CompletionError, CompletionTimeout
+from ibtool.rdma.ladder import DEFAULT_PATH, PathSpec
 from ibtool.sources.verbs import pyverbs, rdmacm
 
 RDMA_CM_DEVICE = "/dev/infiniband/rdma_cm"
@@ -218,28 +219,38 @@ class Connection(_Holder):
             "post an RDMA WRITE",
         )
 
-    def connect_qp(self, qp) -> None:
+    def connect_qp(self, qp, path: PathSpec = DEFAULT_PATH) -> PathSpec:
         """Move an external QP (see the module's docstring) to RTS on the path and numbers
         rdma_cm negotiated, as librdmacm moves its own (cma.c, ucma_modify_qp_rtr and
         ucma_modify_qp_rts): INIT first, even from INIT, since only once the CM has a
         connection does rdma_init_qp_attr give the access flags (REMOTE_WRITE, and READ and
-        atomics with responder resources: linux ib_cm.c, cm_init_qp_init_attr)."""
+        atomics with responder resources: linux ib_cm.c, cm_init_qp_init_attr).
+
+        What the operator chose in `path` overrides rdma_cm's choice at RTR: a service level
+        and a traffic class other than 0, a smaller MTU (the P_Key is the address's). Returns
+        the path the QP was connected on."""
         states = self.pv.e.ibv_qp_state
         steps = (
             (states.IBV_QPS_INIT, "INIT"),
             (states.IBV_QPS_RTR, "RTR"),
             (states.IBV_QPS_RTS, "RTS"),
         )
+        used, pkey_index = path, 0
         for state, name in steps:
             try:
                 attr, mask = self.cmid.init_qp_attr(state)
-                if name == "RTR" and self._infiniband():
-                    # cma.c, ucma_modify_qp_rtr: "Workaround for rdma_ucm kernel bug: mask off
-                    # qp_attr_mask bits 21-24 which are used for RoCE".
-                    mask &= ~0xE00000
+                if name == "INIT":
+                    pkey_index = attr.pkey_index
+                elif name == "RTR":
+                    used = _choose(attr, path, pkey_index)
+                    if self._infiniband():
+                        # cma.c, ucma_modify_qp_rtr: "Workaround for rdma_ucm kernel bug: mask
+                        # off qp_attr_mask bits 21-24 which are used for RoCE".
+                        mask &= ~0xE00000
                 qp.modify(attr, mask)
             except self.pv.Error as e:
                 raise IbtoolError(f"move the QP to {name} (rdma_init_qp_attr): {e}") from None
+        return used
 
     def _infiniband(self) -> bool:
         return self.ctx.query_port(self.cmid.port_num).link_layer == LinkLayer.INFINIBAND
@@ -303,6 +314,22 @@ class Connection(_Holder):
                 raise Disconnected("the peer disconnected")
             if kind != types.RDMA_CM_EVENT_ESTABLISHED:
                 raise Disconnected(f"the connection ended: {name}")
+
+
+def _choose(attr, path: PathSpec, pkey_index: int) -> PathSpec:
+    """Put the operator's choices of `path` into rdma_cm's RTR attributes `attr`; the path
+    they then describe. The SL of an InfiniBand path comes from the SA's path record, on RoCE
+    from the TOS (the netdev's priority map): 0 here leaves it so."""
+    ah = attr.ah_attr  # a copy: set back below
+    if path.sl:
+        ah.sl = path.sl
+    if path.traffic_class and ah.is_global:
+        ah.traffic_class = path.traffic_class
+    attr.ah_attr = ah
+    if path.mtu is not None:
+        attr.path_mtu = min(attr.path_mtu, path.mtu)
+    tclass = ah.traffic_class if ah.is_global else 0
+    return PathSpec(ah.sl, tclass, attr.path_mtu, pkey_index)
 
 
 def device_of(cmid) -> str:

@@ -20,6 +20,7 @@ import contextlib
 
 from ibtool.errors import IbtoolError, UnsupportedError
 from ibtool.rdma import cm, ping, wire
+from ibtool.rdma.ladder import DEFAULT_PATH, PathSpec
 
 DEFAULT_PORT = ping.DEFAULT_PORT
 Log = ping.Log
@@ -64,8 +65,19 @@ def _offer(session: ping.Session) -> wire.CmOffer:
 class Client(ping.Client):
     """ping.Client's round trip (ping()) on a QP that rdma_cm connected."""
 
-    def __init__(self, host: str, port: int, size: int, mode: wire.Mode, timeout: float):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        size: int,
+        mode: wire.Mode,
+        timeout: float,
+        path: PathSpec = DEFAULT_PATH,
+    ):
+        """`path`: the operator's service level, traffic class and MTU cap (cm.connect_qp);
+        after connecting, `used` is the path the QP is on."""
         self.host, self.port, self.size, self.mode, self.timeout = host, port, size, mode, timeout
+        self.path = self.used = path
         self.server = cm._peer(host, port)
         self.session: ping.Session | None = None
         self.conn: cm.Connection | None = None
@@ -97,7 +109,7 @@ class Client(ping.Client):
             param = _param(conn, session.qp, data)
             conn._verbs(lambda: conn.cmid.connect(param), f"connect to {self.server}")
             offer = self._response(conn)
-            conn.connect_qp(session.qp)
+            used = conn.connect_qp(session.qp, self.path)
             conn._verbs(conn.cmid.establish, "complete the connection (rdma_establish)")
             conn.established = True
             conn.keep(conn._disconnect)
@@ -106,7 +118,7 @@ class Client(ping.Client):
         except BaseException:
             conn.close()
             raise
-        self.conn, self.session = conn, session
+        self.conn, self.session, self.used = conn, session, used
 
     def _ended(self, e: IbtoolError) -> IbtoolError:
         """A reconnect (after a QP died) that cannot be made ends the run, as a lost ping."""
@@ -182,8 +194,11 @@ class Client(ping.Client):
 # -- server ------------------------------------------------------------------------------------
 
 
-def serve(bind: str, port: int, log: Log, max_clients: int | None = None) -> None:
-    """Serve clients one after another until interrupted (or `max_clients` were served)."""
+def serve(
+    bind: str, port: int, log: Log, max_clients: int | None = None, path: PathSpec = DEFAULT_PATH
+) -> None:
+    """Serve clients one after another until interrupted (or `max_clients` were served), the
+    answers on the service level, traffic class and MTU cap of `path` (cm.connect_qp)."""
     rdmacm = cm.rdmacm()
     _require_private_data(rdmacm)
     with cm.Listener(bind, port) as listener:
@@ -198,11 +213,13 @@ def serve(bind: str, port: int, log: Log, max_clients: int | None = None) -> Non
             listener.request,
             max_clients,
             log,
-            lambda conn, who: _serve_client(listener, conn, log, who),
+            lambda conn, who: _serve_client(listener, conn, log, who, path),
         )
 
 
-def _serve_client(listener: cm.Listener, conn: cm.Connection, log: Log, who: str) -> int:
+def _serve_client(
+    listener: cm.Listener, conn: cm.Connection, log: Log, who: str, path: PathSpec
+) -> int:
     try:
         offer = wire.decode_cm(conn.private_data, wire.CmMessage.REQUEST, ping.MAX_PING_SIZE)
     except wire.ProtocolError as e:
@@ -210,7 +227,7 @@ def _serve_client(listener: cm.Listener, conn: cm.Connection, log: Log, who: str
         raise
     session = ping.Session(conn, offer.size, offer.mode)
     conn.keep(session.close)
-    conn.connect_qp(session.qp)
+    used = conn.connect_qp(session.qp, path)
     session.ready(offer)
     session.post_recv()
     session.post_recv()  # the spare: the client's next ping may come before the echo's re-post
@@ -220,7 +237,7 @@ def _serve_client(listener: cm.Listener, conn: cm.Connection, log: Log, who: str
     conn._established("accept", who)
     conn.busy = wire.encode_cm(wire.CmMessage.REFUSE, f"busy: serving {who}, one at a time")
     mode = offer.mode.name.lower().replace("_", "-")  # as --mode spells it
-    log(f"{who} connected on {conn.device}: mode {mode} size {offer.size}")
+    log(f"{who} connected on {conn.device}: mode {mode} size {offer.size}, {used.describe()}")
     answered = 0
     while True:
         # _echo returns when a CM event is there: the client's disconnect, or a request of

@@ -53,6 +53,14 @@ class PathSpec:
     mtu: int | None = None
     pkey_index: int = 0
 
+    def describe(self, mtu: int | None = None) -> str:
+        """The path as a ping's first line says it, "mtu M, sl S, tclass T (DSCP D)"; `mtu` in
+        bytes, else this one's."""
+        if mtu is None:
+            mtu = IBV_MTU_BYTES.get(self.mtu, self.mtu)
+        dscp = f" (DSCP {self.traffic_class >> 2})" if self.traffic_class else ""
+        return f"mtu {mtu}, sl {self.sl}, tclass {self.traffic_class}{dscp}"
+
 
 DEFAULT_PATH = PathSpec()
 MTU_BYTES = IBV_MTU_BYTES  # enum ibv_mtu code -> bytes

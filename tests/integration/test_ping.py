@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import unicodedata
+from typing import NamedTuple
 
 import pytest
 
@@ -329,11 +330,18 @@ def test_a_signal_to_the_client_mid_run_prints_the_statistics(running, wait_for,
     assert server.proc.poll() is None
 
 
-def roce_v2_packets(netdev: str, source: str, until: threading.Event) -> list[tuple[int, int]]:
-    """(IPv4 TOS byte, BTH P_Key) of every RoCE v2 packet (UDP port 4791) from `source` seen
-    on `netdev` until `until` is set, read off an AF_PACKET socket. The BTH follows the UDP
-    header; its P_Key is bytes 2-3 (IBTA vol. 1, 9.2; RoCE v2: annex A17)."""
-    seen: list[tuple[int, int]] = []
+class Packet(NamedTuple):
+    opcode: int  # the BTH's: transport in the top 3 bits (RC 0, UD 3: QP1's CM MADs)
+    tos: int  # the IPv4 header's TOS byte: DSCP << 2 | ECN
+    pkey: int  # the BTH's P_Key
+    payload: int  # bytes after the BTH (and the RETH or ImmDt, if any): at most the path MTU
+
+
+def roce_v2_packets(netdev: str, source: str, until: threading.Event) -> list[Packet]:
+    """Every RoCE v2 packet (UDP port 4791) from `source` seen on `netdev` until `until` is
+    set, read off an AF_PACKET socket. The 12-byte BTH follows the UDP header, its P_Key in
+    bytes 2-3; the packet ends with the 4-byte ICRC (IBTA vol. 1, 9.2; RoCE v2: annex A17)."""
+    seen: list[Packet] = []
     # ETH_P_ALL: a socket of one protocol is not shown what the host sends
     # (dev_queue_xmit_nit walks only the ETH_P_ALL taps).
     with socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003)) as sniff:
@@ -351,11 +359,22 @@ def roce_v2_packets(netdev: str, source: str, until: threading.Event) -> list[tu
             udp_dport = int.from_bytes(ip[header + 2 : header + 4], "big")
             if ip[9] == 17 and udp_dport == 4791 and socket.inet_ntoa(ip[12:16]) == source:
                 bth = ip[header + 8 :]
-                seen.append((ip[1], int.from_bytes(bth[2:4], "big")))
+                udp_length = int.from_bytes(ip[header + 4 : header + 6], "big")
+                payload = udp_length - 8 - 12 - 4 - _EXTENDED.get(bth[0] & 0x1F, 0)
+                pkey = int.from_bytes(bth[2:4], "big")
+                seen.append(Packet(bth[0], ip[1], pkey, payload))
     return seen
 
 
-def sniffed_ping(testbed, *args: str) -> tuple[subprocess.CompletedProcess, list[tuple[int, int]]]:
+# RC opcodes' headers between the BTH and the payload (IBTA vol. 1, table 35): ImmDt (4) on
+# a SEND or RDMA WRITE last or only with immediate, RETH (16) on an RDMA WRITE first or only
+# and a READ request, both on a WRITE only with immediate, AETH (4) on a READ response's
+# first, last or only packet and on an ACK.
+_EXTENDED = {0x03: 4, 0x05: 4, 0x06: 16, 0x09: 4, 0x0A: 16, 0x0B: 20, 0x0C: 16}
+_EXTENDED.update({0x0D: 4, 0x0F: 4, 0x10: 4, 0x11: 4})
+
+
+def sniffed_ping(testbed, *args: str) -> tuple[subprocess.CompletedProcess, list[Packet]]:
     """A ping from rxe0 to the peer server, and what the sniffer saw of its packets."""
     done, result = threading.Event(), []
     sniffer = threading.Thread(
@@ -374,7 +393,7 @@ def test_tclass_is_the_ds_field_of_the_packets_sent(peer_server, testbed):
     proc, packets = sniffed_ping(testbed, "--tclass", "104")
     report = json.loads(proc.stdout)
     assert (report["received"], report["tclass"], report["sl"]) == (5, 104, 0), proc.stderr
-    tos = {t for t, _ in packets}
+    tos = {p.tos for p in packets}
     assert tos == {104}, packets  # DSCP 26 (AF31), ECN 0: every packet
 
 
@@ -385,7 +404,7 @@ def test_the_pkey_of_the_index_asked_for_is_in_every_packets_bth(peer_server, te
     report = json.loads(proc.stdout)
     assert report["received"] == 5, proc.stderr
     assert (report["pkey_index"], report["pkey"]) == (0, f"0x{pkey:04x}")
-    assert packets and {p for _, p in packets} == {pkey}, packets
+    assert packets and {p.pkey for p in packets} == {pkey}, packets
 
 
 @pytest.mark.parametrize("side", ["client", "server"])

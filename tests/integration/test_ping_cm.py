@@ -9,11 +9,12 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from tests.integration.running import Running
-from tests.integration.test_ping import user_objects
+from tests.integration.test_ping import roce_v2_packets, user_objects
 
 pytestmark = pytest.mark.integration
 
@@ -51,9 +52,60 @@ def test_ping_over_rdma_cm_both_modes(testbed, running, wait_for, mode):
     rc, out, err = server.finish(timeout=60)
     assert (rc, err) == (0, ""), out
     assert out.splitlines()[1:] == [
-        f"client 1 connected on {testbed['device']}/1: mode {mode} size 100",
+        f"client 1 connected on {testbed['device']}/1: mode {mode} size 100, mtu 1024, sl 0, "
+        "tclass 0",
         "client 1 done: 5 pings answered",
     ]
+    wait_for(nothing_left, "no QP or rdma_cm id of either side")
+
+
+def test_sl_tclass_and_mtu_asked_of_rdma_cm_are_the_connections_on_both_sides(
+    testbed, running, wait_for
+):
+    # The server on rxe1's address, the client on rxe0: the packets cross the veth pair, each
+    # side's on its own end.
+    peer, here = testbed["peer_ipv4"], testbed["ipv4"]
+    server = cm_server(running, peer, 18623, "--max-clients", "1", "--tclass", "72")
+    done, ours, theirs = threading.Event(), [], []
+    sniffers = [
+        threading.Thread(
+            target=lambda into=into, netdev=netdev, source=source: into.extend(
+                roce_v2_packets(netdev, source, done)
+            )
+        )
+        for into, netdev, source in (
+            (ours, testbed["netdev"], here),
+            (theirs, testbed["peer_netdev"], peer),
+        )
+    ]
+    for sniffer in sniffers:
+        sniffer.start()
+    try:
+        proc = ibtool(
+            "ping", "--cm", peer, "--port", "18623", "-c", "3", "-i", "0", "-s", "600",
+            "--sl", "2", "--tclass", "104", "--mtu", "256", "-j",
+        )  # fmt: skip
+    finally:
+        done.set()
+        for sniffer in sniffers:
+            sniffer.join(10)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["received"], report["sl"], report["tclass"], report["mtu"]) == (3, 2, 104, 256)
+    # The connection's own packets, not the CM's MADs (UD, on QP1: rdma_cm's TOS, 0).
+    ours, theirs = ([p for p in seen if p.opcode < 0x20] for seen in (ours, theirs))
+    assert {p.tos for p in ours} == {104}, ours  # DSCP 26 on every packet of the client's
+    sends = [p for p in ours if p.payload > 0]
+    assert len(sends) >= 9 and max(p.payload for p in sends) == 256, ours  # 600 = 256+256+88
+    assert {p.tos for p in theirs} == {72}, theirs  # the server's answers: DSCP 18
+    # The server kept rdma_cm's MTU, rxe's 1024 on a 1500-byte netdev: one packet an answer.
+    assert max(p.payload for p in theirs) == 600, theirs
+    rc, out, err = server.finish(timeout=60)
+    assert (rc, err) == (0, ""), out
+    assert out.splitlines()[1] == (
+        f"client 1 connected on {testbed['peer_device']}/1: mode send size 600, "
+        "mtu 1024, sl 0, tclass 72 (DSCP 18)"
+    )
     wait_for(nothing_left, "no QP or rdma_cm id of either side")
 
 
@@ -90,7 +142,9 @@ def test_sigint_to_the_client_prints_the_statistics_and_the_server_goes_on(
     lines = out.splitlines()
     # The client's device is rdma_cm's pick for the route to addr (rxe1 here, not rxe0).
     assert re.fullmatch(
-        rf"PING {addr}:18622 over rdma_cm \(rxe\d/1\): 64 bytes, mode write-imm", lines[0]
+        rf"PING {addr}:18622 over rdma_cm \(rxe\d/1\): 64 bytes, mode write-imm, mtu 1024, "
+        r"sl 0, tclass 0",
+        lines[0],
     )
     assert lines[-3] == f"--- {addr} ibtool ping statistics ---", out
     m = re.fullmatch(r"(\d+) sent, (\d+) received, \d+% loss, time \d+ ms", lines[-2])

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from ibtool_plugins import ping as plugin
 
 from ibtool.errors import ExitCode, UsageError
-from ibtool.rdma import wire
+from ibtool.rdma import cm, wire
+from ibtool.rdma.ladder import PathSpec
 from ibtool.rdma.wire import CmMessage, CmOffer, Mode, ProtocolError
 
 MAX = 1 << 20
@@ -122,9 +123,6 @@ def test_every_valid_offer_round_trips(offer):
         (["--cm", "--compat", "rping", "h"], "--cm with --compat rping"),
         (["--cm", "--dev", "rxe0", "h"], "--cm takes no --dev or --gid-index"),
         (["--cm", "--gid-index", "1", "h"], "--cm takes no --dev or --gid-index"),
-        (["--cm", "--sl", "3", "h"], "--cm takes no --sl"),
-        (["--cm", "--tclass", "96", "h"], "--cm takes no --tclass"),
-        (["--cm", "--mtu", "1024", "h"], "--cm takes no --mtu"),
         (["--cm", "--server"], "--server --cm needs --bind ADDR"),
     ],
 )
@@ -135,3 +133,77 @@ def test_cm_options_that_cannot_work_are_refused(args, message):
         plugin._settle(parser.parse_args(args))
     assert err.value.message == message
     assert err.value.hint
+
+
+@pytest.mark.parametrize("side", [["h"], ["--server", "--bind", "192.0.2.1"]])
+def test_cm_takes_a_service_level_traffic_class_and_mtu_on_either_side(side):
+    parser = argparse.ArgumentParser()
+    plugin.configure(parser)
+    args = parser.parse_args(["--cm", "--sl", "3", "--tclass", "104", "--mtu", "1024", *side])
+    plugin._settle(args)
+    assert plugin._path(args) == PathSpec(3, 104, 3, 0)  # 1024 bytes: IBV_MTU_1024
+
+
+# -- the path over rdma_cm: rdma_init_qp_attr's RTR attributes, then the operator's ------------
+
+
+def rtr_attr(pv, sl: int, tclass: int, mtu: int, is_global: bool = True):
+    """RTR attributes as rdma_init_qp_attr fills them (a real pyverbs QPAttr: its ah_attr is a
+    copy, which must be set back)."""
+    a = pv.addr
+    attr = pv.qp.QPAttr()
+    if is_global:
+        gr = a.GlobalRoute(dgid=a.GID("0000:0000:0000:0000:0000:ffff:c0a8:4d01"), sgid_index=1)
+        gr.traffic_class = tclass
+        attr.ah_attr = a.AHAttr(gr=gr, is_global=1, port_num=1, sl=sl)
+    else:
+        attr.ah_attr = a.AHAttr(dlid=7, is_global=0, port_num=1, sl=sl)
+    attr.path_mtu = mtu
+    return attr
+
+
+@pytest.fixture
+def real_pyverbs():
+    pytest.importorskip("pyverbs.qp", reason="python3-pyverbs (the distribution's) is needed")
+    from ibtool.sources.verbs import pyverbs
+
+    return pyverbs()
+
+
+def test_nothing_asked_keeps_rdma_cms_path_and_says_it(real_pyverbs):
+    attr = rtr_attr(real_pyverbs, sl=2, tclass=32, mtu=5)
+    used = cm._choose(attr, PathSpec(), pkey_index=0)
+    assert used == PathSpec(2, 32, 5, 0)
+    assert (attr.ah_attr.sl, attr.ah_attr.traffic_class, attr.path_mtu) == (2, 32, 5)
+
+
+def test_the_operators_sl_tclass_and_smaller_mtu_reach_the_qps_attributes(real_pyverbs):
+    attr = rtr_attr(real_pyverbs, sl=0, tclass=0, mtu=5)
+    used = cm._choose(attr, PathSpec(sl=3, traffic_class=104, mtu=3), pkey_index=1)
+    assert used == PathSpec(3, 104, 3, 1)
+    ah = attr.ah_attr
+    assert (ah.sl, ah.traffic_class, attr.path_mtu) == (3, 104, 3)
+    assert str(ah.dgid).endswith("ffff:c0a8:4d01") and ah.sgid_index == 1  # the rest stays
+
+
+def test_an_mtu_cap_above_the_paths_leaves_the_path_mtu(real_pyverbs):
+    attr = rtr_attr(real_pyverbs, sl=0, tclass=0, mtu=3)
+    assert cm._choose(attr, PathSpec(mtu=5), pkey_index=0).mtu == 3
+
+
+def test_an_infiniband_path_without_a_grh_has_no_traffic_class(real_pyverbs):
+    attr = rtr_attr(real_pyverbs, sl=1, tclass=0, mtu=4, is_global=False)
+    used = cm._choose(attr, PathSpec(sl=5, traffic_class=104), pkey_index=0)
+    assert used == PathSpec(5, 0, 4, 0)
+    assert not attr.ah_attr.is_global
+
+
+@pytest.mark.parametrize(
+    "path, mtu, text",
+    [
+        (PathSpec(3, 104, 3), None, "mtu 1024, sl 3, tclass 104 (DSCP 26)"),
+        (PathSpec(0, 0, 5), 2048, "mtu 2048, sl 0, tclass 0"),
+    ],
+)
+def test_a_path_is_said_as_the_first_line_of_a_ping_says_it(path, mtu, text):
+    assert path.describe(mtu) == text
