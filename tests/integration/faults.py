@@ -102,6 +102,19 @@ def wait_topology(topo: dict, timeout: float = 60.0) -> None:
         )
 
 
+def restore_crossing_routes(topo: dict) -> None:
+    """The guest's policy routes that send each end's packets for the other end's address out
+    of its own veth (table 77, tests/testbed/guest.sh). Taking a netdev down deletes the
+    routes through it, in every table, and bringing it up does not bring them back: without
+    them, rdma_cm resolves the other end's address to the local device that has it (rxe1 to
+    rxe1 through lo), and nothing crosses the pair."""
+    ends = ((topo["peer_ipv4"], topo["netdev"], topo["ipv4"]),)
+    if topo.get("peer_netdev"):
+        ends += ((topo["ipv4"], topo["peer_netdev"], topo["peer_ipv4"]),)
+    for address, netdev, source in ends:
+        sh("ip", "route", "replace", address, "dev", netdev, "src", source, "table", "77")
+
+
 def _recreate(topo: dict) -> None:
     if not os.path.isdir("/sys/module/rdma_rxe"):
         sh("modprobe", "rdma_rxe")
@@ -122,6 +135,7 @@ def link_down(topo: dict, netdev: str | None = None) -> Iterator[str]:
         yield netdev
     finally:
         sh("ip", "link", "set", netdev, "up")
+        restore_crossing_routes(topo)
         wait_topology(topo)
 
 

@@ -21,6 +21,7 @@ import pytest
 
 from ibtool.rdma import wire
 from tests.fixtures.peers import EVIL, EVIL_SHOWN, Peer, resets, sends_escapes
+from tests.integration import faults
 from tests.integration.running import Running
 
 pytestmark = pytest.mark.integration
@@ -136,6 +137,7 @@ def test_link_down_is_loss_then_recovery(server, testbed, wait_for):
     subprocess.run(["ip", "link", "set", testbed["netdev"], "down"], check=True)
     time.sleep(2)
     subprocess.run(["ip", "link", "set", testbed["netdev"], "up"], check=True)
+    faults.restore_crossing_routes(testbed)
     out, err = proc.communicate(timeout=120)
     report = json.loads(out)
     replies = report["replies"]

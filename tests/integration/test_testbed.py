@@ -153,6 +153,9 @@ def test_link_down_fault_restores_the_topology(testbed):
                 lambda: faults.port_state(testbed["peer_device"]) == "DOWN", "the peer DOWN"
             )
     assert tables(testbed) == before
+    if testbed.get("peer_ipv4"):  # the other end's address is reached across the pair again
+        route = faults.sh("ip", "route", "get", testbed["peer_ipv4"])
+        assert f" dev {testbed['netdev']} table 77 " in route, route
 
 
 def test_netem_fault_is_removed_afterwards(testbed, netem):
