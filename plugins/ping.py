@@ -363,7 +363,7 @@ def _verbs_client(inv: Invocation, device: str, port: int, gid_index, pkey) -> i
         report = dict(compat=args.compat, cm=False, mode=None if args.compat else args.mode)
         report.update(mtu=mtu, sl=args.sl, tclass=args.tclass)
         report.update(pkey_index=pkey.index, pkey=pkey.hex)
-        return client, _header(args, device, port, gid_index, mtu, pkey), report
+        return client, _header(args, device, port, gid_index, mtu, pkey, path), report
 
     return _client(inv, open_client)
 
@@ -421,11 +421,11 @@ def _client(inv: Invocation, open_client) -> int:
     return 1 if stats.received == 0 or incomplete else 0
 
 
-def _header(args, device: str, port: int, gid_index, mtu: int, pkey) -> str:
+def _header(args, device: str, port: int, gid_index, mtu: int, pkey, path) -> str:
     where = f"{device}/{port}" + (f" gid {gid_index}" if gid_index is not None else "")
     peer = f"{args.host} ({'ibv_' + args.compat})" if args.compat else args.host
     what = f"{args.size} bytes" + ("" if args.compat else f", mode {args.mode}")
-    return f"PING {peer} over {where}: {what}, {_path(args).describe(mtu)}, pkey {pkey.label}"
+    return f"PING {peer} over {where}: {what}, {path.describe(mtu)}, pkey {pkey.label}"
 
 
 def _rounded(figures: dict, digits: int) -> dict:

@@ -134,10 +134,8 @@ def test_link_down_is_loss_then_recovery(server, testbed, wait_for):
     )
     wait_for(lambda: user_qps(), "the client's QP", timeout=60)
     time.sleep(1.5)
-    subprocess.run(["ip", "link", "set", testbed["netdev"], "down"], check=True)
-    time.sleep(2)
-    subprocess.run(["ip", "link", "set", testbed["netdev"], "up"], check=True)
-    faults.restore_crossing_routes(testbed)
+    with faults.link_down(testbed):  # up again, its routes back, on the way out
+        time.sleep(2)
     out, err = proc.communicate(timeout=120)
     report = json.loads(out)
     replies = report["replies"]
