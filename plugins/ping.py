@@ -160,11 +160,12 @@ def _settle(args) -> None:
         _settle_rping(args)
     if args.cm:
         _settle_cm(args)
-    if args.hw_timestamps and (args.server or args.cm or args.compat == "rping"):
-        over = "--server" if args.server else "--cm" if args.cm else "--compat rping"
+    if args.hw_timestamps and (args.server or args.compat == "rping"):
+        over = "--server" if args.server else "--compat rping"
         raise UsageError(
             f"--hw-timestamps with {over}",
-            "the client times its pings; over rdma_cm it cannot yet: leave one out",
+            "the client times its pings, with ibtool's own protocol (also --cm) or "
+            "--compat rc_pingpong: leave one out",
         )
     if args.compat and args.mode != "send":
         raise UsageError(
@@ -191,10 +192,20 @@ def _settle_rping(args) -> None:
             "rdma_cm takes the P_Key from the address: the partition of its IPoIB netdev, "
             "the default one on RoCE",
         )
-    chosen = [f for f, v in (("--sl", args.sl), ("--tclass", args.tclass)) if v]
-    if chosen or args.mtu:
+    if args.tclass:
+        # rping -t sets it with rdma_set_option(RDMA_OPTION_ID_TOS) on the id it connects;
+        # pyverbs' CMID.set_option passes on RDMA_OPTION_ID_ACK_TIMEOUT only.
         raise UsageError(
-            f"--compat rping takes no {' or '.join(chosen or ['--mtu'])}",
+            "--compat rping takes no --tclass: pyverbs cannot set the TOS of an rdma_cm id",
+            "rdma_cm's default for a RoCE port is in configfs: mkdir "
+            "/sys/kernel/config/rdma_cm/DEV, then write the TOS to its "
+            "ports/PORT/default_roce_tos (every rdma_cm connection from that port that sets "
+            "none takes it)",
+        )
+    chosen = [f for f, v in (("--sl", args.sl), ("--mtu", args.mtu)) if v]
+    if chosen:
+        raise UsageError(
+            f"--compat rping takes no {' or '.join(chosen)}",
             "rdma_cm sets the path of an rping connection from the route to the address",
         )
     if not args.server and not rping.MIN_SIZE <= args.size <= rping.MAX_SIZE:
@@ -298,12 +309,19 @@ def _rping(inv: Invocation) -> int:
         return _run_server(inv, lambda log: serve(args.bind, args.port, log, args.max_clients))
 
     def open_client(stack):
+        from ibtool.rdma.ladder import MTU_BYTES
+
         client = rping.Client(args.host, args.port, args.size, args.timeout)
         stack.callback(client.close)
         header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, "
+        header += "compat rping"
         path = dict(compat="rping", cm=True, mode=None, mtu=None, sl=None, tclass=None)
+        used = client.used  # rdma_cm's own choice: an rping connection takes none of ours
+        if used is not None:
+            header += f", {used.describe()}"
+            path.update(mtu=MTU_BYTES.get(used.mtu), sl=used.sl, tclass=used.traffic_class)
         path.update(pkey_index=None, pkey=None)
-        return client, header + "compat rping", path
+        return client, header, path
 
     return _client(inv, open_client)
 
@@ -321,7 +339,9 @@ def _cm(inv: Invocation) -> int:
 
     def open_client(stack):
         mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
-        client = cmping.Client(args.host, args.port, args.size, mode, args.timeout, _path(args))
+        client = cmping.Client(
+            args.host, args.port, args.size, mode, args.timeout, _path(args), args.hw_timestamps
+        )
         stack.callback(client.close)
         used = client.used  # rdma_cm's path, with what was asked of it
         header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, "

@@ -55,6 +55,7 @@ RESOLVE_TIMEOUT_MS = 2000  # rping.c's rdma_resolve_addr and rdma_resolve_route 
 EVENT_SLACK = 3.0  # an answer to a resolve comes within its timeout; this is our margin
 CONNECT_TIMEOUT = 30.0  # the CM retries REQ itself (~4 s per try on rxe); give up after this
 IBV_SEND_SIGNALED = 2
+IBV_QP_AV, IBV_QP_PATH_MTU = 1 << 7, 1 << 8  # enum ibv_qp_attr_mask (libibverbs/verbs.h)
 # ibv_wc_opcode (libibverbs/verbs.h)
 IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_RDMA_READ, IBV_WC_RECV = 0, 1, 2, 128
 EVENT_CHECK_EVERY = 1024  # empty CQ polls between looks at the CM events (and the clock)
@@ -251,6 +252,19 @@ class Connection(_Holder):
             except self.pv.Error as e:
                 raise IbtoolError(f"move the QP to {name} (rdma_init_qp_attr): {e}") from None
         return used
+
+    def path_used(self) -> PathSpec | None:
+        """The path of the id's own QP (rdma_create_qp), which librdmacm moved to RTS on
+        rdma_cm's choices: its SL, traffic class and MTU, read back with ibv_query_qp; None
+        where this pyverbs cannot query it (CMID.query_qp) or the query fails."""
+        if not hasattr(self.cmid, "query_qp"):
+            return None
+        try:
+            attr, _ = self.cmid.query_qp(IBV_QP_AV | IBV_QP_PATH_MTU)
+        except self.pv.Error:
+            return None
+        ah = attr.ah_attr
+        return PathSpec(ah.sl, ah.traffic_class if ah.is_global else 0, attr.path_mtu)
 
     def _infiniband(self) -> bool:
         return self.ctx.query_port(self.cmid.port_num).link_layer == LinkLayer.INFINIBAND

@@ -20,6 +20,7 @@ import contextlib
 
 from ibtool.errors import IbtoolError, UnsupportedError
 from ibtool.rdma import cm, ping, wire
+from ibtool.rdma.hwclock import HwClock
 from ibtool.rdma.ladder import DEFAULT_PATH, PathSpec
 
 DEFAULT_PORT = ping.DEFAULT_PORT
@@ -73,11 +74,15 @@ class Client(ping.Client):
         mode: wire.Mode,
         timeout: float,
         path: PathSpec = DEFAULT_PATH,
+        hw_timestamps: bool = False,
     ):
         """`path`: the operator's service level, traffic class and MTU cap (cm.connect_qp);
-        after connecting, `used` is the path the QP is on."""
+        after connecting, `used` is the path the QP is on. `hw_timestamps`: time each ping on
+        the HCA's clock too (hwclock.HwClock), that of the device rdma_cm chose, made anew
+        with each connection (a reconnection may land on another device)."""
         self.host, self.port, self.size, self.mode, self.timeout = host, port, size, mode, timeout
         self.path = self.used = path
+        self.hw_timestamps = hw_timestamps
         self.server = cm._peer(host, port)
         self.session: ping.Session | None = None
         self.conn: cm.Connection | None = None
@@ -103,7 +108,8 @@ class Client(ping.Client):
                 CmUnreachable(f"{self.server} is unreachable: {e.message}", e.hint)
             ) from None
         try:
-            session = ping.Session(conn, self.size, self.mode)
+            hw = HwClock(conn) if self.hw_timestamps else None
+            session = ping.Session(conn, self.size, self.mode, stamped=hw is not None)
             conn.keep(session.close)
             data = wire.encode_cm(wire.CmMessage.REQUEST, _offer(session))
             param = _param(conn, session.qp, data)
@@ -118,7 +124,7 @@ class Client(ping.Client):
         except BaseException:
             conn.close()
             raise
-        self.conn, self.session, self.used = conn, session, used
+        self.conn, self.session, self.used, self.hw = conn, session, used, hw
 
     def _ended(self, e: IbtoolError) -> IbtoolError:
         """A reconnect (after a QP died) that cannot be made ends the run, as a lost ping."""

@@ -21,7 +21,12 @@ from dataclasses import dataclass
 
 from ibtool.errors import IbtoolError
 from ibtool.rdma import cm, wire
-from ibtool.rdma.ladder import ACCESS_LOCAL_WRITE, ACCESS_REMOTE_READ, ACCESS_REMOTE_WRITE
+from ibtool.rdma.ladder import (
+    ACCESS_LOCAL_WRITE,
+    ACCESS_REMOTE_READ,
+    ACCESS_REMOTE_WRITE,
+    PathSpec,
+)
 
 DEFAULT_PORT = 7174  # rping.c: cb->port = htobe16(7174)
 DEFAULT_SIZE = 64  # rping.c: cb->size = 64
@@ -89,6 +94,7 @@ class Client:
         self.server = cm._peer(host, port)
         self.session: cm.Connection | None = None
         self.device = "?"
+        self.used: PathSpec | None = None  # the connection's path, as rdma_cm chose it
         self.connect()  # up front: a server not there is one error, not a loss per ping
 
     def connect(self) -> None:
@@ -105,7 +111,7 @@ class Client:
             self.sink_ad.write(encode(Advert(self.sink.buf, self.sink.rkey, self.size)), 16)
             conn.post_recv(self.go_ahead, ADVERT.size)
             cm.connect_to(conn, self.host, self.port)
-            self.device = conn.device
+            self.device, self.used = conn.device, conn.path_used()
         except BaseException:
             conn.close()
             raise

@@ -173,3 +173,23 @@ def test_sigint_to_the_server_mid_run_ends_the_client_with_a_reason(testbed, run
         f"ibtool: error: the ping server at {addr}:18623 disconnected"
     ), err
     wait_for(nothing_left, "no QP or rdma_cm id of either side")
+
+
+def test_hw_timestamps_over_rdma_cm_ask_the_device_rdma_cm_chose(testbed, running, wait_for):
+    # The HCA's clock is that of the device the address resolved to: rxe has none, so the
+    # client refuses once that is known, before any connection request reaches the server.
+    peer = testbed["peer_ipv4"]
+    server = cm_server(running, peer, 18625)
+    proc = ibtool("ping", "--cm", peer, "--port", "18625", "-c", "1", "--hw-timestamps")
+    assert (proc.returncode, proc.stdout) == (6, ""), proc.stderr
+    assert proc.stderr.startswith(
+        f"ibtool: error: {testbed['device']}/1 does not timestamp its completions "
+        "(completion_timestamp_mask 0x0, hca_core_clock 0 kHz) (hint: completion timestamps "
+        "are an mlx5"
+    ), proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert not user_objects("qp")  # the client's (and no server side of a connection)
+    assert {c["pid"] for c in user_objects("cm_id")} == {server.proc.pid}  # its listener
+    rc, out, err = server.finish(signal.SIGINT, timeout=60)
+    assert out.splitlines()[1:] == ["server stopped"], out  # no client came
+    wait_for(nothing_left, "no QP or rdma_cm id of either side")

@@ -4,16 +4,19 @@ side, and no QP or rdma_cm id left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from tests.integration.running import Running
-from tests.integration.test_ping import user_objects
+from tests.integration.test_ping import roce_v2_packets, user_objects
 
 pytestmark = pytest.mark.integration
 
@@ -167,4 +170,69 @@ def test_a_ping_larger_than_the_rping_servers_buffer_says_to_raise_its_size(
         "-S 1000)\n"
     )
     assert server.wait(60) != 0  # rping.c: "cq completion failed status 4" (LOC_PROT_ERR)
+    wait_for(nothing_left, "no QP or rdma_cm id of either side")
+
+
+@contextlib.contextmanager
+def default_roce_tos(device: str, port: int, tos: int):
+    """rdma_cm's default TOS for the RoCE port (configfs, drivers/infiniband/core/
+    cma_configfs.c): the device's directory made, the TOS written, and both undone after."""
+    config = "/sys/kernel/config"
+    if not os.path.isdir(f"{config}/rdma_cm"):
+        subprocess.run(["modprobe", "configfs"], check=False)
+        if not os.path.ismount(config):
+            subprocess.run(["mount", "-t", "configfs", "configfs", config], check=True)
+    made = f"{config}/rdma_cm/{device}"
+    os.mkdir(made)
+    knob = f"{made}/ports/{port}/default_roce_tos"
+    try:
+        with open(knob, "w") as f:
+            f.write(str(tos))
+        yield
+    finally:
+        with open(knob, "w") as f:
+            f.write("0")
+        os.rmdir(made)
+
+
+def test_the_tos_that_the_tclass_refusal_points_to_is_the_connections_and_reported(
+    testbed, stock_rping, wait_for
+):
+    # `--compat rping --tclass` is refused (pyverbs cannot set an rdma_cm id's TOS) with a
+    # hint to rdma_cm's configfs default: that default set on rxe0, the client's packets
+    # carry it, and the report says the path its QP is on, read back from the QP.
+    peer, here = testbed["peer_ipv4"], testbed["ipv4"]
+    refused = subprocess.run(
+        [sys.executable, "-m", "ibtool", "ping", "--compat", "rping", peer, "--tclass", "104"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "default_roce_tos" in refused.stderr, refused.stderr
+    server = stock_rping("-s", "-a", peer, "-C", "3", "-v")
+    done, packets = threading.Event(), []
+    with default_roce_tos(testbed["device"], 1, 104):
+        sniffer = threading.Thread(
+            target=lambda: packets.extend(roce_v2_packets(testbed["netdev"], here, done))
+        )
+        sniffer.start()
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "ibtool", "-j", "ping", "--compat", "rping", peer]
+                + ["-c", "3", "-i", "0"],
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+        finally:
+            done.set()
+            sniffer.join(10)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["received"], report["tclass"], report["sl"]) == (3, 104, 0), report
+    assert report["mtu"] == 1024  # rxe's on a 1500-byte netdev
+    rc = [p for p in packets if p.opcode < 0x20]  # the connection's, not the CM's MADs
+    assert rc and {p.tos for p in rc} == {104}, packets
+    server.communicate(timeout=60)
+    assert server.returncode == 0
     wait_for(nothing_left, "no QP or rdma_cm id of either side")

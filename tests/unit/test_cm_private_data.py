@@ -198,6 +198,39 @@ def test_an_infiniband_path_without_a_grh_has_no_traffic_class(real_pyverbs):
     assert not attr.ah_attr.is_global
 
 
+class QueriedId:
+    """A CMID whose QP query answers with `attr` (or fails); `asked` keeps the masks."""
+
+    def __init__(self, attr, error: Exception | None = None):
+        self.attr, self.error, self.asked = attr, error, []
+
+    def query_qp(self, mask):
+        self.asked.append(mask)
+        if self.error:
+            raise self.error
+        return self.attr, None
+
+
+def connection_of(pv, cmid) -> cm.Connection:
+    conn = object.__new__(cm.Connection)  # the path read back needs only the id and pyverbs
+    conn.pv, conn.cmid = pv, cmid
+    return conn
+
+
+def test_the_path_of_an_ids_own_qp_is_read_back_from_it(real_pyverbs):
+    cmid = QueriedId(rtr_attr(real_pyverbs, sl=0, tclass=104, mtu=3))
+    assert connection_of(real_pyverbs, cmid).path_used() == PathSpec(0, 104, 3, 0)
+    assert cmid.asked == [cm.IBV_QP_AV | cm.IBV_QP_PATH_MTU]
+    cmid = QueriedId(rtr_attr(real_pyverbs, sl=4, tclass=0, mtu=4, is_global=False))
+    assert connection_of(real_pyverbs, cmid).path_used() == PathSpec(4, 0, 4, 0)
+
+
+def test_a_path_that_cannot_be_read_back_is_none(real_pyverbs):
+    failing = QueriedId(None, real_pyverbs.Error("Failed to query QP. Errno: 22"))
+    assert connection_of(real_pyverbs, failing).path_used() is None
+    assert connection_of(real_pyverbs, object()).path_used() is None  # no CMID.query_qp
+
+
 @pytest.mark.parametrize(
     "path, mtu, text",
     [

@@ -81,7 +81,6 @@ def test_a_pyverbs_that_cannot_read_the_clock_is_unsupported(stamping, monkeypat
     "argv, over",
     [
         (["--server"], "--server"),
-        (["--cm", "192.0.2.1"], "--cm"),
         (["--compat", "rping", "192.0.2.1"], "--compat rping"),
     ],
 )

@@ -99,6 +99,9 @@ class Peer:
     def close(self) -> None:
         pass
 
+    def path_used(self):
+        return None  # as with a pyverbs without CMID.query_qp
+
     def __enter__(self):
         return self
 
@@ -264,8 +267,26 @@ def test_a_pyverbs_whose_cmid_lacks_a_method_is_too_old(fake_pyverbs):
             "--compat rping takes no --dev or --gid-index (hint: rdma_cm picks the RDMA device "
             "and GID from the IP address)",
         ),
+        (
+            ["192.168.77.1", "--tclass", "104"],
+            "--compat rping takes no --tclass: pyverbs cannot set the TOS of an rdma_cm id "
+            "(hint: rdma_cm's default for a RoCE port is in configfs: mkdir "
+            "/sys/kernel/config/rdma_cm/DEV, then write the TOS to its "
+            "ports/PORT/default_roce_tos (every rdma_cm connection from that port that sets "
+            "none takes it))",
+        ),
+        (
+            ["192.168.77.1", "--mtu", "1024"],
+            "--compat rping takes no --mtu (hint: rdma_cm sets the path of an rping connection "
+            "from the route to the address)",
+        ),
+        (
+            ["192.168.77.1", "--sl", "3", "--mtu", "1024"],
+            "--compat rping takes no --sl or --mtu (hint: rdma_cm sets the path of an rping "
+            "connection from the route to the address)",
+        ),
     ],
-    ids=["no-bind", "wildcard", "too-small", "gid-index"],
+    ids=["no-bind", "wildcard", "too-small", "gid-index", "tclass", "mtu", "sl-and-mtu"],
 )
 def test_bad_rping_options_are_usage_errors(fake_pyverbs, live_roce, argv, said):
     fake_pyverbs("rdma-core-65")
