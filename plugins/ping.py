@@ -403,16 +403,19 @@ def _client(inv: Invocation, open_client) -> int:
         if not inv.json:
             inv.print(header)
 
+        lines = not inv.json and not args.quiet
+
         def on_reply(r):
-            replies.append({"seq": r.seq, "rtt_us": round(r.rtt_us, 1)})
-            hw = ""
+            # Between two pings, where every step lengthens the run (with -i 0): the Reply is
+            # kept as it is and made into the report's entry after the run (_entry).
+            replies.append(r)
             if r.hw_us is not None:
                 hw_rtts.append(r.hw_us)
-                replies[-1]["hw_rtt_us"] = round(r.hw_us, 2)
-                hw = f" hw={r.hw_us:.2f} us"
-            if not inv.json and not args.quiet:
-                line = f"{args.size} bytes from {args.host}: seq={r.seq} rtt={r.rtt_us:.1f} us"
-                inv.print(line + hw)
+            if lines:
+                hw = f" hw={r.hw_us:.2f} us" if r.hw_us is not None else ""
+                inv.print(
+                    f"{args.size} bytes from {args.host}: seq={r.seq} rtt={r.rtt_us:.1f} us{hw}"
+                )
                 inv.out.flush()
 
         def on_loss(seq, reason):
@@ -430,6 +433,7 @@ def _client(inv: Invocation, open_client) -> int:
                 raise  # the first exchange failed: the error is the whole story
             failure = e  # the summary of the pings done, then the error (main() says it)
     hw = stats.summary(hw_rtts) if args.hw_timestamps else None
+    replies = [_entry(r) for r in replies]
     _summary(inv, args.host, stats, stats.summary(rtts), replies, failure, report, hw)
     if failure is not None:
         raise failure
@@ -439,6 +443,16 @@ def _client(inv: Invocation, open_client) -> int:
         return 130
     incomplete = args.count is not None and stats.received < args.count and not interrupted
     return 1 if stats.received == 0 or incomplete else 0
+
+
+def _entry(reply) -> dict:
+    """A reply (ping.Reply) or a loss (already a dict) as the report's `replies` lists it."""
+    if isinstance(reply, dict):
+        return reply
+    entry = {"seq": reply.seq, "rtt_us": round(reply.rtt_us, 1)}
+    if reply.hw_us is not None:
+        entry["hw_rtt_us"] = round(reply.hw_us, 2)
+    return entry
 
 
 def _header(args, device: str, port: int, gid_index, mtu: int, pkey, path) -> str:
