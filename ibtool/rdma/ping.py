@@ -162,10 +162,14 @@ class Session:
             raise QPError(f"post receive: {e}") from None
 
     def sent(self) -> None:
-        """Count a posted send and flag the next: one in SIGNAL_EVERY is signaled."""
-        self._sends += 1
-        last = self._sends % SIGNAL_EVERY == SIGNAL_EVERY - 1
-        self.send_wr.send_flags = IBV_SEND_SIGNALED if last else 0
+        """Count a posted send and flag the next: one in SIGNAL_EVERY is signaled. The flags
+        are set only when they change (a pyverbs property: a call each)."""
+        sends = self._sends = self._sends + 1
+        turn = sends % SIGNAL_EVERY
+        if turn == SIGNAL_EVERY - 1:
+            self.send_wr.send_flags = IBV_SEND_SIGNALED
+        elif turn == 0:
+            self.send_wr.send_flags = 0
 
     def answer_with(self, length: int) -> None:
         """Send `length` bytes from now on (a server echoes what each ping carried)."""
@@ -189,6 +193,13 @@ class Session:
         else:
             self.send_wr = wr.SendWR(wr_id=2, opcode=op.IBV_WR_SEND, num_sge=1, sg=[sge])
         self.send_wr.send_flags = 0
+        # What Client.ping takes in one step instead of a dozen attribute loads a ping.
+        cq = self.polled
+        self.hot = (
+            (self.send_wr, self.qp.post_send, self.recv_wr, self.qp.post_recv),
+            (cq, self.poll_attr, cq.start_poll, cq.end_poll, cq.read_opcode, cq.read_imm_data),
+            (self.mr.write, self.mr.read),
+        )
 
 
 def _completion_queue(ladder: Ladder, mode: wire.Mode, stamped: bool = False):
@@ -549,15 +560,18 @@ class Client:
         """
         s = self.session
         size, timeout, clock = self.size, self.timeout, time.perf_counter
+        (wr, post_send, recv_wr, post_recv), polling, (write, read) = s.hot
+        cq, attr, start, end, opcode_of, imm_of = polling
         wheel = self._wheel
         if len(wheel) < size + 256:  # the first ping, or a new size
             wheel = self._wheel = pattern_wheel(size)
-        start = seq * 31 % 256
-        payload = wheel[start : start + size]  # pattern(seq, size)
-        s.mr.write(payload, size, 0)
-        s.post_recv()
-        wr, post_send, cq, attr = s.send_wr, s.qp.post_send, s.polled, s.poll_attr
-        start, end, opcode_of, imm_of = cq.start_poll, cq.end_poll, cq.read_opcode, cq.read_imm_data
+        offset = seq * 31 % 256
+        payload = wheel[offset : offset + size]  # pattern(seq, size)
+        write(payload, size, 0)
+        try:
+            post_recv(recv_wr)
+        except s.ladder.pv.Error as e:
+            raise QPError(f"post receive: {e}") from None
         with_imm = self.mode == wire.Mode.WRITE_IMM
         imm = socket.htonl(seq & 0xFFFFFFFF)
         if with_imm:
@@ -598,7 +612,7 @@ class Client:
             raise ReplySizeError(seq, got_len, size)
         if got_imm != imm:
             raise IbtoolError(f"reply carries immediate {socket.ntohl(got_imm)}, want {seq}")
-        if s.mr.read(size, 0) != payload:
+        if read(size, 0) != payload:
             raise IbtoolError(f"reply {seq} payload differs from what was sent")
         self.hw_us = hw.us(stamp - c0) if hw else None
         return (t1 - t0) * 1e6
