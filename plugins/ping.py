@@ -302,6 +302,7 @@ def _server_log(inv: Invocation):
 def _rping(inv: Invocation) -> int:
     """--compat rping: librdmacm's rping protocol over rdma_cm, either side."""
     from ibtool.rdma import rping  # pyverbs is imported only here
+    from ibtool.rdma.ladder import MTU_BYTES
 
     args = inv.args
     if args.server:
@@ -309,8 +310,6 @@ def _rping(inv: Invocation) -> int:
         return _run_server(inv, lambda log: serve(args.bind, args.port, log, args.max_clients))
 
     def open_client(stack):
-        from ibtool.rdma.ladder import MTU_BYTES
-
         client = rping.Client(args.host, args.port, args.size, args.timeout)
         stack.callback(client.close)
         header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, "
