@@ -157,6 +157,9 @@ def ibtool_loopback_bw(size: int) -> float:
     return result["bw_MBps"]
 
 
+RUNS = ("send", "write-imm", "to stock")
+
+
 def rounds(size: int, count: int) -> list[dict]:
     """`count` rounds, each timing ibtool's three pings between two runs of the stock client:
     the testbed's speed drifts by half from one minute to the next (the host's load, TCG), so
@@ -178,9 +181,6 @@ def rounds(size: int, count: int) -> list[dict]:
             flush=True,
         )
     return got
-
-
-RUNS = ("send", "write-imm", "to stock")
 
 
 def main() -> int:

@@ -302,7 +302,6 @@ def _server_log(inv: Invocation):
 def _rping(inv: Invocation) -> int:
     """--compat rping: librdmacm's rping protocol over rdma_cm, either side."""
     from ibtool.rdma import rping  # pyverbs is imported only here
-    from ibtool.rdma.ladder import MTU_BYTES
 
     args = inv.args
     if args.server:
@@ -312,15 +311,8 @@ def _rping(inv: Invocation) -> int:
     def open_client(stack):
         client = rping.Client(args.host, args.port, args.size, args.timeout)
         stack.callback(client.close)
-        header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, "
-        header += "compat rping"
-        path = dict(compat="rping", cm=True, mode=None, mtu=None, sl=None, tclass=None)
-        used = client.used  # rdma_cm's own choice: an rping connection takes none of ours
-        if used is not None:
-            header += f", {used.describe()}"
-            path.update(mtu=MTU_BYTES.get(used.mtu), sl=used.sl, tclass=used.traffic_class)
-        path.update(pkey_index=None, pkey=None)
-        return client, header, path
+        # rdma_cm's own choice of path: an rping connection takes none of ours
+        return (client, *_over_rdma_cm(args, client, "rping", None, "compat rping"))
 
     return _client(inv, open_client)
 
@@ -328,7 +320,6 @@ def _rping(inv: Invocation) -> int:
 def _cm(inv: Invocation) -> int:
     """--cm: ibtool's own ping, connected through rdma_cm, either side."""
     from ibtool.rdma import cmping, wire  # pyverbs is imported only here
-    from ibtool.rdma.ladder import MTU_BYTES
 
     args = inv.args
     if args.server:
@@ -342,14 +333,26 @@ def _cm(inv: Invocation) -> int:
             args.host, args.port, args.size, mode, args.timeout, _path(args), args.hw_timestamps
         )
         stack.callback(client.close)
-        used = client.used  # rdma_cm's path, with what was asked of it
-        header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, "
-        header += f"mode {args.mode}, {used.describe()}"
-        path = dict(compat=None, cm=True, mode=args.mode, mtu=MTU_BYTES.get(used.mtu))
-        path.update(sl=used.sl, tclass=used.traffic_class, pkey_index=None, pkey=None)
-        return client, header, path
+        # rdma_cm's path, with what was asked of it
+        return (client, *_over_rdma_cm(args, client, None, args.mode, f"mode {args.mode}"))
 
     return _client(inv, open_client)
+
+
+def _over_rdma_cm(args, client, compat, mode, what: str) -> tuple[str, dict]:
+    """The first line and what the report says of the path, for a client that rdma_cm
+    connected: `client.used` is the path its QP is on (None: not known); the P_Key is the
+    address's, not ibtool's to say."""
+    from ibtool.rdma.ladder import MTU_BYTES
+
+    header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, {what}"
+    path = dict(compat=compat, cm=True, mode=mode, mtu=None, sl=None, tclass=None)
+    used = client.used
+    if used is not None:
+        header += f", {used.describe()}"
+        path.update(mtu=MTU_BYTES.get(used.mtu), sl=used.sl, tclass=used.traffic_class)
+    path.update(pkey_index=None, pkey=None)
+    return header, path
 
 
 def _verbs_client(inv: Invocation, device: str, port: int, gid_index, pkey) -> int:

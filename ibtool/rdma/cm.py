@@ -263,8 +263,7 @@ class Connection(_Holder):
             attr, _ = self.cmid.query_qp(IBV_QP_AV | IBV_QP_PATH_MTU)
         except self.pv.Error:
             return None
-        ah = attr.ah_attr
-        return PathSpec(ah.sl, ah.traffic_class if ah.is_global else 0, attr.path_mtu)
+        return _path_of(attr)
 
     def _infiniband(self) -> bool:
         return self.ctx.query_port(self.cmid.port_num).link_layer == LinkLayer.INFINIBAND
@@ -342,8 +341,13 @@ def _choose(attr, path: PathSpec, pkey_index: int) -> PathSpec:
     attr.ah_attr = ah
     if path.mtu is not None:
         attr.path_mtu = min(attr.path_mtu, path.mtu)
-    tclass = ah.traffic_class if ah.is_global else 0
-    return PathSpec(ah.sl, tclass, attr.path_mtu, pkey_index)
+    return _path_of(attr, pkey_index)
+
+
+def _path_of(attr, pkey_index: int = 0) -> PathSpec:
+    """The path a QP's attributes (ibv_qp_attr: its AV and path MTU) put it on."""
+    ah = attr.ah_attr
+    return PathSpec(ah.sl, ah.traffic_class if ah.is_global else 0, attr.path_mtu, pkey_index)
 
 
 def device_of(cmid) -> str:
