@@ -407,17 +407,15 @@ def _client(inv: Invocation, open_client) -> int:
 
         lines = not inv.json and not args.quiet
 
-        def on_reply(r):
-            # Between two pings, where every step lengthens the run (with -i 0): the Reply is
-            # kept as it is and made into the report's entry after the run (_entry).
-            replies.append(r)
-            if r.hw_us is not None:
-                hw_rtts.append(r.hw_us)
+        def on_reply(seq, rtt_us, hw_us):
+            # Between two pings, where every step lengthens the run (with -i 0): the reply is
+            # kept as a tuple and made into the report's entry after the run (_entry).
+            replies.append((seq, rtt_us, hw_us))
+            if hw_us is not None:
+                hw_rtts.append(hw_us)
             if lines:
-                hw = f" hw={r.hw_us:.2f} us" if r.hw_us is not None else ""
-                inv.print(
-                    f"{args.size} bytes from {args.host}: seq={r.seq} rtt={r.rtt_us:.1f} us{hw}"
-                )
+                hw = f" hw={hw_us:.2f} us" if hw_us is not None else ""
+                inv.print(f"{args.size} bytes from {args.host}: seq={seq} rtt={rtt_us:.1f} us{hw}")
                 inv.out.flush()
 
         def on_loss(seq, reason):
@@ -448,12 +446,14 @@ def _client(inv: Invocation, open_client) -> int:
 
 
 def _entry(reply) -> dict:
-    """A reply (ping.Reply) or a loss (already a dict) as the report's `replies` lists it."""
+    """A reply (seq, rtt_us, hw_us) or a loss (already a dict) as the report's `replies`
+    lists it."""
     if isinstance(reply, dict):
         return reply
-    entry = {"seq": reply.seq, "rtt_us": round(reply.rtt_us, 1)}
-    if reply.hw_us is not None:
-        entry["hw_rtt_us"] = round(reply.hw_us, 2)
+    seq, rtt_us, hw_us = reply
+    entry = {"seq": seq, "rtt_us": round(rtt_us, 1)}
+    if hw_us is not None:
+        entry["hw_rtt_us"] = round(hw_us, 2)
     return entry
 
 
@@ -532,7 +532,7 @@ def _ping_peer(ctx, ping, device: str, port: int, gid_index, peer: str):
     with Ladder(device, port, gid_index) as ladder:
         client = ping.Client(ladder, peer, ping.DEFAULT_PORT, 64, wire.Mode.SEND, min(2.0, left))
         try:
-            ping.run_client(client, PEER_PINGS, 0.0, left, lambda r: None, lambda s, e: None,
+            ping.run_client(client, PEER_PINGS, 0.0, left, lambda *reply: None, lambda s, e: None,
                             stats, rtts)  # fmt: skip
         finally:
             client.close()

@@ -97,6 +97,7 @@ class Session:
         self.room = max(size, room, 1)
         self._objects: list = []
         self.answered = 0  # pings a server answered in this session
+        self.with_imm = mode == wire.Mode.WRITE_IMM
         self.cq = self._keep(_completion_queue(ladder, mode, stamped))
         self.polled = in_place(self.cq, ladder.pv)
         self.poll_attr = ladder.pv.cq.PollCqAttr() if ladder.pv.cqex else None
@@ -447,13 +448,6 @@ def _echo(
 
 
 @dataclass
-class Reply:
-    seq: int
-    rtt_us: float
-    hw_us: float | None = None  # from the HCA's clock, with --hw-timestamps
-
-
-@dataclass
 class PingStats:
     sent: int = 0
     received: int = 0
@@ -572,10 +566,9 @@ class Client:
             post_recv(recv_wr)
         except s.ladder.pv.Error as e:
             raise QPError(f"post receive: {e}") from None
-        with_imm = self.mode == wire.Mode.WRITE_IMM
-        imm = socket.htonl(seq & 0xFFFFFFFF)
+        with_imm, imm = s.with_imm, 0
         if with_imm:
-            wr.imm_data = imm
+            wr.imm_data = imm = socket.htonl(seq & 0xFFFFFFFF)
         hw, empty, polls = self.hw, ENOENT, POLL_ROUND
         c0 = hw.now() if hw else 0  # the HCA's counter, as close to the post as it gets
         t0 = clock()
@@ -623,27 +616,34 @@ def run_client(
     count: int | None,
     interval: float,
     deadline: float | None,
-    on_reply: Callable[[Reply], None],
+    on_reply: Callable[[int, float, float | None], None],
     on_loss: Callable[[int, str], None],
     stats: PingStats,
     rtts: list[float],
 ) -> None:
-    stats.started = time.monotonic()
-    seq = 0
+    """Ping until `count` pings, `deadline` seconds or an error that ends the run, into
+    `stats` and `rtts`. A reply goes to on_reply(seq, rtt_us, hw_us) (hw_us: the HCA's
+    clock, with --hw-timestamps, else None); a lost ping to on_loss(seq, reason).
+
+    With -i 0 this loop is all that runs between two pings, and under the testbed's
+    emulated CPU the wall time between them is what stalls land on: the counts are locals,
+    written to `stats` on every way out, and a reply is three arguments, not an object."""
+    monotonic, ping, keep = time.monotonic, client.ping, rtts.append
+    started = stats.started = monotonic()
+    seq = received = unsent = 0
     try:
         while count is None or seq < count:
-            if deadline is not None and time.monotonic() - stats.started >= deadline:
+            if deadline is not None and monotonic() - started >= deadline:
                 break
             seq += 1
-            stats.sent += 1
-            t_start = time.monotonic() if interval > 0 else 0.0
+            t_start = monotonic() if interval > 0 else 0.0
             try:
                 if client.session is None:
                     client.connect()
-                rtt = client.ping(seq)
+                rtt = ping(seq)
             except IbtoolError as e:
                 if isinstance(e, wire.ProtocolError) and not isinstance(e, wire.PeerError):
-                    stats.sent -= 1  # it ends the run before this ping went out
+                    unsent = 1  # it ends the run before this ping went out
                     raise
                 stats.errors += 1
                 on_loss(seq, e.message)
@@ -653,10 +653,11 @@ def run_client(
                     client.session.close()
                     client.session = None  # a dead QP: rebuild before the next ping
             else:
-                stats.received += 1
-                rtts.append(rtt)
-                on_reply(Reply(seq, rtt, getattr(client, "hw_us", None)))
-            if (count is None or seq < count) and interval > 0:
-                time.sleep(max(0.0, interval - (time.monotonic() - t_start)))
+                received += 1
+                keep(rtt)
+                on_reply(seq, rtt, client.hw_us)
+            if interval > 0 and (count is None or seq < count):
+                time.sleep(max(0.0, interval - (monotonic() - t_start)))
     finally:
-        stats.elapsed = time.monotonic() - stats.started
+        stats.sent, stats.received = seq - unsent, received
+        stats.elapsed = monotonic() - started

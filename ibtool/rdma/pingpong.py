@@ -113,7 +113,6 @@ class PingpongClient(Client):
         self.hw = hw
         self.server = f"{host}:{tcp_port}"
         self.session: Session | None = None
-        self.answered = 0
         self._used = False
 
     def close(self) -> None:
@@ -156,8 +155,9 @@ class PingpongClient(Client):
             ) from None
 
     def ping(self, seq: int) -> float:
+        # Client.ping named, not super(): this runs between every two pings.
         try:
-            rtt = super().ping(seq)
+            return Client.ping(self, seq)
         except ReplySizeError as e:
             raise SessionEnded(
                 f"{TOOL} answers with {e.got}-byte messages, this ping sends {e.want}",
@@ -169,14 +169,15 @@ class PingpongClient(Client):
             raise self._failed(seq, e) from None
         except QPError as e:
             raise SessionEnded(e.message, e.hint) from None
-        self.answered += 1
-        return rtt
 
     def _silence(self, seq: int) -> SessionEnded:
-        if self.answered:
+        # The server's one session ends at its first failure (connect() refuses a second):
+        # the pings before `seq` were all answered.
+        answered = seq - 1
+        if answered:
             return SessionEnded(
-                f"{TOOL} stopped answering after {self.answered} pings",
-                f"it ends after its -n iterations: give -c {self.answered} here, or start it "
+                f"{TOOL} stopped answering after {answered} pings",
+                f"it ends after its -n iterations: give -c {answered} here, or start it "
                 f"with -n {self.count or seq}",
             )
         return SessionEnded(
@@ -186,12 +187,12 @@ class PingpongClient(Client):
         )
 
     def _failed(self, seq: int, e: CompletionError) -> SessionEnded:
-        if e.status in _TOO_LONG and not self.answered:
+        if e.status in _TOO_LONG and seq == 1:
             return SessionEnded(
                 f"{TOOL} could not take a {self.size}-byte ping: {e.message}",
                 f"start it with -s {self.size}, or give its -s here",
             )
-        if e.status == _RETRY_EXC_ERR and self.answered:
+        if e.status == _RETRY_EXC_ERR and seq > 1:
             return self._silence(seq)  # its QP is gone: it ended
         return SessionEnded(
             e.message,
