@@ -186,18 +186,26 @@ class Session:
         self.recv_wr = wr.RecvWR(
             wr_id=1, num_sge=1, sg=[wr.SGE(self.mr.buf, self.room, self.mr.lkey)]
         )
-        if self.mode == wire.Mode.WRITE_IMM:
-            self.send_wr = wr.SendWR(
-                wr_id=2, opcode=op.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1, sg=[sge]
-            )
-            self.send_wr.set_wr_rdma(self.peer.rkey, self.peer.addr)
-        else:
-            self.send_wr = wr.SendWR(wr_id=2, opcode=op.IBV_WR_SEND, num_sge=1, sg=[sge])
-        self.send_wr.send_flags = 0
+
+        def send_wr(flags: int):
+            if self.mode == wire.Mode.WRITE_IMM:
+                built = wr.SendWR(
+                    wr_id=2, opcode=op.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1, sg=[sge]
+                )
+                built.set_wr_rdma(self.peer.rkey, self.peer.addr)
+            else:
+                built = wr.SendWR(wr_id=2, opcode=op.IBV_WR_SEND, num_sge=1, sg=[sge])
+            built.send_flags = flags
+            return built
+
+        self.send_wr = send_wr(0)  # the server's, flagged by sent()
+        # The client's: the work request of ping `seq` is cadence[seq % SIGNAL_EVERY], the
+        # signaled one first, so no flag is set or counted between two pings.
+        cadence = (send_wr(IBV_SEND_SIGNALED),) + (send_wr(0),) * (SIGNAL_EVERY - 1)
         # What Client.ping takes in one step instead of a dozen attribute loads a ping.
         cq = self.polled
         self.hot = (
-            (self.send_wr, self.qp.post_send, self.recv_wr, self.qp.post_recv),
+            (cadence, self.qp.post_send, self.recv_wr, self.qp.post_recv),
             (cq, self.poll_attr, cq.start_poll, cq.end_poll, cq.read_opcode, cq.read_imm_data),
             (self.mr.write, self.mr.read),
         )
@@ -554,7 +562,8 @@ class Client:
         """
         s = self.session
         size, timeout, clock = self.size, self.timeout, time.perf_counter
-        (wr, post_send, recv_wr, post_recv), polling, (write, read) = s.hot
+        (cadence, post_send, recv_wr, post_recv), polling, (write, read) = s.hot
+        wr = cadence[seq % SIGNAL_EVERY]
         cq, attr, start, end, opcode_of, imm_of = polling
         wheel = self._wheel
         if len(wheel) < size + 256:  # the first ping, or a new size
@@ -598,7 +607,6 @@ class Client:
                     break
             finally:
                 end()  # also for a (signaled) send's completion, passed over
-        s.sent()
         if status:
             raise CompletionError.of(status, vendor_err, f"ping {seq}")
         if got_len != size:

@@ -114,3 +114,38 @@ def test_ping_without_extended_cqs_polls_a_plain_cq(where, mode, fake_pyverbs, m
     fabric.add_port("mlx5_0", 1, link_layer=1, lid=28)
     stats, _ = ping_three_times(monkeypatch, mode)
     assert (stats.sent, stats.received) == (3, 3)
+
+
+@pytest.mark.parametrize("mode", list(wire.Mode), ids=lambda m: m.name.lower())
+def test_one_send_in_signal_every_is_signaled_on_both_sides(mode, fake_pyverbs, monkeypatch):
+    # Unsignaled sends hold their send-queue slots until a later signaled one completes: a
+    # run of SIGNAL_EVERY unsignaled ones in a row would fill the queue (2 * SIGNAL_EVERY).
+    from tests.unit.pyverbs_fakes import FakeQP
+
+    fabric = fake_pyverbs("rdma-core-65")
+    fabric.add_port("mlx5_0", 1, link_layer=1, lid=28)
+    posts: dict[int, list[bool]] = {}
+    post_send = FakeQP.post_send
+
+    def recorded(qp, wr):
+        posts.setdefault(id(qp), []).append(bool(wr.send_flags & ping.IBV_SEND_SIGNALED))
+        return post_send(qp, wr)
+
+    monkeypatch.setattr(FakeQP, "post_send", recorded)
+    server = Server(monkeypatch)
+    server.start()
+    assert server.listening.wait(10) and server.error is None, server.error
+    stats = ping.PingStats()
+    with Ladder("mlx5_0", 1, None) as ladder:
+        client = ping.Client(ladder, "127.0.0.1", server.port, 64, mode, timeout=10.0)
+        try:
+            ping.run_client(client, 40, 0, None, lambda *r: None, None, stats, [])
+        finally:
+            client.close()
+    server.join(10)
+    assert (stats.sent, stats.received) == (40, 40)
+    assert sorted(len(p) for p in posts.values()) == [40, 40]  # the client's and the server's
+    for flags in posts.values():
+        assert sum(flags) == 40 // ping.SIGNAL_EVERY
+        longest = max(len(run) for run in "".join("s" if f else "u" for f in flags).split("s"))
+        assert longest < ping.SIGNAL_EVERY
