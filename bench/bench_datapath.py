@@ -22,6 +22,7 @@ TSC read costs tens of nanoseconds; ibv_rc_pingpong reads the clock twice per ru
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 import subprocess
@@ -210,7 +211,11 @@ def main() -> int:
     got = rounds(size, count)
 
     def ratios(name: str, stat: str, to) -> str:
-        each = [r[name][stat] / to(r, stat) for r in got]
+        # A round whose reference figure is not finite is left out: ib_send_lat printed
+        # "inf" for all three in one round of a run on a host that stole 10% of its CPUs.
+        each = [r[name][stat] / to(r, stat) for r in got if math.isfinite(to(r, stat))]
+        if not each:
+            return f"{stat} -"
         return f"{stat} {statistics.median(each):.2f} ({min(each):.2f}..{max(each):.2f})"
 
     print("Ratios to the round's rc_pingpong us/iter, median over the rounds (min..max):")
