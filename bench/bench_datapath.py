@@ -113,22 +113,22 @@ def ibtool_ping(size: int, mode: str) -> dict:
         timeout=600,
     )
     srv.wait(timeout=60)
-    report = json.loads(cli.stdout)
+    return figures(cli.stdout)
+
+
+def figures(out: str) -> dict:
+    """The RTTs of an `ibtool -j ping` report, and its wall time per ping: the run's time over
+    its pings, in us, what rc_pingpong's usec/iter is of its own run. Stalls of the emulated
+    machine (~0.1-0.8 ms, at random) land on whatever ping is in flight, so the longer a run
+    per ping, the more of its pings carry one."""
+    report = json.loads(out)
     rtts = [r["rtt_us"] for r in report["replies"] if "rtt_us" in r]
     return {
         "median": statistics.median(rtts),
         "mean": statistics.fmean(rtts),
         "p99": p99(rtts),
-        "wall": wall_per_ping(report),
-        "received": report["received"],
+        "wall": report["time_ms"] * 1000 / report["sent"],
     }
-
-
-def wall_per_ping(report: dict) -> float:
-    """The run's time over its pings, in us: what rc_pingpong's usec/iter is of its own run.
-    Stalls of the emulated machine (~0.1-0.8 ms, at random) land on whatever ping is in
-    flight, so the longer a run per ping, the more of its pings carry one."""
-    return report["time_ms"] * 1000 / report["sent"]
 
 
 def ibtool_to_stock_server(size: int) -> dict:
@@ -138,14 +138,7 @@ def ibtool_to_stock_server(size: int) -> dict:
     client = [*IBTOOL, "-j", "ping", "--compat", "rc_pingpong", "127.0.0.1"]
     client += ["-c", "500", "-s", str(size), "--dev", DEV, "--gid-index", GID]
     _, out = pair(server, client)
-    report = json.loads(out)
-    rtts = [r["rtt_us"] for r in report["replies"] if "rtt_us" in r]
-    return {
-        "median": statistics.median(rtts),
-        "mean": statistics.fmean(rtts),
-        "p99": p99(rtts),
-        "wall": wall_per_ping(report),
-    }
+    return figures(out)
 
 
 def ibtool_loopback_bw(size: int) -> float:
