@@ -182,12 +182,11 @@ def rounds(size: int, count: int) -> list[dict]:
         got.append(r)
         line = "  ".join(
             f"{name} {r[name]['median']:.1f}/{r[name]['mean']:.1f}/{r[name]['p99']:.0f}"
-            + (f" ({r[name]['wall']:.0f})" if name in RUNS else "")
+            + (f" ({r[name]['wall']:.0f})" if name == "to stock" else "")
             for name in (*RUNS, "ib_send_lat")
         )
         print(
-            f"  round {n}: rc_pingpong {r['rc_pingpong']:.1f} us/iter; "
-            f"median/mean/p99 (wall per ping) {line}",
+            f"  round {n}: rc_pingpong {r['rc_pingpong']:.1f} us/iter; median/mean/p99 {line}",
             flush=True,
         )
     return got
@@ -214,19 +213,21 @@ def main() -> int:
     print("Ratios to the round's rc_pingpong us/iter, median over the rounds (min..max):")
     for name in RUNS:
         goal = "  (goals: median <= 1.2, mean <= 1.3)" if name != "write-imm" else ""
-        figures = [ratios(name, stat, lambda r, _: r["rc_pingpong"]) for stat in ("median", "mean")]
-        print(f"  ibtool ping ({name + ')':12s} {'; '.join(figures)}{goal}")
-    print("Wall time per ping over rc_pingpong's us/iter (its wall time per iteration):")
-    for name in RUNS:
-        wall = ratios(name, "wall", lambda r, _: r["rc_pingpong"])
-        print(f"  ibtool ping ({name + ')':12s} {wall}")
+        shown = [ratios(name, stat, lambda r, _: r["rc_pingpong"]) for stat in ("median", "mean")]
+        print(f"  ibtool ping ({name + ')':12s} {'; '.join(shown)}{goal}")
+    # Only against the stock server: there the session is set up before the run, as
+    # rc_pingpong's is before its clock. Against ibtool's own server both sides build their
+    # QPs at the first ping, and the run's time holds that setup too.
+    print("Wall time per ping (in brackets above) over rc_pingpong's us/iter, its own:")
+    wall = ratios("to stock", "wall", lambda r, _: r["rc_pingpong"])
+    print(f"  ibtool ping ({'to stock)':12s} {wall}")
     print("Ratios to the round's ib_send_lat round trip (2x its one-way figures), stat for stat:")
     for name in RUNS:
-        figures = [
+        shown = [
             ratios(name, stat, lambda r, s: r["ib_send_lat"][s])
             for stat in ("median", "mean", "p99")
         ]
-        print(f"  ibtool ping ({name + ')':12s} {'; '.join(figures)}")
+        print(f"  ibtool ping ({name + ')':12s} {'; '.join(shown)}")
     bw_size = 65536
     theirs = write_bw(bw_size)
     ours = ibtool_loopback_bw(bw_size)
