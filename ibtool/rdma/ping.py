@@ -76,9 +76,9 @@ class Session:
 
     The hot loops (Client.ping, _echo) use what this builds once: `polled` (the CQ read in
     place, no WC object per completion) with `poll_attr`, the bound post methods, and
-    `send_wr`/`recv_wr`, re-posted as they are. Measured under the QEMU testbed: every Python
-    call there costs ~1-2 us, a WC object ~14 us, the post_send system call (rxe does the
-    transfer in it) ~20 us.
+    the work requests (`cadence` for sends, `recv_wr`), re-posted as they are. Measured
+    under the QEMU testbed: every Python call there costs ~1-2 us, a WC object ~14 us, the
+    post_send system call (rxe does the transfer in it) ~20 us.
     """
 
     def __init__(
@@ -154,7 +154,6 @@ class Session:
         peer's buffer (`addr`, `rkey`; WRITE WITH IMM only)."""
         self.peer = remote
         self._build_wrs()
-        self._sends = 0
 
     def post_recv(self) -> None:
         try:
@@ -162,22 +161,10 @@ class Session:
         except self.ladder.pv.Error as e:
             raise QPError(f"post receive: {e}") from None
 
-    def sent(self) -> None:
-        """Count a posted send and flag the next: one in SIGNAL_EVERY is signaled. The flags
-        are set only when they change (a pyverbs property: a call each)."""
-        sends = self._sends = self._sends + 1
-        turn = sends % SIGNAL_EVERY
-        if turn == SIGNAL_EVERY - 1:
-            self.send_wr.send_flags = IBV_SEND_SIGNALED
-        elif turn == 0:
-            self.send_wr.send_flags = 0
-
     def answer_with(self, length: int) -> None:
         """Send `length` bytes from now on (a server echoes what each ping carried)."""
         self.size = length
-        flags = self.send_wr.send_flags
         self._build_wrs()
-        self.send_wr.send_flags = flags  # the one-in-SIGNAL_EVERY cadence goes on
 
     def _build_wrs(self) -> None:
         # Built once and re-posted: object creation per ping would cost more than the wire.
@@ -198,14 +185,13 @@ class Session:
             built.send_flags = flags
             return built
 
-        self.send_wr = send_wr(0)  # the server's, flagged by sent()
-        # The client's: the work request of ping `seq` is cadence[seq % SIGNAL_EVERY], the
-        # signaled one first, so no flag is set or counted between two pings.
-        cadence = (send_wr(IBV_SEND_SIGNALED),) + (send_wr(0),) * (SIGNAL_EVERY - 1)
+        # The n-th send (a client's ping `seq`, a server's answer) posts cadence[n %
+        # SIGNAL_EVERY]: the signaled one first, so no flag is set or counted between two.
+        self.cadence = (send_wr(IBV_SEND_SIGNALED),) + (send_wr(0),) * (SIGNAL_EVERY - 1)
         # What Client.ping takes in one step instead of a dozen attribute loads a ping.
         cq = self.polled
         self.hot = (
-            (cadence, self.qp.post_send, self.recv_wr, self.qp.post_recv),
+            (self.cadence, self.qp.post_send, self.recv_wr, self.qp.post_recv),
             (cq, self.poll_attr, cq.start_poll, cq.end_poll, cq.read_opcode, cq.read_imm_data),
             (self.mr.write, self.mr.read),
         )
@@ -404,10 +390,10 @@ def _echo(
     session.answered = answered = 0
     seen = -1
     quiet_since = time.monotonic() + HANDSHAKE_TIMEOUT  # the first ping may take a while
-    cq, attr, wr = session.polled, session.poll_attr, session.send_wr
+    cq, attr, cadence = session.polled, session.poll_attr, session.cadence
     post_send = session.qp.post_send
     start, end, opcode_of, imm_of = cq.start_poll, cq.end_poll, cq.read_opcode, cq.read_imm_data
-    echo_imm, rearm, sent = session.mode == wire.Mode.WRITE_IMM, session.post_recv, session.sent
+    echo_imm, rearm = session.with_imm, session.post_recv
     echo_length, empty, polls = conn is None, ENOENT, ECHO_ROUND
     while True:
         for _ in polls:  # as in Client.ping: an empty poll is a call and a comparison
@@ -436,7 +422,8 @@ def _echo(
                 continue  # a (signaled) send's completion: nothing to do
             if echo_length and cq.read_byte_len() != session.size:
                 session.answer_with(cq.read_byte_len())
-                wr = session.send_wr
+                cadence = session.cadence
+            wr = cadence[(answered + 1) % SIGNAL_EVERY]
             if echo_imm:
                 wr.imm_data = imm_of()  # as received, in network order
             # The answer (same bytes, same immediate) goes before anything else, even the
@@ -447,7 +434,6 @@ def _echo(
         finally:
             end()
         rearm()  # the spare receive posted up front covers the client's next ping
-        sent()
         answered += 1
         session.answered = answered  # what was answered, when a failure ends the loop
 
