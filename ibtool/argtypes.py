@@ -1,0 +1,53 @@
+"""Argument types for numbers on the command line: finite, within a documented range.
+
+`float("nan")`, `float("inf")` and `1e308` all parse; a sleep, a deadline or a timer given one
+of them waits forever, overflows or spins. Every number a flag takes goes through `number()`,
+whose error names the flag's range; argparse turns it into a usage error (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def _show(value: float) -> str:
+    return f"{value:g}"
+
+
+def number(
+    kind: type,
+    low: float,
+    high: float,
+    *,
+    unit: str = "",
+    low_open: bool = False,
+) -> Callable[[str], int | float]:
+    """An argparse `type=` for an int or float in [low, high] (or (low, high] with
+    `low_open`); anything else is an ArgumentTypeError naming the range."""
+    if kind not in (int, float):
+        raise TypeError("number() takes int or float")
+    if low_open:
+        said = f"more than {_show(low)} and at most {_show(high)}"
+    else:
+        said = f"{_show(low)} to {_show(high)}"
+    said += f" {unit}" if unit else ""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            kind_name = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(
+                f"must be {kind_name} {said}, not {text!r}"
+            ) from None
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number {said}, not {text!r}")
+        below = value <= low if low_open else value < low
+        if below or value > high:
+            raise argparse.ArgumentTypeError(f"must be {said}, not {text}")
+        return value
+
+    parse.__name__ = f"{kind.__name__} {said}"  # argparse names the type in some errors
+    return parse
