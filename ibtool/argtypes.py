@@ -13,6 +13,9 @@ from collections.abc import Callable
 
 
 def _show(value: float) -> str:
+    # Whole bounds in full (2147483647, not 2.14748e+09: the range is to be typed back).
+    if float(value).is_integer() and abs(value) < 1e16:
+        return str(int(value))
     return f"{value:g}"
 
 
@@ -39,9 +42,7 @@ def number(
             value = kind(text)
         except ValueError:
             kind_name = "an integer" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(
-                f"must be {kind_name} {said}, not {text!r}"
-            ) from None
+            raise argparse.ArgumentTypeError(f"must be {kind_name} {said}, not {text!r}") from None
         if kind is float and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"must be a finite number {said}, not {text!r}")
         below = value <= low if low_open else value < low
