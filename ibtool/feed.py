@@ -198,7 +198,6 @@ class Feed:
             error = None
         seen = Seen.of(dict.fromkeys(names), ports)
         events = [] if self._seen is None else diff(self._seen, seen, "poll")
-        self._seen = seen
         rated = self._sample(host, notes) if ports else []
         events += self._resets(rated)
         events = [_timed(e, self.stamp(wall)) for e in events]
@@ -206,6 +205,9 @@ class Feed:
         for r in rated:
             by_port.setdefault((r.sample.device, r.sample.port), []).append(r)
         findings, health_time = self._checked(host, now, bool(events))
+        # Only now is the change taken in: a poll that fails before the checks ran leaves it
+        # for the next poll to log and check, not a DOWN port beside the last run's OK.
+        self._seen = seen
         about = _by_port(findings, ports)
         rows = tuple(
             self._row(p, by_port.get((p.device, p.port), []), about.get((p.device, p.port), ()))
@@ -305,10 +307,13 @@ class Feed:
     # -- health and focus -----------------------------------------------------------------------
 
     def _checked(self, host, now: float, changed: bool) -> tuple[list[HealthResult], float | None]:
-        """The checks' findings: run at the first poll, every `health_every` seconds and at
-        once when a device or port changed; the last run's in between."""
-        due = self._health_at is None or changed or now - self._health_at >= self.health_every
-        if self.checks and due and (self.live or self._health is None):
+        """The checks' findings: run at the first poll, every `health_every` seconds (this
+        host only: a capture read again is the same moment) and at once when a device or port
+        changed (a --root tree read again may have: a host's /sys mounted in a container);
+        the last run's in between."""
+        timed = self.live and now - (self._health_at or 0.0) >= self.health_every
+        due = self._health_at is None or changed or timed
+        if self.checks and due:
             from ibtool import health
             from ibtool.healthconfig import HealthConfig
             from ibtool.healthstate import Saved

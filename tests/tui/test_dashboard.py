@@ -101,6 +101,50 @@ async def test_a_port_going_down_is_logged_and_checked_at_once(node):
         assert "14:13:21 port_state mlx5_0/1 state DOWN (was ACTIVE) physical_state DISABLED" in log
 
 
+async def test_a_root_tree_read_again_checks_a_port_that_went_down(node):
+    n = node(live=False)  # --root on a host's /sys mounted in a container, r to read it again
+    app = n.app()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        table = app.query_one(PortTable)
+        assert cell(table, "mlx5_0/1", "health") == "OK"
+        n.tick()
+        n.write("sys/class/infiniband/mlx5_0/ports/1/state", "1: DOWN")
+        n.write("sys/class/infiniband/mlx5_0/ports/1/phys_state", "3: Disabled")
+        await poll(pilot)
+        assert cell(table, "mlx5_0/1", "state") == "DOWN"
+        assert cell(table, "mlx5_0/1", "health") == "CRIT"
+        assert "mlx5_0/1: state DOWN" in str(app.query_one("#findings", Static).render())
+
+
+async def test_a_port_that_went_down_during_a_failed_poll_is_checked_at_the_next(node):
+    n = node()
+    app = n.app()
+    real = n.host.counters
+    failing = []
+
+    def counters(*args, **kwargs):
+        if failing:
+            raise OSError(5, "Input/output error")
+        return real(*args, **kwargs)
+
+    n.host.counters = counters
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        n.tick()
+        n.write("sys/class/infiniband/mlx5_0/ports/1/state", "1: DOWN")
+        failing.append(1)
+        await poll(pilot)
+        assert "poll failed: OSError" in str(app.query_one("#findings", Static).render())
+        failing.clear()
+        n.tick()
+        await poll(pilot)
+        table = app.query_one(PortTable)
+        assert cell(table, "mlx5_0/1", "state") == "DOWN"
+        assert cell(table, "mlx5_0/1", "health") == "CRIT"
+        assert "port_state mlx5_0/1" in events(app)
+
+
 async def test_a_device_that_disappears_and_comes_back(node):
     n = node()
     app = n.app()
