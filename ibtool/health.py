@@ -5,18 +5,35 @@ and Prometheus metric families.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ibtool.api import CheckContext, HealthCheck, HealthResult, MetricFamily, Status
+from ibtool.api import (
+    CheckContext,
+    HealthCheck,
+    HealthResult,
+    MetricFamily,
+    Status,
+)
 from ibtool.healthstate import Saved
 from ibtool.hooks import run_health_checks
 
 # Worst first, then in check order: what a person reading the long output looks at first.
 _ORDER = {Status.CRITICAL: 0, Status.WARNING: 1, Status.UNKNOWN: 2, Status.OK: 3}
 SHOWN_IN_SUMMARY = 3  # problems named on the first line; the rest are counted
+# The first line is what a monitoring engine's overview, a notification and an SMS show: on a
+# host of 501 devices it grew to 15 KB. Its text is cut to SUMMARY_MAX characters, and the
+# perfdata stay on it only while the whole line is at most FIRST_LINE_MAX; otherwise they go
+# to the end of the long output, where the Nagios plugin API (Nagios 3 "Plugin Output Spec":
+# "LONG TEXT LINE N | PERFDATA LINE 2", then one perfdata line each) puts the rest of them.
+SUMMARY_MAX = 200
+FIRST_LINE_MAX = 300
+# Above this many results the long output lists the non-OK ones and counts the OK ones;
+# --verbose lists every result. A node of a few HCAs stays whole (8 HCAs of 2 ports: 33).
+LISTED_MAX = 50
 
 
 @dataclass
@@ -30,13 +47,32 @@ class Report:
 
     @property
     def summary(self) -> str:
-        text = summary(self.results)
-        return "; ".join([*self.faults, text]) if self.faults else text
+        return summary(self.results, self.faults)
 
     def fault(self, text: str) -> None:
         """Something the run failed to do (write the textfile, drain the node): UNKNOWN."""
         self.faults.append(text)
         self.status = Status.worst([self.status, Status.UNKNOWN])
+
+
+class _Context(CheckContext):
+    """A check's context in which a boot id that could not be read is unknown, not changed.
+
+    A --root tree or a snapshot (every capture ibtool ships, and a sosreport that left out
+    /proc/sys/kernel/random/boot_id) has no boot id, nor has a state kept by a run that could
+    not read one. Taking "unknown" for "rebooted" made every run a new baseline, so a
+    counter moving 0 -> 500 or a LID the subnet manager moved was never flagged. What an
+    operator expects is the comparison: a reboot is what the boot id proves, and the checks
+    tell a reset counter (lower than kept) or a re-created device (a new sysfs inode) on
+    their own. A boot id read on both runs and different is still a reboot."""
+
+    @property
+    def same_boot(self) -> bool:
+        if self.previous is None:
+            return False
+        if self.boot_id is None or self.this_boot is None:
+            return True
+        return self.boot_id == self.this_boot
 
 
 def run(
@@ -57,7 +93,7 @@ def run(
 
     def context(name: str) -> CheckContext:
         previous, kept_boot, kept_time = saved.of(name) if saved is not None else (None,) * 3
-        contexts[name] = CheckContext(
+        contexts[name] = _Context(
             host,
             config,
             options=config.checks.get(name, {}),
@@ -81,6 +117,12 @@ def run(
     return Report(results, status, started, kept=kept)
 
 
+def failed(reason: str, when: float) -> Report:
+    """The report of a run that failed before its checks (a bad configuration, a held lock):
+    UNKNOWN, with the reason as its one fault."""
+    return Report([], Status.UNKNOWN, when, faults=[reason])
+
+
 def ordered(results: list[HealthResult]) -> list[HealthResult]:
     return sorted(results, key=lambda r: _ORDER[r.status])
 
@@ -89,51 +131,97 @@ def _named(r: HealthResult) -> str:
     return f"{r.subject}: {r.summary}" if r.subject else r.summary
 
 
-def summary(results: list[HealthResult]) -> str:
-    """The first line's text: the problems, worst first (three, then how many more); when
-    all is well, how many results of each check."""
-    if not results:
-        return "no health check ran"
+# The Nagios plugin API reserves '|': the first one in the output starts the performance data
+# (monitoring-plugins' Development Guidelines, "Plugin Output"), so a '|' in a device name or
+# a plugin's summary would make the rest of the line perfdata. It is shown as a broken bar.
+def _text(text: str) -> str:
+    return text.replace("|", "\u00a6")
+
+
+def _cut(text: str, room: int) -> str:
+    return text if len(text) <= room else text[: max(room - 3, 0)] + "..."
+
+
+def _counts(statuses: Iterable[Status]) -> str:
+    """How many of each status, worst first: '2 CRITICAL, 498 WARNING'."""
+    counts: dict[Status, int] = {}
+    for status in statuses:
+        counts[status] = counts.get(status, 0) + 1
+    return ", ".join(f"{counts[s]} {s.name}" for s in sorted(counts, key=_ORDER.__getitem__))
+
+
+def summary(results: list[HealthResult], faults: Sequence[str] = ()) -> str:
+    """The first line's text, at most SUMMARY_MAX characters: what the run failed to do, then
+    the problems, worst first (three at most, fewer where they do not fit), then how many more
+    of each status; when all is well, how many results of each check."""
     problems = [r for r in ordered(results) if r.status != Status.OK]
-    if problems:
-        shown = "; ".join(_named(r) for r in problems[:SHOWN_IN_SUMMARY])
-        more = len(problems) - SHOWN_IN_SUMMARY
-        return shown + (f"; and {more} more" if more > 0 else "")
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r.check] = counts.get(r.check, 0) + 1
-    return "all OK: " + ", ".join(f"{check} {n}" for check, n in counts.items())
+    items = [(fault, Status.UNKNOWN) for fault in faults]
+    items += [(_named(r), r.status) for r in problems]
+    if not problems and (results or not faults):
+        counts: dict[str, int] = {}
+        for r in results:
+            counts[r.check] = counts.get(r.check, 0) + 1
+        text = "all OK: " + ", ".join(f"{check} {n}" for check, n in counts.items())
+        items.append((text if results else "no health check ran", Status.OK))
+    more = ""
+    for shown in range(min(len(faults) + SHOWN_IN_SUMMARY, len(items)), 0, -1):
+        left = [status for _, status in items[shown:]]
+        more = f"; and {len(left)} more ({_counts(left)})" if left else ""
+        text = "; ".join(t for t, _ in items[:shown]) + more
+        if len(text) <= SUMMARY_MAX:
+            return text
+    return _cut(items[0][0], SUMMARY_MAX - len(more)) + more
+
+
+def _label(label: str) -> str:
+    """A perfdata label every parser reads whole: the guidelines allow any character in a label
+    but '=' and the single quote, and a '|' would end the perfdata; each becomes '_'."""
+    return label.translate(str.maketrans("='|", "___"))
 
 
 def _perfdata(results: list[HealthResult], warn: Callable[[str], None]) -> list[str]:
     seen, items = set(), []
     for r in results:
         for p in r.perfdata:
-            if p.label in seen:
-                warn(f"health check {r.check}: perfdata label {p.label!r} twice; kept the first")
+            label = _label(p.label)
+            if label in seen:
+                warn(f"health check {r.check}: perfdata label {label!r} twice; kept the first")
                 continue
-            seen.add(p.label)
-            items.append(p.text())
+            seen.add(label)
+            items.append(dataclasses.replace(p, label=label).text())
     return items
 
 
-def nagios(report: Report, warn: Callable[[str], None] = lambda m: None) -> str:
+def nagios(
+    report: Report, warn: Callable[[str], None] = lambda m: None, *, verbose: bool = False
+) -> str:
     """`IBTOOL STATUS - summary | perfdata`, then one line per result, worst first, then the
-    run's own notes."""
-    first = f"IBTOOL {report.status.name} - {report.summary}"
+    run's own notes. The first line is bounded (SUMMARY_MAX, FIRST_LINE_MAX); above LISTED_MAX
+    results, unless `verbose`, the OK ones are counted, not listed."""
+    first = f"IBTOOL {report.status.name} - {_text(report.summary)}"
     perfdata = _perfdata(report.results, warn)
-    if perfdata:
+    inline = bool(perfdata) and len(first) + 3 + len(" ".join(perfdata)) <= FIRST_LINE_MAX
+    if inline:
         first += " | " + " ".join(perfdata)
-    lines = [first, *(f"[UNKNOWN] {fault}" for fault in report.faults)]
-    for r in ordered(report.results):
-        lines.append(f"[{r.status.name}] {r.check} {_named(r)}")
-    lines += report.notes
+    lines = [first, *(f"[UNKNOWN] {_text(fault)}" for fault in report.faults)]
+    listed = ordered(report.results)
+    if not verbose and len(listed) > LISTED_MAX:
+        ok = len([r for r in listed if r.status == Status.OK])
+        listed = [r for r in listed if r.status != Status.OK]
+        counts = _counts(r.status for r in report.results)
+        lines.append(f"results: {counts}; the {ok} OK are listed with --verbose")
+    for r in listed:
+        lines.append(f"[{r.status.name}] {r.check} {_text(_named(r))}")
+    lines += [_text(note) for note in report.notes]
+    if perfdata and not inline:
+        lines[-1] += " | " + perfdata[0]
+        lines += perfdata[1:]
     return "\n".join(lines) + "\n"
 
 
 def unknown(message: str) -> str:
     """A run that could not check anything: the Nagios first line alone."""
-    return f"IBTOOL UNKNOWN - {' '.join(message.split())}\n"
+    return f"IBTOOL UNKNOWN - {_text(_cut(' '.join(message.split()), SUMMARY_MAX))}\n"
 
 
 def _perf_json(p) -> dict[str, Any]:
@@ -199,4 +287,14 @@ def status_families(report: Report) -> list[MetricFamily]:
         "ibtool_health_last_run_timestamp", "When the health check ran", "gauge", "seconds"
     )
     when.add({}, round(report.time, 3))
-    return [overall, checks, subjects, when]
+    families = [overall, checks, subjects, when]
+    if report.faults:
+        faults = MetricFamily(
+            "ibtool_health_fault_info",
+            "What the health run failed to do (value 1, the reason in label reason)",
+            "gauge",
+        )
+        for fault in dict.fromkeys(report.faults):
+            faults.add({"reason": fault}, 1)
+        families.append(faults)
+    return families

@@ -8,10 +8,11 @@ check.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,16 @@ class HealthConfig:
     datapath_budget: float = 20.0
     peers: tuple[str, ...] = ()
     checks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    text: str = field(default="", repr=False, compare=False)  # the file, for errors' lines
+
+    def check_names(self, known: Iterable[str]) -> None:
+        """A [checks.NAME] table must name a check there is (`known`): a typo there would
+        leave the check on its defaults. ConfigError naming the nearest name otherwise."""
+        known = list(known)
+        for name in self.checks:
+            if name not in known:
+                problem = f"[checks.{name}] names no health check{_nearest(name, known)}"
+                raise _Parser(self.path or "", self.text).error(problem, f"checks\x00{name}")
 
     def expect(self, device: str, port: int) -> PortExpect:
         """What DEV/PORT should be: its own table, else DEV's, else "*"'s, else nothing."""
@@ -107,9 +118,16 @@ def _toml():
     return tomli
 
 
-def load(path: str | None, *, required: bool) -> HealthConfig:
+def load(
+    path: str | None,
+    *,
+    required: bool,
+    counters: Callable[[], Iterable[str]] | None = None,
+) -> HealthConfig:
     """The configuration in `path`; without the file, the defaults unless `required` (a path
-    the user gave). Raises ConfigError naming the line of a mistake."""
+    the user gave). Raises ConfigError naming the line of a mistake. `counters` gives the names
+    of the host's counters, asked only for a threshold whose counter ibtool does not know (a
+    driver's): one that is on neither list is a mistake."""
     if path is None:
         return HealthConfig()
     try:
@@ -130,7 +148,7 @@ def load(path: str | None, *, required: bool) -> HealthConfig:
         data = toml.loads(text)
     except toml.TOMLDecodeError as e:
         raise ConfigError(_syntax_error(path, str(e), text), "see ibtool-health(8)") from None
-    return _Parser(path, text).config(data)
+    return _Parser(path, text, counters).config(data)
 
 
 def _syntax_error(path: str, message: str, text: str) -> str:
@@ -158,10 +176,26 @@ _PORT_KEY = re.compile(r"\*|[^/\s]+(?:/[0-9]+)?")
 _WIDTH = re.compile(r"[0-9]+X")
 
 
+def _nearest(name: str, known: Iterable[str]) -> str:
+    """', did you mean 'X'?' for the nearest of `known` (difflib's ratio 0.6 and up), or ''."""
+    near = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
+def _known_counters() -> set[str]:
+    """The counter names ibtool describes: PMA (with the _64 names of counters_ext) and the
+    drivers' hw_counters it knows."""
+    from ibtool import counterinfo
+
+    return set(counterinfo.PMA) | set(counterinfo.COUNTERS_EXT) | set(counterinfo.HW)
+
+
 class _Parser:
-    def __init__(self, path: str, text: str):
+    def __init__(self, path: str, text: str, counters: Callable[[], Iterable[str]] | None = None):
         self.path = path
+        self.text = text
         self.lines = text.splitlines()
+        self.counters = counters
 
     def line_of(self, section: str, key: str | None = None) -> int | None:
         """The line of `key` in table [section] (or of the table's header), best effort: TOML
@@ -199,14 +233,18 @@ class _Parser:
         for name, value in data.items():
             if name not in _SECTIONS:
                 known = ", ".join(f"[{s}]" for s in _SECTIONS)
-                raise self.error(f"unknown section [{name}] (known: {known})", name)
+                near = _nearest(name, _SECTIONS)
+                raise self.error(f"unknown section [{name}] (known: {known}){near}", name)
             if not isinstance(value, dict):
                 raise self.error(f"{name} must be a table ([{name}])", name)
             keys = _SECTIONS[name]
             for key in value if keys is not None else ():
                 if key not in keys:
                     raise self.error(
-                        f"unknown key {key!r} in [{name}] (known: {', '.join(keys)})", name, key
+                        f"unknown key {key!r} in [{name}] (known: {', '.join(keys)})"
+                        + _nearest(key, keys),
+                        name,
+                        key,
                     )
         health = data.get("health", {})
         roce = data.get("roce", {})
@@ -228,8 +266,15 @@ class _Parser:
             thresholds=self.thresholds(data.get("thresholds", {})),
             datapath_budget=float(budget),
             peers=self.words(datapath, "datapath", "peers"),
-            checks={name: dict(table) for name, table in data.get("checks", {}).items()},
+            checks=self.check_tables(data.get("checks", {})),
+            text=self.text,
         )
+
+    def check_tables(self, table: dict) -> dict[str, dict]:
+        for name, value in table.items():
+            if not isinstance(value, dict):
+                raise self.error(f"checks.{name} must be a table", "checks", name)
+        return {name: dict(value) for name, value in table.items()}
 
     def words(
         self, table: dict, section: str, key: str, default: tuple[str, ...] = ()
@@ -252,7 +297,8 @@ class _Parser:
             for k in value:
                 if k not in _PORT_KEYS:
                     raise self.error(
-                        f"unknown key {k!r} for port {key} (known: {', '.join(_PORT_KEYS)})",
+                        f"unknown key {k!r} for port {key} (known: {', '.join(_PORT_KEYS)})"
+                        + _nearest(k, _PORT_KEYS),
                         section,
                         k,
                     )
@@ -270,15 +316,34 @@ class _Parser:
             ports[key] = PortExpect(None if rate is None else float(rate), width, ignore)
         return ports
 
+    def counter_name(self, name: str, known: set[str], present: list[set[str]]) -> None:
+        """A threshold's counter must be one ibtool knows or, for a driver's counter it does
+        not describe, one this host has: a typo (symbol_errors) would switch its alarm off."""
+        if name in known:
+            return
+        near = _nearest(name, known)
+        if not near and self.counters is not None:
+            if not present:
+                present.append(set(self.counters()))
+            if name in present[0]:
+                return
+            near = _nearest(name, known | present[0])
+        elif not near:
+            return  # no host to ask (the dashboard): a name far from every known one passes
+        raise self.error(f"[thresholds] names no counter {name!r}{near}", "thresholds", name)
+
     def thresholds(self, table: dict) -> dict[str, Thresholds]:
         found = {}
+        known, present = _known_counters(), []
         for name, value in table.items():
             where = ("thresholds", name)
+            self.counter_name(name, known, present)
             if isinstance(value, dict):
                 unknown = sorted(set(value) - {"warning", "critical"})
                 if unknown:
                     raise self.error(
-                        f"unknown key {unknown[0]!r} for counter {name} (warning, critical)",
+                        f"unknown key {unknown[0]!r} for counter {name} (warning, critical)"
+                        + _nearest(unknown[0], ("warning", "critical")),
                         f"thresholds\x00{name}",
                         unknown[0],
                     )

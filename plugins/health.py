@@ -7,12 +7,20 @@ Nagios plugin's output and exit code, JSON, a node_exporter textfile.
 
 from __future__ import annotations
 
+import time
+
 from ibtool import hookimpl
 from ibtool.api import Status
+from ibtool.argtypes import number
 from ibtool.commands import Invocation
 from ibtool.errors import IbtoolError, UsageError
 
 LOCK_WAIT = 30.0
+# An hour bounds both: a lock held longer is a run that hangs (cron has started 60 more), and
+# a poll once an hour is as slow as a Prometheus scrape that still means something. Below a
+# second the exporter would spend its core polling sysfs for scrapes that come every 15 s.
+LOCK_WAIT_MAX = 3600.0
+INTERVAL_MIN, INTERVAL_MAX = 1.0, 3600.0
 
 
 def configure(parser) -> None:
@@ -33,10 +41,11 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--lock-wait",
-        type=float,
+        type=number(float, 0, LOCK_WAIT_MAX, unit="seconds"),
         default=LOCK_WAIT,
         metavar="SECONDS",
-        help=f"how long to wait for another run holding the state (default {LOCK_WAIT:g})",
+        help=f"how long to wait for another run holding the state (default {LOCK_WAIT:g}, "
+        f"at most {LOCK_WAIT_MAX:g})",
     )
     parser.add_argument(
         "--check",
@@ -60,6 +69,12 @@ def configure(parser) -> None:
         "--slurm-drain",
         action="store_true",
         help="drain this Slurm node when CRITICAL; resume it when OK again if ibtool drained it",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="list every result: above 50, the OK ones are otherwise counted, not listed",
     )
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
     parser.add_argument(
@@ -130,8 +145,43 @@ def _report(inv: Invocation, checks: dict, config):
     return report
 
 
+def _capture(inv: Invocation) -> str | None:
+    """What the run reads instead of this host (--root DIR, --snapshot FILE), or None."""
+    if inv.snapshot is not None:
+        return f"--snapshot {inv.snapshot}"
+    return f"--root {inv.root}" if inv.root != "/" else None
+
+
+def _counter_names(inv: Invocation):
+    """The host's counter names, for a threshold naming a driver counter ibtool does not know."""
+    return lambda: {s.name for s in inv.host.counters()}
+
+
+def _load_config(inv: Invocation):
+    from ibtool import healthconfig
+
+    explicit = inv.args.config is not None
+    return healthconfig.load(
+        inv.args.config or healthconfig.DEFAULT_PATH,
+        required=explicit,
+        counters=_counter_names(inv),
+    )
+
+
+def _list(inv: Invocation, checks: dict) -> None:
+    described = {
+        name: " ".join((check.__doc__ or "").strip().split("\n\n")[0].split())
+        for name, check in checks.items()
+    }
+    if inv.json:
+        inv.emit_json([{"name": n, "description": d} for n, d in described.items()])
+        return
+    for name, doc in described.items():
+        inv.print(f"{name}: {doc}")
+
+
 def run(inv: Invocation) -> int:
-    from ibtool import health, healthconfig
+    from ibtool import health
     from ibtool.hooks import health_checks
 
     if inv.args.print_nhc:
@@ -139,25 +189,30 @@ def run(inv: Invocation) -> int:
 
         inv.out.write(resources.files("ibtool").joinpath("data/ibtool.nhc").read_text())
         return 0
-    if inv.args.lock_wait < 0:
-        raise UsageError("--lock-wait must be 0 or more seconds")
+    capture = _capture(inv)
+    if inv.args.slurm_drain and capture is not None:
+        # The results describe the host the capture came from; draining this node (the one
+        # running ibtool) because of them would act on another host's data.
+        raise UsageError(
+            f"--slurm-drain drains this host's Slurm node; {capture} is not this host",
+            "drop --slurm-drain, or run on the node itself",
+        )
     try:
-        explicit = inv.args.config is not None
-        config = healthconfig.load(inv.args.config or healthconfig.DEFAULT_PATH, required=explicit)
         checks = health_checks(inv.plugins, inv.warn)
         if inv.args.list:
-            for name, check in checks.items():
-                doc = (check.__doc__ or "").strip().split("\n\n")[0]
-                inv.print(f"{name}: {' '.join(doc.split())}")
+            _list(inv, checks)
             return 0
+        config = _load_config(inv)
+        config.check_names(checks)
         wanted, skipped = _names(inv.args.check), _names(inv.args.skip)
         report = _report(inv, _selected(checks, wanted, skipped, config, inv.warn), config)
     except IbtoolError as e:
         hint = f" (hint: {e.hint})" if e.hint else ""
+        report = health.failed(e.message + hint, time.time())
+        if inv.args.textfile:
+            _textfile(inv, report, collect=False)
         if inv.json:
-            inv.emit_json(
-                {"status": "UNKNOWN", "exit_code": 3, "summary": e.message + hint, "results": []}
-            )
+            inv.emit_json(health.as_json(report))
         else:
             inv.out.write(health.unknown(e.message + hint))
         return int(Status.UNKNOWN)
@@ -168,7 +223,7 @@ def run(inv: Invocation) -> int:
     if inv.json:
         inv.emit_json(health.as_json(report))
     else:
-        inv.out.write(health.nagios(report, inv.warn))
+        inv.out.write(health.nagios(report, inv.warn, verbose=inv.args.verbose))
     return int(report.status)
 
 
@@ -189,18 +244,24 @@ def _slurm(report) -> None:
         report.notes.append(done)
 
 
-def _textfile(inv: Invocation, report) -> None:
+def _textfile(inv: Invocation, report, collect: bool = True) -> None:
     """The report and every metric in the textfile; a textfile that cannot be written is an
-    UNKNOWN note of the report, whose results are still printed."""
+    UNKNOWN note of the report, whose results are still printed. A run that failed before its
+    checks (`collect` false) writes its UNKNOWN status and why, without the host's metrics:
+    node_exporter would otherwise serve the last good run's status as this run's."""
     from ibtool import health, metrics
 
     try:
         families = health.status_families(report)
-        families += metrics.collected(inv.plugins, inv.host, inv.warn)
+        if collect:
+            families += metrics.collected(inv.plugins, inv.host, inv.warn)
         metrics.write_textfile(inv.args.textfile, families)
     except IbtoolError as e:
         hint = f" (hint: {e.hint})" if e.hint else ""
-        report.fault(f"{e.message}{hint}")
+        if collect:
+            report.fault(f"{e.message}{hint}")
+        else:
+            inv.warn(f"{e.message}{hint}")
 
 
 # -- the exporter ---------------------------------------------------------------------------------
@@ -217,10 +278,11 @@ def configure_exporter(parser) -> None:
     )
     parser.add_argument(
         "--interval",
-        type=float,
+        type=number(float, INTERVAL_MIN, INTERVAL_MAX, unit="seconds"),
         default=15.0,
         metavar="SECONDS",
-        help="time between two polls of the host (default 15); scrapes get the latest",
+        help=f"time between two polls of the host (default 15, {INTERVAL_MIN:g} to "
+        f"{INTERVAL_MAX:g}); scrapes get the latest",
     )
     parser.add_argument("--config", metavar="FILE", help="as for ibtool health")
     _add_skip(parser)
@@ -254,15 +316,13 @@ def _poller(inv: Invocation, checks: dict, config):
 
 
 def run_exporter(inv: Invocation) -> None:
-    from ibtool import exporter, healthconfig
+    from ibtool import exporter
     from ibtool.hooks import health_checks
 
     listen = exporter.parse_listen(inv.args.listen)
-    if not inv.args.interval > 0:
-        raise UsageError("--interval must be above 0 seconds")
-    explicit = inv.args.config is not None
-    config = healthconfig.load(inv.args.config or healthconfig.DEFAULT_PATH, required=explicit)
+    config = _load_config(inv)
     checks = health_checks(inv.plugins, inv.warn)
+    config.check_names(checks)
     checks = _selected(checks, [], _names(inv.args.skip), config, inv.warn)
 
     def ready(bound) -> None:

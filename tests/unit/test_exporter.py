@@ -151,7 +151,7 @@ def test_the_command_serves_the_health_and_every_counter_of_the_host(tmp_path):
     root = sysfs_trees.build("mlx5_ib_hca", tmp_path / "root")
     proc = subprocess.Popen(
         [sys.executable, "-m", "ibtool", "--root", str(root), "exporter"]
-        + ["--listen", "127.0.0.1:0", "--interval", "0.2"],
+        + ["--listen", "127.0.0.1:0", "--interval", "1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
