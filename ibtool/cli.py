@@ -70,6 +70,13 @@ def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
         help="read a snapshot (ibtool snapshot save) instead of this host",
         **({"default": argparse.SUPPRESS} if suppress else {"default": None}),
     )
+    g.add_argument(
+        "--snapshot-limit",
+        action="append",
+        metavar="NAME=VALUE",
+        help="raise a limit on what a snapshot may hold: size, expanded, entries, path, depth",
+        **({"default": argparse.SUPPRESS} if suppress else {"default": None}),
+    )
     g.add_argument("--debug", action="store_true", help="show tracebacks of errors", **d)
 
 
@@ -136,6 +143,21 @@ def _plugins_command(registry: CommandRegistry, plugins) -> None:
     registry.current_plugin = "core"
     registry.add("plugins", run, help="list loaded plugins, their versions and hooks")
     registry.current_plugin = None
+
+
+def _snapshot_limits(settings: list[str] | None):
+    if not settings:
+        return None
+    from ibtool import snaplimits
+
+    return snaplimits.parse(settings)
+
+
+def _replayed_answer_unusable(e: Exception) -> IbtoolError | None:
+    """A snapshot is untrusted input: what a command could not make of an answer it replayed
+    is the file's damage (exit 7), not a bug of ibtool's (70)."""
+    snapshot = sys.modules.get("ibtool.snapshot")
+    return None if snapshot is None else snapshot.answer_unusable(e)
 
 
 def _terminate(signum, frame):
@@ -254,6 +276,7 @@ def _main(argv: list[str], plugins: Iterable[object], out: _Stdout, err: TextIO)
             details=args.details,
             root=args.root,
             snapshot=args.snapshot,
+            snapshot_limits=_snapshot_limits(args.snapshot_limit),
             out=out,
             warn=warn,
             plugins=loaded,
@@ -265,6 +288,11 @@ def _main(argv: list[str], plugins: Iterable[object], out: _Stdout, err: TextIO)
         previous = _unwind_on_sigterm()
         try:
             code = command.run(inv)
+        except Exception as e:
+            damaged = _replayed_answer_unusable(e)
+            if damaged is None:
+                raise
+            raise damaged from e
         finally:
             inv.close()
             if previous is not None:

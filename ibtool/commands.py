@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,12 +26,25 @@ class Command:
 
 
 class CommandRegistry:
-    """Passed to the ibtool_register_commands hook."""
+    """Passed to the ibtool_register_commands hook.
 
-    def __init__(self) -> None:
+    A name (a command's or an alias) stays with whoever has it: a built-in's (ibtool's own
+    plugins and the core: `builtin(plugin)` says where one comes from, None for any other)
+    against any other plugin, whenever that one registers, else the first plugin's. The one that
+    does not keep it is named in one warning; its other commands, and the command of a lost
+    alias, are registered. A plugin that repeats a name of its own is a ValueError.
+    """
+
+    def __init__(
+        self,
+        warn: Callable[[str], None] = lambda message: None,
+        builtin: Callable[[str], str | None] = lambda plugin: "core" if plugin == "core" else None,
+    ) -> None:
         self.commands: dict[str, Command] = {}
-        self._names: dict[str, str] = {}
+        self._names: dict[str, Command] = {}  # a command's name and aliases -> the command
         self.current_plugin: str | None = None
+        self.warn = warn
+        self.builtin = builtin
 
     def add(
         self,
@@ -41,13 +55,65 @@ class CommandRegistry:
         configure: Configure | None = None,
         aliases: tuple[str, ...] = (),
     ) -> None:
-        for n in (name, *aliases):
+        plugin = self.current_plugin or "?"
+        names = (name, *aliases)
+        for i, n in enumerate(names):
+            if n in names[:i] or (n in self._names and self._names[n].plugin == plugin):
+                raise ValueError(f"command {n!r} already registered by plugin {plugin}")
+        if not self._keeps(plugin, name):
+            self.warn(f"plugin {plugin}: command {name!r} is {self._owner(name)}: {plugin}'s is not registered")
+            return
+        kept = []
+        for alias in aliases:
+            if self._keeps(plugin, alias):
+                kept.append(alias)
+            else:
+                self.warn(
+                    f"plugin {plugin}: command {alias!r} is {self._owner(alias)}: {plugin}'s "
+                    f"command {name!r} is registered without that alias"
+                )
+        command = Command(name, run, help, configure, tuple(kept), plugin)
+        for n in (name, *kept):
             if n in self._names:
-                raise ValueError(f"command {n!r} already registered by {self._names[n]}")
-        command = Command(name, run, help, configure, tuple(aliases), self.current_plugin)
+                self._give_up(self._names[n], n, plugin)
+            self._names[n] = command
         self.commands[name] = command
-        for n in (name, *aliases):
-            self._names[n] = self.current_plugin or "?"
+
+    def withdraw(self, plugin: str) -> None:
+        """Forget what `plugin` registered: its hook implementation failed half way."""
+        for command in [c for c in self.commands.values() if c.plugin == plugin]:
+            del self.commands[command.name]
+            for n in (command.name, *command.aliases):
+                del self._names[n]
+
+    def _keeps(self, plugin: str, name: str) -> bool:
+        """Whether `plugin` gets `name`: free, or held by another plugin while `plugin` is
+        ibtool's own and the holder is not."""
+        holder = self._names.get(name)
+        if holder is None:
+            return True
+        return self.builtin(plugin) is not None and self.builtin(holder.plugin or "?") is None
+
+    def _owner(self, name: str) -> str:
+        holder = self._names[name].plugin or "?"
+        origin = self.builtin(holder)
+        return f"plugin {holder}'s, loaded first" if origin is None else f"ibtool's own ({origin})"
+
+    def _give_up(self, held: Command, name: str, to: str) -> None:
+        """`held`, another plugin's command, gives `name` to built-in plugin `to`."""
+        plugin = held.plugin or "?"
+        taken = f"plugin {plugin}: command {name!r} is ibtool's own ({self.builtin(to)}):"
+        if name == held.name:
+            self.warn(f"{taken} {plugin}'s is not registered")
+            del self.commands[held.name]
+            for n in held.aliases:
+                del self._names[n]
+            return
+        self.warn(f"{taken} {plugin}'s command {held.name!r} is registered without that alias")
+        kept = dataclasses.replace(held, aliases=tuple(a for a in held.aliases if a != name))
+        self.commands[held.name] = kept
+        for n in (kept.name, *kept.aliases):
+            self._names[n] = kept
 
 
 @dataclass
@@ -58,6 +124,7 @@ class Invocation:
     details: bool = False
     root: str = "/"
     snapshot: str | None = None  # a snapshot file read instead of the host
+    snapshot_limits: Any = None  # snaplimits.Limits given by --snapshot-limit, else the defaults
     out: TextIO = field(default_factory=lambda: sys.stdout)
     warn: Callable[[str], None] = lambda message: None
     plugins: Any = None
@@ -72,7 +139,9 @@ class Invocation:
             if self.snapshot is not None:
                 from ibtool.snapshot import SnapshotHost
 
-                self._snapshot = SnapshotHost(self.snapshot, self.warn, self.details)
+                self._snapshot = SnapshotHost(
+                    self.snapshot, self.warn, self.details, **self.snapshot_kwargs()
+                )
                 self._host = self._snapshot.host
             else:
                 from ibtool.host import Host
@@ -80,12 +149,22 @@ class Invocation:
                 self._host = Host(root=self.root, warn=self.warn, details=self.details)
         return self._host
 
+    def snapshot_kwargs(self) -> dict[str, Any]:
+        """What SnapshotHost takes of the command line, for every snapshot a command reads."""
+        return {} if self.snapshot_limits is None else {"limits": self.snapshot_limits}
+
     def close(self) -> None:
-        """Ends what the run opened (the host's netlink session, a snapshot's tree)."""
-        if self._snapshot is not None:
-            self._snapshot.close()
-        elif self._host is not None:
-            self._host.close()
+        """Ends what the run opened (the host's netlink session, a snapshot's tree), and
+        removes every snapshot tree the run made, whatever interrupted it."""
+        try:
+            if self._snapshot is not None:
+                self._snapshot.close()
+            elif self._host is not None:
+                self._host.close()
+        finally:
+            snapshot = sys.modules.get("ibtool.snapshot")
+            if snapshot is not None:
+                snapshot.remove_trees()
 
     def emit_json(self, data: Any) -> None:
         render.dump_json(data, self.out, self.pretty)

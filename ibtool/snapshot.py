@@ -17,20 +17,25 @@ newer ibtool, or a damaged one, is one clear error.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 import shutil
+import signal
 import socket
+import stat
 import tempfile
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ibtool import errors
-from ibtool.errors import IbtoolError
+from ibtool.errors import IbtoolError, UsageError
 from ibtool.replay import SnapshotError, recording, replaying
-from ibtool.snaptree import build_tree, capture_tree
+from ibtool.snaplimits import DEFAULT, Limits, hint, shown
+from ibtool.snaptree import Tree, capture_tree
 
 FORMAT = "ibtool-snapshot"
 VERSION = 1
@@ -139,53 +144,230 @@ def _features(host) -> list[dict[str, Any]] | None:
 def _write(path: str, data: dict[str, Any]) -> None:
     # Key order is kept: a replayed dict (verbs capabilities, driver attributes) is printed in
     # the order the source gave it.
-    text = json.dumps(data, separators=(",", ":"))
-    tmp = f"{path}.tmp{os.getpid()}"
+    text = (json.dumps(data, separators=(",", ":")) + "\n").encode("utf-8")
+    if os.path.isdir(path):
+        raise UsageError(f"snapshot save {path}: a directory", "give the name of the file to write")
+    directory, name = os.path.split(path)
+    # mkstemp: a name no one can guess, made with O_CREAT | O_EXCL | O_NOFOLLOW in the target's
+    # directory, so that nothing planted there is followed and the rename is atomic.
+    tmp = None
     try:
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(tmp, "wt", encoding="utf-8") as f:
-            f.write(text + "\n")
+        with _signals_held():
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory or ".")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would have made it, not mkstemp's 0600
+        with open(fd, "wb") as f:
+            if path.endswith(".gz"):
+                with gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) as z:
+                    z.write(text)
+            else:
+                f.write(text)
         os.replace(tmp, path)
+        tmp = None
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise IbtoolError(f"cannot write {path}: {e.strerror or e}", errno=e.errno) from e
+    finally:
+        if tmp is not None:
+            with _signals_held(), contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 # -- reading ------------------------------------------------------------------------------------
 
 
-def load(path: str) -> dict[str, Any]:
-    """A snapshot file's content, checked: one SnapshotError for what cannot be used."""
-    hint = "give a file written by `ibtool snapshot save`"
+HINT = "give a file written by `ibtool snapshot save`"
+_CHUNK = 1 << 20
+
+
+def load(path: str, limits: Limits = DEFAULT) -> dict[str, Any]:
+    """A snapshot file's content, read within `limits` and checked: one SnapshotError for what
+    cannot be used, before anything is built from it."""
+    raw = _read(path, limits)
+    text = _expand(raw, path, limits)
+    if text.count(b"{") > limits.entries:
+        raise SnapshotError(
+            f"{path} holds more than the limit of {shown('entries', limits.entries)}",
+            hint("entries"),
+        )
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        data = json.loads(text.decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else e
+        raise SnapshotError(f"{path} is not an ibtool snapshot (damaged: {why})", HINT) from None
+    _check(data, path)
+    data["_sizes"] = (len(raw), len(text))
+    return data
+
+
+def _read(path: str, limits: Limits) -> bytes:
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses all but a
+    # regular file (a FIFO, /dev/zero and /proc files have no size to bound the read by).
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
     except FileNotFoundError:
-        raise errors.NotFoundError(f"no snapshot {path}", hint) from None
+        raise errors.NotFoundError(f"no snapshot {path}", HINT) from None
     except OSError as e:
         raise IbtoolError(f"cannot read {path}: {e.strerror or e}", errno=e.errno) from e
     try:
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        data = json.loads(raw.decode("utf-8"))
-    except (OSError, EOFError, ValueError) as e:
-        raise SnapshotError(f"{path} is not an ibtool snapshot (damaged: {e})", hint) from None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise SnapshotError(f"{path} is {kind}", HINT)
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, _CHUNK)
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > limits.size:
+                raise SnapshotError(
+                    f"{path} is larger than the limit of {shown('size', limits.size)}",
+                    hint("size"),
+                )
+            chunks.append(chunk)
+    except OSError as e:
+        raise IbtoolError(f"cannot read {path}: {e.strerror or e}", errno=e.errno) from e
+    finally:
+        os.close(fd)
+
+
+def _expand(raw: bytes, path: str, limits: Limits) -> bytes:
+    """The JSON text: `raw`, or its gzip members decompressed. The expanded size is measured
+    first, keeping nothing, so that a bomb (1 MB of gzip holding 1 GB) is refused at once."""
+    if raw[:2] != b"\x1f\x8b":
+        if len(raw) > limits.expanded:
+            raise _too_large(path, limits)
+        return raw
+    _inflate(raw, path, limits, None)
+    out: list[bytes] = []
+    _inflate(raw, path, limits, out)
+    return b"".join(out)
+
+
+def _too_large(path: str, limits: Limits) -> SnapshotError:
+    return SnapshotError(
+        f"{path} expands past the limit of {shown('expanded', limits.expanded)}",
+        hint("expanded"),
+    )
+
+
+def _inflate(raw: bytes, path: str, limits: Limits, out: list[bytes] | None) -> None:
+    size = 0
+    rest = raw
+    while rest:
+        if rest[:2] != b"\x1f\x8b":
+            if rest.strip(b"\0"):  # gzip(1) ignores trailing zeros, nothing else
+                raise SnapshotError(f"{path} is not an ibtool snapshot (damaged: trailing data)")
+            return
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)  # one gzip member
+        pending = rest
+        try:
+            while not inflater.eof:
+                chunk = inflater.decompress(pending, _CHUNK)
+                pending = inflater.unconsumed_tail
+                size += len(chunk)
+                if size > limits.expanded:
+                    raise _too_large(path, limits)
+                if out is not None:
+                    out.append(chunk)
+                if not chunk and not pending:
+                    raise SnapshotError(f"{path} is not an ibtool snapshot (damaged: truncated)")
+        except zlib.error as e:
+            raise SnapshotError(f"{path} is not an ibtool snapshot (damaged: {e})") from None
+        rest = inflater.unused_data
+
+
+def _check(data: Any, path: str) -> None:
+    """The shape every reader relies on; what a command reads of an answer is checked where
+    the answer is used (a damaged answer is a SnapshotError too: see answer_unusable)."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise SnapshotError(f"{path} is not an ibtool snapshot", hint)
+        raise SnapshotError(f"{path} is not an ibtool snapshot", HINT)
     version = data.get("version")
-    if not isinstance(version, int) or version > VERSION:
+    if type(version) is not int or version < 1:
+        raise SnapshotError(
+            f"{path} is damaged: its format version {_said(version)} is not one", HINT
+        )
+    if version > VERSION:
         raise SnapshotError(
             f"{path} is a snapshot of format {version}; this ibtool reads format {VERSION} "
             "and older",
-            f"read it with the ibtool that saved it ({data.get('ibtool', 'unknown')}) or newer",
+            f"read it with the ibtool that saved it ({_said(data.get('ibtool', 'unknown'))}) "
+            "or newer",
         )
     for field, kind in (("sysfs", list), ("netlink", dict), ("verbs", dict), ("comm", dict)):
         if not isinstance(data.get(field), kind):
-            raise SnapshotError(f"{path} is damaged: its {field!r} is missing or malformed", hint)
-    return data
+            raise SnapshotError(f"{path} is damaged: its {field!r} is missing or malformed", HINT)
+    for field in ("netlink", "verbs"):
+        for answer in data[field].values():
+            if not _answer(answer):
+                raise SnapshotError(f"{path} is damaged: a {field} answer is malformed", HINT)
+    for pid, comm in data["comm"].items():
+        if comm is not None and not isinstance(comm, str):
+            raise SnapshotError(f"{path} is damaged: the name of process {_said(pid)}", HINT)
+    for field in ("host", "kernel", "ibtool"):
+        if not isinstance(data.get(field, ""), str):
+            raise SnapshotError(f"{path} is damaged: its {field!r} is not text", HINT)
+    features = data.get("features")
+    if features is not None and not (
+        isinstance(features, list) and all(_feature(f) for f in features)
+    ):
+        raise SnapshotError(f"{path} is damaged: its 'features' are malformed", HINT)
+
+
+def _answer(answer: Any) -> bool:
+    if not isinstance(answer, dict) or len(answer) != 1:
+        return False
+    if "value" in answer:
+        return True
+    error = answer.get("error")
+    return (
+        isinstance(error, dict)
+        and isinstance(error.get("message"), str)
+        and isinstance(error.get("hint"), (str, type(None)))
+        and isinstance(error.get("errno"), (int, type(None)))
+        and isinstance(error.get("class", ""), str)
+    )
+
+
+def _feature(record: Any) -> bool:
+    import dataclasses
+
+    from ibtool.model import NetlinkFeature
+
+    if not isinstance(record, dict):
+        return False
+    names = {f.name for f in dataclasses.fields(NetlinkFeature)}
+    return set(record) == names and all(
+        isinstance(v, (str, int, float, bool, type(None))) for v in record.values()
+    )
+
+
+def _said(value: Any) -> str:
+    """An untrusted value in a message: printable text as it is, anything else as its repr
+    (escaped), cut short."""
+    text = value if isinstance(value, str) and value.isprintable() else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# -- the replayed tree --------------------------------------------------------------------------
+
+_PREFIX = "ibtool-snapshot-"
+_trees: set[str] = set()  # trees this process made and has not removed yet
+_read_paths: list[str] = []  # snapshots this process replayed
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait while a temporary thing is made and noted, or removed: a signal
+    landing between the two would leave it behind. They are delivered right after."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _scratch() -> str | None:
@@ -196,26 +378,92 @@ def _scratch() -> str | None:
     return None
 
 
+def _new_tree() -> str:
+    scratch = _scratch() or tempfile.gettempdir()
+    _sweep(scratch)
+    with _signals_held():
+        tree = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=scratch)
+        _trees.add(tree)
+    return tree
+
+
+def _sweep(scratch: str) -> None:
+    """Remove the trees of replays that were killed (SIGKILL, a power cut of the VM): named
+    after their process, owned by this user, that process gone."""
+    try:
+        names = [n for n in os.listdir(scratch) if n.startswith(_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_PREFIX) :].partition("-")[0]
+        path = os.path.join(scratch, name)
+        try:
+            if not pid.isdigit() or os.lstat(path).st_uid != os.geteuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            _remove(path)
+        except OSError:
+            continue
+
+
+def _remove(tree: str) -> None:
+    with _signals_held():
+        shutil.rmtree(tree, ignore_errors=True)  # never follows a link (its fd-based walk)
+        _trees.discard(tree)
+
+
+def remove_trees() -> None:
+    """Remove every tree this process made and still has: called on the CLI's way out, after
+    whatever interrupted a replay."""
+    for tree in list(_trees):
+        _remove(tree)
+
+
+def answer_unusable(e: Exception) -> SnapshotError | None:
+    """An exception a command raised on an answer a replayed snapshot gave, as the
+    SnapshotError it is (exit 7), or None when no snapshot was replayed in this process."""
+    if not _read_paths or not isinstance(
+        e, (TypeError, KeyError, ValueError, AttributeError, IndexError, OverflowError)
+    ):
+        return None
+    paths = " and ".join(dict.fromkeys(_read_paths))
+    return SnapshotError(
+        f"snapshot {paths} holds an answer ibtool cannot use ({type(e).__name__}: {e})",
+        "the file is damaged, or was not written by `ibtool snapshot save`; --debug shows "
+        "where it was read",
+    )
+
+
 class SnapshotHost:
     """A snapshot read back: its tree built in a temporary directory, its Host."""
 
-    def __init__(self, path: str, warn: Callable[[str], None], details: bool):
+    def __init__(
+        self,
+        path: str,
+        warn: Callable[[str], None],
+        details: bool,
+        limits: Limits = DEFAULT,
+    ):
         from ibtool.host import Host
         from ibtool.model import NetlinkFeature
         from ibtool.sources.sysfs import SysfsSource
 
-        self.data = load(path)
         self.path = path
-        self.tmp = tempfile.mkdtemp(prefix="ibtool-snapshot-", dir=_scratch())
+        self.tmp: str | None = None
+        self.data = load(path, limits)
+        tree = Tree(self.data["sysfs"], limits)  # checked before anything is written
+        _read_paths.append(path)
         try:
-            build_tree(self.data["sysfs"], self.tmp)
-        except SnapshotError:
+            self.tmp = _new_tree()
+            tree.build(self.tmp)
+        except OSError as e:
+            self.close()
+            why = f"its sysfs tree cannot be built ({e.strerror or e})"
+            raise IbtoolError(f"{path}: {why}", errno=e.errno) from None
+        except BaseException:  # Ctrl-C, SIGTERM: nothing is left behind
             self.close()
             raise
-        except (OSError, KeyError, TypeError, ValueError) as e:
-            self.close()
-            why = f"its sysfs tree cannot be built ({e})"
-            raise SnapshotError(f"{path} is damaged: {why}") from None
         features = self.data.get("features")
         extra = {}
         if isinstance(features, list):
@@ -225,7 +473,7 @@ class SnapshotHost:
             root=self.tmp,
             warn=warn,
             details=details,
-            sysfs=SysfsSource(self.tmp, warn),
+            sysfs=SysfsSource(self.tmp, warn, origin=f"snapshot {path}"),
             netlink=replaying(self.data["netlink"], "RDMA netlink", path, extra),
             verbs=replaying(self.data["verbs"], "verbs", path),
             release=str(self.data.get("kernel", "")),
@@ -238,4 +486,5 @@ class SnapshotHost:
         host = getattr(self, "host", None)
         if host is not None:
             host.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.tmp is not None:
+            _remove(self.tmp)

@@ -226,7 +226,8 @@ def iwarp_hardware(driver: str | None, hca_type: str | None) -> bool:
 def _read_attr(path: str) -> str:
     # A sysfs attribute is at most one page: one read() on a raw fd, about three times
     # cheaper than a buffered text file (it matters for 10^4 GID files on SR-IOV hosts).
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    # O_NONBLOCK: a FIFO in a --root tree would wait for a writer at open(); sysfs ignores it.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         data = os.read(fd, 8192)
     finally:
@@ -251,9 +252,14 @@ _PORT_ATTRS: dict[str, tuple[str, Callable, bool]] = {
 
 
 class SysfsSource:
-    def __init__(self, root: str = "/", warn: Warn | None = None):
+    def __init__(
+        self, root: str = "/", warn: Warn | None = None, *, origin: str | None = None
+    ) -> None:
         self.root = root
         self.class_dir = os.path.join(root, "sys", "class", "infiniband")
+        # What the "no RDMA devices" errors name: the directory, or what it was built from
+        # (a snapshot's tree is a temporary directory, gone when the error is read).
+        self.origin = origin
         self.warn: Warn = warn or (lambda message: None)
         # The files warned about: one warning per file, however often it is read.
         self.warned: set[str] = set()
@@ -336,12 +342,13 @@ class SysfsSource:
     def device_names(self) -> list[str]:
         """The devices in class/infiniband; an entry that is not one (a dangling link, a plain
         file, an empty directory) is skipped with one warning."""
+        where, none_hint = self.class_dir, NO_DEVICES_HINT
+        if self.origin is not None:
+            where, none_hint = f"{self.origin}: sys/class/infiniband", None
         try:
             entries = list(os.scandir(self.class_dir))
         except FileNotFoundError:
-            raise NoDevicesError(
-                f"no RDMA devices ({self.class_dir} does not exist)", NO_DEVICES_HINT
-            ) from None
+            raise NoDevicesError(f"no RDMA devices ({where} does not exist)", none_hint) from None
         except PermissionError as e:
             raise PermissionDeniedError(
                 f"cannot list {self.class_dir}: {e.strerror}", "run as a user who can read sysfs"
@@ -352,13 +359,11 @@ class SysfsSource:
                 "--root wants a tree shaped like /: DIR/sys/class/infiniband/DEV/...",
             ) from None
         if not entries:
-            raise NoDevicesError(f"no RDMA devices (empty {self.class_dir})", NO_DEVICES_HINT)
+            raise NoDevicesError(f"no RDMA devices (empty {where})", none_hint)
         entries.sort(key=lambda e: natural_key(e.name))  # warnings in order, whatever the fs
         names = [e.name for e in entries if self._is_device(e)]
         if not names:
-            raise NoDevicesError(
-                f"no RDMA devices ({self.class_dir} holds no device)", NO_DEVICES_HINT
-            )
+            raise NoDevicesError(f"no RDMA devices ({where} holds no device)", none_hint)
         return names
 
     def _is_device(self, entry: os.DirEntry) -> bool:
