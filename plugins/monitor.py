@@ -10,12 +10,13 @@ import argparse
 import dataclasses
 import math
 import time
-from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ibtool import hookimpl
+from ibtool.argtypes import number
 from ibtool.commands import Invocation
+from ibtool.errors import UsageError
 
 if TYPE_CHECKING:
     from ibtool.changes import Event
@@ -30,33 +31,29 @@ class _Enough(Exception):
     """--count events have been shown."""
 
 
-def _positive(kind: type, what: str) -> Callable[[str], Any]:
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} must be a number, not {text!r}") from None
-        if not value > 0 or (kind is float and not math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"{what} must be above 0, not {text}")
-        return value
-
-    return parse
+# Polls closer than a millisecond are a busy loop, not a watch; a day apart is as rare as a
+# poll is useful. --timeout and --count as far as ping(8)'s -w and rc_pingpong's -n go: iputils
+# keeps a time in milliseconds in a C int (ping/ping.c: "bad timing interval" above
+# INT_MAX / 1000 s), ibv_rc_pingpong its count in a C int.
+INTERVAL = (0.001, 86400.0)
+TIMEOUT_MAX = 2147483.0
+COUNT_MAX = 2**31 - 1
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval",
-        type=_positive(float, "--interval"),
+        type=number(float, *INTERVAL, unit="seconds"),
         default=DEFAULT_INTERVAL,
         metavar="SECONDS",
         help=f"poll every SECONDS (default {DEFAULT_INTERVAL:g})",
     )
     parser.add_argument(
-        "--count", type=_positive(int, "--count"), metavar="N", help="stop after N events"
+        "--count", type=number(int, 1, COUNT_MAX), metavar="N", help="stop after N events"
     )
     parser.add_argument(
         "--timeout",
-        type=_positive(float, "--timeout"),
+        type=number(float, 0, TIMEOUT_MAX, unit="seconds", low_open=True),
         metavar="SECONDS",
         help="stop after SECONDS",
     )
@@ -67,6 +64,14 @@ def run(inv: Invocation) -> None:
     from ibtool.watch import watching
 
     args = inv.args
+    if inv.snapshot is not None:
+        # A snapshot is one moment: polling it would wait forever for a change that cannot
+        # come. A --root tree is polled, as something (a test, a copy being updated, another
+        # host's sysfs mounted there) may change it.
+        raise UsageError(
+            "ibtool monitor watches for changes, and a snapshot never changes",
+            "ibtool snapshot diff A B shows what changed between two snapshots",
+        )
     deadline = time.monotonic() + args.timeout if args.timeout else math.inf
     shown = 0
 

@@ -23,7 +23,7 @@ from ibtool.model import PhysState, Port, PortState
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, events, messages
 from ibtool.sources.netlink.events import EventListener
-from tests.fixtures import sysfs_trees
+from tests.fixtures import captured_kernel, sysfs_trees
 from tests.fixtures.netlink import FakeKernel, ack, done, reply, string, u8, u32
 
 # -- kernel events ------------------------------------------------------------------------------
@@ -431,6 +431,20 @@ def test_bad_options_are_usage_errors(cli, argv):
     result = cli("monitor", *argv)
     assert result.code == ExitCode.USAGE
     assert "Traceback" not in result.err
+
+
+# -- what it watches ------------------------------------------------------------------------------
+
+
+def test_a_snapshot_is_refused_as_it_never_changes(cli):
+    """A watch of one moment would wait forever (until --timeout) for nothing."""
+    path = sysfs_trees.require_capture(captured_kernel.CAPTURED / "snapshot" / "host.json.gz")
+    result = cli("--snapshot", str(path), "monitor", "--timeout", "2")
+    assert (result.code, result.out) == (ExitCode.USAGE, "")
+    assert result.err == (
+        "ibtool: error: ibtool monitor watches for changes, and a snapshot never changes "
+        "(hint: ibtool snapshot diff A B shows what changed between two snapshots)\n"
+    )
 
 
 # -- a real process --------------------------------------------------------------------------------
