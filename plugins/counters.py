@@ -10,6 +10,7 @@ import time
 
 from ibtool import counterinfo, hookimpl, render
 from ibtool.api import HealthResult, MetricFamily, Status
+from ibtool.argtypes import number
 from ibtool.commands import Invocation, selector
 from ibtool.errors import NotFoundError, UsageError
 from ibtool.model import CounterSample
@@ -20,6 +21,11 @@ USAGE = (
     "ibtool counters [show] [DEV[/PORT]] | ibtool counters optional [DEV[/PORT]] | "
     "ibtool counters { enable | disable } DEV[/PORT] NAME[,NAME...] (disable: or all)"
 )
+
+
+# Two samples closer than a millisecond are a busy loop, not a rate; a day apart is as long as
+# a rate by eye is worth waiting for (the PMA counters of a busy port saturate long before).
+INTERVAL = (0.001, 86400.0)
 
 
 def configure(parser) -> None:
@@ -33,13 +39,16 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--interval",
-        type=float,
+        type=number(float, *INTERVAL, unit="seconds"),
         default=1.0,
         metavar="SECONDS",
         help="time between the two samples of --rate (default 1)",
     )
     parser.add_argument(
-        "--watch", type=float, metavar="SECONDS", help="print rates every SECONDS until interrupted"
+        "--watch",
+        type=number(float, *INTERVAL, unit="seconds"),
+        metavar="SECONDS",
+        help="print rates every SECONDS until interrupted",
     )
     parser.add_argument(
         "--errors",
@@ -200,8 +209,13 @@ def run(inv: Invocation) -> None:
         return _optional(inv, args.words[0], list(args.words[1:]))
     sel = selector(args)
     interval = args.watch if args.watch is not None else args.interval
-    if interval <= 0:
-        raise UsageError("--interval and --watch need a positive number of seconds")
+    if inv.snapshot is not None and (args.rate or args.watch is not None):
+        # A snapshot holds one reading of each counter: a rate needs two, taken apart in time.
+        flag = "--rate" if args.rate else "--watch"
+        raise UsageError(
+            f"counters {flag} needs two readings, and a snapshot holds one",
+            "ibtool snapshot diff A B shows how the counters moved between two snapshots",
+        )
     sampler = Sampler(lambda: inv.host.counters(sel), clock=time.monotonic)
     first = sampler.sample()
     if not (args.rate or args.watch):

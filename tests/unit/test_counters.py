@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from ibtool import counterinfo
+from ibtool.errors import ExitCode
 from ibtool.model import CounterSample
 from ibtool.rates import counter_rate, is_saturated
 from ibtool.sources.sysfs import SysfsSource
+from tests.fixtures import captured_kernel
+from tests.fixtures.sysfs_trees import require_capture
 
 U32_MAX = (1 << 32) - 1
 U64_MAX = (1 << 64) - 1
@@ -113,6 +116,41 @@ def test_captured_rxe_has_hw_counters_only(captured_rxe):
     names = {row["counter"] for row in r.json}
     assert {"sent_pkts", "rcvd_pkts", "duplicate_request"} <= names
     assert {row["source"] for row in r.json} == {"hw"}
+
+
+SNAPSHOT = captured_kernel.CAPTURED / "snapshot" / "host.json.gz"
+
+
+def interrupted() -> None:
+    raise KeyboardInterrupt  # a second sample was about to be taken: it should not be
+
+
+SNAPSHOT_RATES = [
+    (["--rate"], "--rate"),
+    (["--rate", "--interval", "0.5"], "--rate"),
+    (["--watch", "1"], "--watch"),
+    (["-j", "--watch", "1", "--errors"], "--watch"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"), SNAPSHOT_RATES, ids=[" ".join(argv) for argv, _ in SNAPSHOT_RATES]
+)
+def test_rates_of_a_snapshot_are_refused_as_it_holds_one_reading(cli, between_samples, argv, flag):
+    between_samples(interrupted)
+    path = require_capture(SNAPSHOT)
+    r = cli("--snapshot", str(path), "counters", *argv)
+    assert (r.code, r.out) == (ExitCode.USAGE, "")
+    assert r.err == (
+        f"ibtool: error: counters {flag} needs two readings, and a snapshot holds one "
+        "(hint: ibtool snapshot diff A B shows how the counters moved between two snapshots)\n"
+    )
+
+
+def test_a_snapshot_still_shows_its_counters(cli):
+    r = cli("-j", "--snapshot", str(require_capture(SNAPSHOT)), "counters", "rxe0/1")
+    assert r.code == 0
+    assert "sent_pkts" in {row["counter"] for row in r.json}
 
 
 def test_rate_is_the_delta_per_second():
