@@ -3,39 +3,30 @@ CLI loads its plugins."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from ibtool import hookimpl
+from ibtool.argtypes import number
 from ibtool.commands import Invocation
 from ibtool.errors import UnsupportedError, UsageError
 
 INTERVAL = (0.2, 10.0)  # as rdmatop's refresh bounds
-
-
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--interval must be a number, not {text!r}") from None
-    if not INTERVAL[0] <= value <= INTERVAL[1]:
-        raise argparse.ArgumentTypeError(
-            f"--interval must be {INTERVAL[0]:g} to {INTERVAL[1]:g} seconds, not {text}"
-        )
-    return value
+# The checks run at a poll: more often than every second is every poll at the default
+# --interval; a day apart, the port and device changes that also start them say the rest.
+HEALTH_INTERVAL = (1.0, 86400.0)
 
 
 def configure(parser) -> None:
     parser.add_argument(
         "--interval",
-        type=_interval,
+        type=number(float, *INTERVAL, unit="seconds"),
         default=1.0,
         metavar="SECONDS",
         help="time between two reads of the host, 0.2-10 (default 1; < and > change it)",
     )
     parser.add_argument(
         "--health-interval",
-        type=float,
+        type=number(float, *HEALTH_INTERVAL, unit="seconds"),
         default=60.0,
         metavar="SECONDS",
         help="run the health checks this often, and at once when a port changes (default 60)",
@@ -96,8 +87,6 @@ def _feed(inv: Invocation, closing: list):
 def run(inv: Invocation) -> int:
     if inv.json:
         raise UsageError("ibtool tui has no JSON output", "use ibtool port/counters -j")
-    if not inv.args.health_interval > 0:
-        raise UsageError("--health-interval must be above 0 seconds")
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError(
             "ibtool tui needs a terminal",
