@@ -113,13 +113,23 @@ def build_parser(
 
 
 def _register_commands(plugins, registry: CommandRegistry, warn) -> None:
+    """Every plugin's commands, ibtool's own first, then the others in load order: of two
+    plugins registering one name, ibtool's own keeps it, else the first loaded
+    (CommandRegistry)."""
+    from ibtool.plugins import fault
+
+    registry.warn = warn
+    registry.builtin = plugins.builtin
     # Called plugin by plugin so that one broken registration costs only that plugin.
-    for impl in reversed(plugins.pm.hook.ibtool_register_commands.get_hookimpls()):
+    for impl in plugins.hookimpls("ibtool_register_commands"):
         registry.current_plugin = impl.plugin_name
         try:
             impl.function(cli=registry)
-        except Exception as e:
-            warn(f"plugin {impl.plugin_name} failed to register commands: {type(e).__name__}: {e}")
+        except KeyboardInterrupt:  # the user's Ctrl-C (or SIGTERM: Terminated)
+            raise
+        except BaseException as e:  # SystemExit too: a plugin never decides the exit status
+            registry.withdraw(impl.plugin_name)
+            warn(f"plugin {impl.plugin_name} failed to register commands: {fault(e)}")
     registry.current_plugin = None
 
 

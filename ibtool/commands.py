@@ -61,7 +61,8 @@ class CommandRegistry:
             if n in names[:i] or (n in self._names and self._names[n].plugin == plugin):
                 raise ValueError(f"command {n!r} already registered by plugin {plugin}")
         if not self._keeps(plugin, name):
-            self.warn(f"plugin {plugin}: command {name!r} is {self._owner(name)}: {plugin}'s is not registered")
+            owner = self._owner(name)
+            self.warn(f"plugin {plugin}: command {name!r} is {owner}: {plugin}'s is not registered")
             return
         kept = []
         for alias in aliases:

@@ -37,8 +37,8 @@ class _Register:
     """The `register` one plugin's hook implementation is given: keeps what it registers apart
     until the implementation has returned without error."""
 
-    def __init__(self, what: str, plugin: str, taken: Mapping[str, str]) -> None:
-        self.what, self.plugin, self.taken = what, plugin, taken
+    def __init__(self, what: str, plugin: str) -> None:
+        self.what, self.plugin = what, plugin
         self.entries: dict[str, Callable[..., Any]] = {}
 
     def __call__(self, name: str, function: Callable[..., Any]) -> None:
@@ -46,28 +46,52 @@ class _Register:
             raise ValueError(f"{self.what} name must be a non-empty str without spaces: {name!r}")
         if not callable(function):
             raise ValueError(f"{self.what} {name} is not callable: {type(function).__name__}")
-        owner = self.plugin if name in self.entries else self.taken.get(name)
-        if owner is not None:
-            raise ValueError(f"{self.what} {name} already registered by plugin {owner}")
+        if name in self.entries:
+            raise ValueError(f"{self.what} {name} already registered by plugin {self.plugin}")
         self.entries[name] = function
 
 
-def _collect(plugins: Plugins, hook: str, what: str, warn: Warn) -> dict[str, Any]:
-    """name -> what the plugins registered through `hook`, in name order. The implementations
-    are called in pluggy's order, the plugin registered last first, as the CLI registers
-    commands: of two plugins registering one name, the one registered last keeps it."""
+class Registered(dict):
+    """name -> what the plugins registered through one hook, in name order; `plugin` says
+    whose each is, `first` lists them by precedence (ibtool's own, then load order), and
+    `owner(plugin)` is how a warning names a plugin that kept a name."""
+
+    def __init__(
+        self, found: Mapping[str, Any], plugin: Mapping[str, str], owner: Callable[[str], str]
+    ) -> None:
+        super().__init__((name, found[name]) for name in sorted(found))
+        self.plugin = dict(plugin)
+        self.first = list(found)
+        self.owner = owner
+
+
+def _collect(plugins: Plugins, hook: str, what: str, warn: Warn) -> Registered:
+    """What the plugins registered through `hook`. A name stays with ibtool's own plugin, else
+    with the first loaded (Plugins.hookimpls); the other is named in one warning and keeps the
+    rest of what it registered."""
+    from ibtool.plugins import fault
+
     owners: dict[str, str] = {}
     found: dict[str, Callable[..., Any]] = {}
-    for impl in reversed(getattr(plugins.hook, hook).get_hookimpls()):
-        register = _Register(what, impl.plugin_name, owners)
+    for impl in plugins.hookimpls(hook):
+        register = _Register(what, impl.plugin_name)
         try:
             impl.function(register=register)
-        except Exception as e:  # a third-party plugin may fail in any way; the others go on
-            warn(f"plugin {impl.plugin_name} failed to register {what}s: {type(e).__name__}: {e}")
+        except KeyboardInterrupt:  # the user's Ctrl-C (or SIGTERM: Terminated)
+            raise
+        except BaseException as e:  # a third-party plugin may fail in any way, sys.exit too
+            warn(f"plugin {impl.plugin_name} failed to register {what}s: {fault(e)}")
             continue
-        owners.update(dict.fromkeys(register.entries, impl.plugin_name))
-        found.update(register.entries)
-    return {name: found[name] for name in sorted(found)}
+        for name, function in register.entries.items():
+            if name in owners:
+                warn(
+                    f"plugin {impl.plugin_name}: {what} {name!r} is "
+                    f"{plugins.owner(owners[name])}: {impl.plugin_name}'s is not registered"
+                )
+                continue
+            owners[name] = impl.plugin_name
+            found[name] = function
+    return Registered(found, owners, plugins.owner)
 
 
 def health_checks(plugins: Plugins, warn: Warn) -> dict[str, HealthCheck]:
@@ -86,7 +110,7 @@ def panel_factories(plugins: Plugins, warn: Warn) -> dict[str, PanelFactory]:
     return _collect(plugins, "ibtool_tui_panels", "panel", warn)
 
 
-def _error(e: Exception) -> str:
+def _error(e: BaseException) -> str:
     """An exception as one line: an IbtoolError's message, any other's type and message."""
     if isinstance(e, IbtoolError):
         text = e.message
@@ -126,7 +150,9 @@ def run_health_checks(
     for name, check in checks.items():
         try:
             returned = _call(check, context(name))
-        except Exception as e:  # any fault of a plugin is its check's UNKNOWN, not ibtool's
+        except KeyboardInterrupt:  # the user's Ctrl-C (or SIGTERM: Terminated)
+            raise
+        except BaseException as e:  # any fault of a plugin, sys.exit too, is its check's UNKNOWN
             fault: str | None = _error(e)
         else:
             wrong = _wrong(returned, HealthResult)
@@ -143,26 +169,46 @@ def collect_metrics(
     """Every collector's families, in collector order.
 
     A collector that raises, or returns anything but a list, tuple or iterator of MetricFamily,
-    is one warning and contributes nothing; a family whose exposed name an earlier family has
-    is a warning and is left out (the text format allows each name once).
+    is one warning and contributes nothing. The text format allows each exposed name once: of
+    two families with one name, the one of ibtool's own plugins is kept, else the first loaded
+    plugin's (`collectors` as metric_collectors gives them; other mappings: the first
+    collector's), and the other is one warning and left out.
     """
-    families: list[MetricFamily] = []
-    owners: dict[str, str] = {}
+    returned_by: dict[str, list[MetricFamily]] = {}
     for name, collect in collectors.items():
         try:
             returned = _call(collect, host)
-        except Exception as e:
+        except KeyboardInterrupt:  # the user's Ctrl-C (or SIGTERM: Terminated)
+            raise
+        except BaseException as e:  # a plugin's fault, sys.exit too, is its collector's
             warn(f"metric collector {name} failed: {_error(e)}")
             continue
         wrong = _wrong(returned, MetricFamily)
         if wrong is not None:
             warn(f"metric collector {name} {wrong}")
             continue
-        for family in returned:
+        returned_by[name] = list(returned)
+    plugin: Mapping[str, str] = getattr(collectors, "plugin", {})
+    first = [n for n in getattr(collectors, "first", collectors) if n in returned_by]
+    owners: dict[str, str] = {}
+    kept: set[tuple[str, int]] = set()
+    for name in first:
+        for i, family in enumerate(returned_by[name]):
             owner = owners.get(family.exposed_name)
-            if owner is not None:
+            if owner is None:
+                owners[family.exposed_name] = name
+                kept.add((name, i))
+            elif name in plugin and owner in plugin and plugin[name] != plugin[owner]:
+                mine, theirs = plugin[name], collectors.owner(plugin[owner])  # type: ignore[attr-defined]
+                warn(
+                    f"plugin {mine}: metric family {family.exposed_name!r} is {theirs}: "
+                    f"{mine}'s is left out"
+                )
+            else:
                 warn(f"metric collector {name}: {family.exposed_name} already collected by {owner}")
-                continue
-            owners[family.exposed_name] = name
-            families.append(family)
-    return families
+    return [
+        family
+        for name, families in returned_by.items()
+        for i, family in enumerate(families)
+        if (name, i) in kept
+    ]

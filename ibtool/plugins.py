@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
 import pluggy
 
@@ -23,6 +24,10 @@ GROUP = "ibtool"
 ESSENTIAL = frozenset({"devices", "ports", "gids"})
 ENV_DISABLE_AUTOLOAD = "IBTOOL_DISABLE_PLUGIN_AUTOLOAD"
 ENV_PLUGINS = "IBTOOL_PLUGINS"
+# The package of ibtool's own plugins, and the name of what the core registers itself (the
+# plugins command): both are built-ins, whose names no other plugin takes.
+BUILTIN_PACKAGE = "ibtool_plugins"
+CORE = "core"
 
 
 @dataclass(frozen=True)
@@ -53,31 +58,101 @@ def _is_first_party(dist: metadata.Distribution) -> bool:
     return dist.metadata["Name"] == "ibtool"
 
 
+def _module(value: str) -> str:
+    """The module of an entry point's value ("module:attr [extras]"), as `EntryPoint.module`
+    (Python 3.9's importlib.metadata has no such attribute everywhere) would say."""
+    return value.partition(":")[0].partition("[")[0].strip()
+
+
+def fault(e: BaseException) -> str:
+    """What a plugin raised, as one line: the exception's type, and its message if it has one
+    (a pluggy validation error spans lines)."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
 class Plugins:
-    """A plugin manager plus the distribution each entry-point plugin came from."""
+    """A plugin manager plus the distribution each entry-point plugin came from, and which
+    plugins are ibtool's own."""
 
     def __init__(self) -> None:
         self.pm = pluggy.PluginManager(GROUP)
         self.pm.add_hookspecs(hookspecs)
         self.dists: dict[str, metadata.Distribution] = {}
+        self._builtins: dict[str, str] = {}  # plugin name -> its module, for ibtool's own
 
     @property
     def hook(self):
         return self.pm.hook
 
+    def builtin(self, name: str | None) -> str | None:
+        """Where built-in plugin `name` comes from (its module, or "core"); None for any other
+        plugin. Not a sandbox: a plugin is code run with the user's rights. This keeps a name
+        from changing hands unnoticed."""
+        if name == CORE:
+            return CORE
+        return self._builtins.get(name) if name is not None else None
+
+    def owner(self, name: str) -> str:
+        """Plugin `name` as a clash's warning names the one that kept a name."""
+        origin = self.builtin(name)
+        return f"plugin {name}'s, loaded first" if origin is None else f"ibtool's own ({origin})"
+
+    def hookimpls(self, hook: str) -> list[Any]:
+        """The implementations of `hook` in the order that decides who keeps a name: ibtool's
+        own first, then the others in load order. Not pluggy's call order, which puts the
+        plugin registered last first and lets a plugin's tryfirst put it ahead of all."""
+        rank = {name: i for i, (name, _) in enumerate(self.pm.list_name_plugin())}
+        impls = getattr(self.pm.hook, hook).get_hookimpls()
+        return sorted(
+            impls,
+            key=lambda impl: (self.builtin(impl.plugin_name) is None, rank[impl.plugin_name]),
+        )
+
     def register(self, name: str | None, load: Callable[[], object], warn, dist=None) -> None:
-        plugin = None
+        if name is not None and self._taken(name, warn):
+            return
         try:
             plugin = load()
+        except KeyboardInterrupt:  # the user's Ctrl-C (or SIGTERM: Terminated) while it loads
+            raise
+        except BaseException as e:  # SystemExit too: a plugin never decides the exit status
+            warn(f"plugin {name or '?'} not loaded: {fault(e)}")
+            return
+        if plugin is None or self.pm.get_name(plugin) is not None:
+            return  # IBTOOL_PLUGINS naming a module loaded already, such as a built-in's
+        name = name or self.pm.get_canonical_name(plugin)
+        if self._taken(name, warn):
+            return
+        try:
             self.pm.register(plugin, name=name)
             self.pm.check_pending()
-        except Exception as e:  # a third-party plugin may fail in any way; the tool goes on
-            if plugin is not None and self.pm.is_registered(plugin):
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # pluggy reads the plugin's attributes: its code runs
+            if self.pm.is_registered(plugin):
                 self.pm.unregister(plugin)
-            warn(f"plugin {name or '?'} not loaded: {type(e).__name__}: {e}")
+            warn(f"plugin {name} not loaded: {fault(e)}")
             return
+        module = getattr(plugin, "__name__", None)
+        if (dist is not None and _is_first_party(dist)) or (
+            isinstance(module, str) and module.startswith(BUILTIN_PACKAGE + ".")
+        ):
+            self._builtins[name] = module if isinstance(module, str) else name
         if dist is not None:
-            self.dists[self.pm.get_name(plugin)] = dist
+            self.dists[name] = dist
+
+    def _taken(self, name: str, warn) -> bool:
+        """Whether `name` is blocked or taken (told in a warning: pluggy's own error would
+        print its whole registry). The core's name is ibtool's own."""
+        if self.pm.is_blocked(name):
+            return True
+        if name == CORE or self.pm.has_plugin(name):
+            where = CORE if name == CORE else getattr(self.pm.get_plugin(name), "__name__", name)
+            if where != name:  # else the module of that name, named twice: loaded already
+                warn(f"plugin {name} not loaded: a plugin of that name is loaded already ({where})")
+            return True
+        return False
 
     def describe(self) -> list[PluginInfo]:
         infos = []
@@ -116,15 +191,22 @@ def build_plugins(
         pm.set_blocked(name)
 
     autoload = not env.get(ENV_DISABLE_AUTOLOAD)
-    for ep, dist in _entry_points():
-        if pm.is_blocked(ep.name) or pm.has_plugin(ep.name):
+    # ibtool's own first, then the others by name: which of two plugins is loaded first, and so
+    # keeps a name both register, is the same on every host, whatever the order of sys.path and
+    # of the files in its directories (importlib.metadata lists them as the file system does).
+    found = sorted(_entry_points(), key=lambda e: (not _is_first_party(e[1]), e[0].name))
+    blocked_modules = set()
+    for ep, dist in found:
+        if pm.is_blocked(ep.name):
+            blocked_modules.add(_module(ep.value))
             continue
         if not autoload and not _is_first_party(dist):
             continue
         plugins.register(ep.name, ep.load, warn, dist=dist)
 
     for module in filter(None, (s.strip() for s in env.get(ENV_PLUGINS, "").split(","))):
-        if not pm.is_blocked(module):
+        # -p no:NAME wins over the environment, also when IBTOOL_PLUGINS names NAME's module
+        if module not in blocked_modules:
             plugins.register(module, lambda m=module: importlib.import_module(m), warn)
 
     for plugin in extra:

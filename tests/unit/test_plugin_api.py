@@ -214,12 +214,6 @@ def _boom(register):
             "plugin bad failed to register health checks: RuntimeError: boom",
         ),
         (
-            "ibtool_health_checks",
-            lambda register: register("port_state", lambda host: []),
-            "plugin bad failed to register health checks: "
-            "ValueError: health check port_state already registered by plugin api_plugin",
-        ),
-        (
             "ibtool_metrics",
             lambda register: (register("mine", lambda host: []), register("mine", print)),
             "plugin bad failed to register metric collectors: "
@@ -240,7 +234,6 @@ def _boom(register):
     ],
 )
 def test_a_bad_registration_is_one_warning_and_the_rest_comes_through(hook, register, warning):
-    # Registered first, so called last (pluggy's order): bad, not api_plugin, finds a name taken.
     found, warnings = collect(make_plugin("bad", **{hook: register}), make_api_plugin())
     assert warnings == [warning]
     assert {k: {n: f.__name__ for n, f in v.items()} for k, v in found.items()} == {
