@@ -1,10 +1,11 @@
 """The registering hooks of ibtool.hookspecs, called for the faces that use them, and the runs of
 what they register: health checks and metric collectors.
 
-One plugin's fault costs that plugin only. A hook implementation that raises, or registers a
-bad name, a name already taken or something not callable, is one warning, and none of what it
-registered is kept; a check that fails is an UNKNOWN result; a metric collector that fails is a
-warning and contributes nothing.
+One plugin's fault costs that plugin only. A hook implementation that raises (SystemExit too),
+or registers a bad name, a name twice or something not callable, is one warning, and none of
+what it registered is kept; a check that fails is an UNKNOWN result; a metric collector that
+fails is a warning and contributes nothing. A name another plugin has stays with ibtool's own
+plugin, else with the first loaded: the other is named in one warning and keeps the rest.
 """
 
 from __future__ import annotations
