@@ -5,10 +5,32 @@ from __future__ import annotations
 import ipaddress
 
 from ibtool import hookimpl, render
+from ibtool.argtypes import number
 from ibtool.commands import Invocation, selector
 from ibtool.errors import CommandFailed, IbtoolError, UsageError
 from ibtool.host import parse_selector
 from ibtool.model import PortState
+
+# The ranges of the numbers the command line takes, each where it comes from:
+# - IBTA caps a message at 2^31 bytes (a port's max_msg_sz, struct ibv_port_attr, is at most
+#   that); the device's own limit and the memory for depth of them in each of two MRs
+#   are found when the MR is registered;
+# - a GID index is a uint8_t in an address vector (rdma-core libibverbs/verbs.h,
+#   struct ibv_global_route sgid_index), though rxe's table has 1024 entries;
+# - a P_Key index is a uint16_t (struct ibv_qp_attr pkey_index); the port's table, checked
+#   when the QPs are made, is smaller;
+# - an SL is 4 bits (IBTA vol. 1, the LRH's SL field);
+# - the depth makes a QP of depth + 1 work requests and a CQ of 2 x depth + 4: the device's
+#   max_qp_wr and max_cqe (ibtool -d dev: rxe 32767 CQEs) refuse more when they are made;
+# - a million iterations of each operation are minutes of a real HCA and each one's latency
+#   is kept for the percentiles; an hour for one iteration is a hung device.
+SIZE = (1, 2**31)
+ITERS = (1, 1_000_000)
+GID_INDEX = (0, 255)
+PKEY_INDEX = (0, 65535)
+TIMEOUT = (0, 3600.0)
+DEPTH = (1, 65536)
+SL = (0, 15)
 
 
 def configure(parser) -> None:
@@ -19,27 +41,36 @@ def configure(parser) -> None:
         help="comma-separated: send,write,write_imm,read,fetch_add,cmp_swap,ud_send,ud_qkey,"
         "mcast,apm (default: all)",
     )
-    parser.add_argument("--size", type=int, default=4096, help="message size in bytes")
-    parser.add_argument("--iters", type=int, default=100, help="iterations per operation")
-    parser.add_argument("--gid-index", type=int, help="GID index (default: the --best rule)")
+    parser.add_argument(
+        "--size", type=number(int, *SIZE, unit="bytes"), default=4096, help="message size in bytes"
+    )
+    parser.add_argument(
+        "--iters", type=number(int, *ITERS), default=100, help="iterations per operation"
+    )
+    parser.add_argument(
+        "--gid-index", type=number(int, *GID_INDEX), help="GID index (default: the --best rule)"
+    )
     parser.add_argument(
         "--pkey-index",
-        type=int,
+        type=number(int, *PKEY_INDEX),
         metavar="N",
         help="the slot of the port's P_Key table (its partition) the QPs use (default 0)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=5.0, help="seconds one iteration may take (default 5)"
+        "--timeout",
+        type=number(float, *TIMEOUT, unit="seconds", low_open=True),
+        default=5.0,
+        help="seconds one iteration may take (default 5)",
     )
     parser.add_argument(
         "--depth",
-        type=int,
+        type=number(int, *DEPTH),
         default=16,
         help="operations in flight in the bandwidth phase (default 16)",
     )
     parser.add_argument(
         "--sl",
-        type=int,
+        type=number(int, *SL),
         metavar="N",
         help="service level 0-15 of the address vectors (default 0): InfiniBand maps it to a "
         "VL, RoCE drivers to the frames' priority",
@@ -127,12 +158,6 @@ def run(inv: Invocation) -> int:
         raise UsageError(
             f"unknown operation {unknown[0]!r}", f"choose from {','.join(loopback.OPS)}"
         )
-    if args.size < 1 or args.iters < 1 or args.depth < 1 or args.timeout <= 0:
-        raise UsageError("--size, --iters, --depth and --timeout must be positive")
-    if args.pkey_index is not None and args.pkey_index < 0:
-        raise UsageError(f"--pkey-index {args.pkey_index}: an index is 0 or more")
-    if args.sl is not None and not 0 <= args.sl <= 15:
-        raise UsageError(f"--sl {args.sl}: a service level is 0..15")
     qkey = _qkey(args.qkey)
     sel = selector(args)
     pairs = inv.host.select(sel)
