@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -71,11 +72,25 @@ class StateFile:
         """Holds PATH.lock (created if need be) for the run; waits up to `wait` seconds for
         another run to finish, then raises StateLocked."""
         directory = os.path.dirname(self.path) or "."
+        lock = self.path + ".lock"
         try:
             os.makedirs(directory, mode=0o755, exist_ok=True)
-            fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # Not through a link: root's cron would otherwise create (or truncate the mode of)
+            # whatever a dangling health.json.lock symlink points at. O_NOFOLLOW makes the
+            # open fail with ELOOP on a symlink (open(2)); O_NONBLOCK keeps a FIFO planted
+            # there from hanging the open, and anything but a regular file is refused.
+            fd = os.open(
+                lock,
+                os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
+                0o644,
+            )
         except OSError as e:
-            raise _os_error(e, self.path + ".lock") from None
+            if e.errno == errno.ELOOP:
+                raise _not_a_file(lock, "a symbolic link") from None
+            raise _os_error(e, lock) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise _not_a_file(lock, "not a regular file")
         try:
             deadline = clock() + wait
             while True:
@@ -84,7 +99,7 @@ class StateFile:
                     break
                 except OSError as e:
                     if e.errno not in (errno.EAGAIN, errno.EACCES):
-                        raise _os_error(e, self.path + ".lock") from None
+                        raise _os_error(e, lock) from None
                     if clock() >= deadline:
                         raise StateLocked(
                             f"state {self.path} is locked by another ibtool health run "
@@ -144,6 +159,13 @@ class StateFile:
                 os.fsync(dirfd)
             finally:
                 os.close(dirfd)
+
+
+def _not_a_file(path: str, what: str) -> IbtoolError:
+    return IbtoolError(
+        f"state lock {path} is {what}: refused",
+        "remove it (ibtool creates the lock as a regular file), or give another --state FILE",
+    )
 
 
 def _os_error(e: OSError, path: str) -> IbtoolError:

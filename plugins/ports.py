@@ -9,7 +9,7 @@ import dataclasses
 from ibtool import hookimpl, links, render
 from ibtool.api import CheckContext, HealthResult, MetricFamily, Perfdata, Status
 from ibtool.commands import Invocation, add_selector, selector
-from ibtool.errors import CommandFailed, UsageError
+from ibtool.errors import CommandFailed, NoDevicesError, UsageError
 from ibtool.host import PORT_SHOWN, Host
 from ibtool.model import VL_CAP, Bond, LinkLayer, PhysState, PKey, Port, PortState
 
@@ -266,6 +266,12 @@ def _port_state(p: Port) -> tuple[Status, str] | None:
         why = f"state {p.state.name} (physical_state {phys})"
         if p.state == PortState.INIT and p.link_layer == LinkLayer.INFINIBAND:
             why += ": no subnet manager has brought it up"
+        elif p.physical_state == PhysState.DISABLED and p.link_layer == LinkLayer.INFINIBAND:
+            # PortPhysicalState 3, Disabled, is set by management (IBTA vol. 1, PortInfo;
+            # `ibportstate LID PORT disable`, or the subnet manager): the port does not even
+            # try to train, so no cable is to blame. On a RoCE port the drivers report it for
+            # a netdev that is down (rxe_query_port, mlx5_query_port_roce): said below.
+            why += ": disabled by management (the subnet manager or ibportstate), not a cable fault"
         elif p.physical_state in (PhysState.DISABLED, PhysState.POLLING):
             why += ": no link (cable, peer port or netdev down)"
         return Status.CRITICAL, why
@@ -438,7 +444,15 @@ class _PortCheck:
             yield HealthResult(Status.OK, subject, "; ".join([summary, *notes]), perfdata)
 
     def configured(self):
-        """The ports and RoCE netdevs or addresses the configuration names."""
+        """The devices, ports and RoCE netdevs or addresses the configuration names."""
+        if self.ctx.config.devices:
+            try:
+                present = set(self.host.sysfs.device_names())
+            except NoDevicesError:
+                present = set()
+            for device in self.ctx.config.devices:
+                if device not in present:
+                    yield HealthResult(Status.CRITICAL, device, f"expected device {device} missing")
         for key, expect in self.ctx.config.ports.items():
             if "/" in key and not expect.ignore:
                 device, _, number = key.partition("/")
@@ -457,7 +471,7 @@ class _PortCheck:
 def check_ports(ctx: CheckContext):
     """Every port ACTIVE with its link up at the rate it should have; an IB port with a LID
     and a subnet manager; a RoCE port with a RoCE v2 GID on its netdev; no carrier flap of
-    its netdev since the last run; the configured ports and RoCE netdevs present."""
+    its netdev since the last run; the configured devices, ports and RoCE netdevs present."""
     check = _PortCheck(ctx)
     for p in check.ports:
         yield from check.port(p)
