@@ -6,6 +6,7 @@ import argparse
 import contextlib
 
 from ibtool import hookimpl
+from ibtool.argtypes import number
 from ibtool.commands import Invocation
 from ibtool.errors import CommandFailed, IbtoolError, Terminated, UsageError
 from ibtool.host import parse_selector
@@ -13,6 +14,25 @@ from ibtool.model import PortState
 
 COMPAT_TOOLS = ("rc_pingpong", "rping")
 MTUS = (256, 512, 1024, 2048, 4096)
+
+# The ranges of the numbers the command line takes, refused at parse time by name (the run-time
+# checks below say more where the peer narrows one, as rping's sizes):
+# - an SL is 4 bits (IBTA vol. 1, the LRH's SL field), a traffic class 8 (the GRH's TClass);
+# - a GID index is a uint8_t in an address vector (rdma-core libibverbs/verbs.h, struct
+#   ibv_global_route sgid_index), a P_Key index a uint16_t (struct ibv_qp_attr pkey_index);
+# - times as iputils' ping(8) takes them, in milliseconds in a C int (ping/ping.c: -i and -W
+#   "bad timing interval" / "bad linger time" above INT_MAX / 1000 s, -W below 0.001 s); the
+#   count in a C int, as ibv_rc_pingpong's -n;
+# - a payload at most ibtool.rdma.ping.MAX_PING_SIZE (not imported here: it loads the verbs
+#   modules, which only a ping needs).
+SL = (0, 15)
+TCLASS = (0, 255)
+TCP_PORT = (1, 65535)
+GID_INDEX = (0, 255)
+PKEY_INDEX = (0, 65535)
+COUNT = (1, 2**31 - 1)
+LONGEST = 2147483.0  # INT_MAX milliseconds, in seconds
+SIZE = (1, 1 << 20)
 
 
 def configure(parser) -> None:
@@ -31,18 +51,18 @@ def configure(parser) -> None:
         "IPoIB or RoCE netdev, and no TCP port needs to be open",
     )
     parser.add_argument(
-        "--sl", type=int, default=0, metavar="N", help="service level 0-15 (default 0)"
+        "--sl", type=number(int, *SL), default=0, metavar="N", help="service level 0-15 (default 0)"
     )
     parser.add_argument(
         "--tclass",
-        type=int,
+        type=number(int, *TCLASS),
         default=0,
         metavar="N",
         help="GRH traffic class 0-255; on RoCE v2 the IP DS field: DSCP is N >> 2 (default 0)",
     )
     parser.add_argument(
         "--mtu",
-        type=int,
+        type=number(int, MTUS[0], MTUS[-1], unit="bytes"),
         choices=MTUS,
         metavar="BYTES",
         help="cap the RC path MTU (256..4096; default: the port's active MTU, "
@@ -61,7 +81,7 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--port",
-        type=int,
+        type=number(int, *TCP_PORT),
         default=None,
         metavar="N",
         help="TCP port of the out-of-band exchange (default 18520; rc_pingpong: 18515)",
@@ -69,10 +89,12 @@ def configure(parser) -> None:
     parser.add_argument(
         "--dev", metavar="DEV[/PORT]", help="RDMA device and port (default: the first ACTIVE port)"
     )
-    parser.add_argument("--gid-index", type=int, help="GID index (default: the --best rule)")
+    parser.add_argument(
+        "--gid-index", type=number(int, *GID_INDEX), help="GID index (default: the --best rule)"
+    )
     parser.add_argument(
         "--pkey-index",
-        type=int,
+        type=number(int, *PKEY_INDEX),
         metavar="N",
         help="the slot of the port's P_Key table (its partition) the QP uses (default 0)",
     )
@@ -83,28 +105,39 @@ def configure(parser) -> None:
         help="SEND/RECV (default) or RDMA WRITE WITH IMMEDIATE",
     )
     parser.add_argument(
-        "-c", "--count", type=int, help="stop after N pings (rc_pingpong: its -n, 1000)"
+        "-c",
+        "--count",
+        type=number(int, *COUNT),
+        help="stop after N pings (rc_pingpong: its -n, 1000)",
     )
     parser.add_argument(
         "-i",
         "--interval",
-        type=float,
+        type=number(float, 0, LONGEST, unit="seconds"),
         help="seconds between pings (default 1; rc_pingpong: 0); 0: the next as soon as "
         "the reply is in",
     )
     parser.add_argument(
-        "-s", "--size", type=int, help="payload bytes (default 64; rc_pingpong: its -s, 4096)"
+        "-s",
+        "--size",
+        type=number(int, *SIZE, unit="bytes"),
+        help="payload bytes (default 64; rc_pingpong: its -s, 4096)",
     )
-    parser.add_argument("-w", "--deadline", type=float, help="stop after this many seconds")
+    parser.add_argument(
+        "-w",
+        "--deadline",
+        type=number(float, 0, LONGEST, unit="seconds", low_open=True),
+        help="stop after this many seconds",
+    )
     parser.add_argument(
         "-W",
         "--timeout",
-        type=float,
+        type=number(float, 0.001, LONGEST, unit="seconds"),
         default=2.0,
         help="seconds to wait for each reply (default 2)",
     )
     # For tests and scripted runs: serve this many clients, then exit.
-    parser.add_argument("--max-clients", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--max-clients", type=number(int, *COUNT), help=argparse.SUPPRESS)
 
 
 def _pick_port(inv: Invocation) -> tuple[str, int]:
