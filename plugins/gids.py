@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ibtool import hookimpl, render
+from ibtool.argtypes import number
 from ibtool.commands import Invocation, add_selector, selector
 from ibtool.errors import UsageError
 from ibtool.gidrule import as_ip, best_gid
@@ -20,6 +21,7 @@ FIELDS = [
 ]
 
 BEST_PORT_FIELDS = ("state", "link_layer", "netdev")
+PORT = (0, 255)
 TYPE_CHOICES = {"ib": GidType.IB, "v1": GidType.ROCE_V1, "v2": GidType.ROCE_V2}
 
 
@@ -28,7 +30,9 @@ def configure(parser) -> None:
     parser.add_argument("--type", choices=sorted(TYPE_CHOICES), help="only GIDs of this type")
     parser.add_argument("--netdev", help="only GIDs of this netdev")
     parser.add_argument("--ip", help="only the GID of this IPv4 or IPv6 address")
-    parser.add_argument("--port", type=int, help="only GIDs of this port number")
+    # Ports are numbered in 8 bits (rdma-core libibverbs/verbs.h: uint8_t port_num); 0 is a
+    # switch's management port.
+    parser.add_argument("--port", type=number(int, *PORT), help="only GIDs of this port number")
     parser.add_argument(
         "--best",
         nargs="?",
