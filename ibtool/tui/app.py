@@ -69,10 +69,14 @@ class Dashboard(App):
         Binding("enter", "open", "Port detail", show=False),
         Binding("l", "loopback", "Loopback"),
         Binding("p", "pause", "Pause"),
-        Binding("r", "refresh", "Read now"),
-        Binding("less_than_sign", "slower", "Slower", key_display="<"),
-        Binding("greater_than_sign", "faster", "Faster", key_display=">"),
+        Binding("r", "refresh", "Read", tooltip="Read now (a capture: read it again)"),
+        # < and > are in the help, not the footer: at 80 columns it has room for the rest only
+        Binding("less_than_sign", "slower", "Slower", key_display="<", show=False),
+        Binding("greater_than_sign", "faster", "Faster", key_display=">", show=False),
         Binding("slash", "filter", "Filter", key_display="/"),
+        # In the footer only while a filter is typed or set (check_action), as "Clear" beside
+        # "/ Filter": a longer word pushes "? Help" off an 80-column footer. The help says more.
+        Binding("escape", "clear_filter", "Clear", key_display="Esc", tooltip="Clear the / filter"),
         Binding("question_mark", "help", "Help", key_display="?"),
     ]
 
@@ -282,6 +286,7 @@ class Dashboard(App):
         field = self.overview.query_one("#filter", Input)
         field.display = True
         field.focus()
+        self.refresh_bindings()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         table = self.overview.query_one(PortTable)
@@ -290,15 +295,30 @@ class Dashboard(App):
             table.show(self.frame)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        if not event.value.strip():
+            self.action_clear_filter()
+            return
         self.overview.query_one(PortTable).focus()
 
-    def on_key(self, event) -> None:
+    def _filtering(self) -> bool:
+        return self.overview.query_one("#filter", Input).display
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action == "clear_filter":
+            return self.screen is self.overview and self._filtering()
+        return True
+
+    def action_clear_filter(self) -> None:
+        """Escape: every port again, typing the filter or after Enter kept it."""
         field = self.overview.query_one("#filter", Input)
-        if event.key == "escape" and field.has_focus:
-            field.value = ""
-            field.display = False
-            self.overview.query_one(PortTable).focus()
-            event.stop()
+        field.value = ""
+        field.display = False
+        table = self.overview.query_one(PortTable)
+        table.filter = ""
+        if self.frame is not None:
+            table.show(self.frame)
+        table.focus()
+        self.refresh_bindings()
 
     def action_help(self) -> None:
         sections = [("Overview", self.BINDINGS), ("Port detail", PortScreen.BINDINGS)]

@@ -261,6 +261,28 @@ async def test_slash_filters_the_ports_and_escape_clears(node):
         assert table.row_count == 2 and table.has_focus
 
 
+async def test_escape_clears_a_filter_kept_with_enter(node):
+    app = node().app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        footer = app.query_one("Footer")
+        assert "Clear" not in [k.description for k in footer.query("FooterKey")]
+        await pilot.press("slash", "D", "O", "W", "N", "enter")
+        table = app.query_one(PortTable)
+        assert [k.value for k in table.rows] == ["mlx5_0/2"] and table.has_focus
+        await pilot.pause()
+        keys = {k.description: k.region for k in footer.query("FooterKey")}
+        assert list(keys)[-4:-1] == ["Filter", "Clear", "Help"]
+        assert keys["Help"].right <= keys["palette"].x  # not cut off at 80 columns
+        await poll(pilot)
+        assert table.row_count == 1  # the filter holds across polls
+        await pilot.press("escape")
+        assert table.row_count == 2 and table.has_focus
+        assert not app.query_one("#filter").display
+        await poll(pilot)
+        assert table.row_count == 2
+
+
 async def test_question_mark_lists_every_key(node):
     app = node().app()
     async with app.run_test(size=(120, 40)) as pilot:
@@ -271,6 +293,7 @@ async def test_question_mark_lists_every_key(node):
         text = str(app.screen.query_one(Static).render())
         for key in ("q", "l", "p", "r", "<", ">", "/", "?", "escape"):
             assert f"\n  {key} " in text, key
+        assert "\n  Esc          Clear the / filter\n" in text
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
 

@@ -17,7 +17,9 @@ def key_lines(bindings) -> list[str]:
         if isinstance(binding, tuple):
             binding = Binding(*binding)
         if binding.description:
-            lines.append(f"  {binding.key_display or binding.key:<12} {binding.description}")
+            # the tooltip where there is one: the footer's word is short, the help need not be
+            said = binding.tooltip or binding.description
+            lines.append(f"  {binding.key_display or binding.key:<12} {said}")
     return lines
 
 
