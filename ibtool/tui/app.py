@@ -320,6 +320,48 @@ class Dashboard(App):
         table.focus()
         self.refresh_bindings()
 
+    def deliver_screenshot(
+        self,
+        filename: str | None = None,
+        path: str | None = None,
+        time_format: str | None = None,
+    ) -> str | None:
+        """The palette's Screenshot: an SVG of the screen, saved where it can be (see
+        screenshot_directory), the notification naming the file, or the reason it could not."""
+        import time
+
+        directory = Path(path) if path else screenshot_directory()
+        stamp = time.strftime(time_format or "%Y%m%d-%H%M%S")
+        svg = self.export_screenshot()
+        for n in range(1, 100):
+            name = filename or f"ibtool-tui-{stamp}{'' if n == 1 else f'-{n}'}.svg"
+            target = directory / name
+            try:
+                # "x": never through a link or over a file someone placed there
+                with open(target, "x", encoding="utf-8") as out:
+                    out.write(svg)
+            except FileExistsError:
+                if filename:
+                    break
+                continue
+            except OSError as e:
+                self.notify(
+                    f"screenshot not saved: {target}: {e.strerror or e}",
+                    title="Screenshot",
+                    severity="error",
+                    markup=False,
+                )
+                return None
+            self.notify(f"saved to {target}", title="Screenshot", markup=False, timeout=10)
+            return str(target)
+        self.notify(
+            f"screenshot not saved: {target} exists",
+            title="Screenshot",
+            severity="error",
+            markup=False,
+        )
+        return None
+
     def action_help(self) -> None:
         sections = [("Overview", self.BINDINGS), ("Port detail", PortScreen.BINDINGS)]
         self.push_screen(HelpScreen(sections))
@@ -342,6 +384,28 @@ class Dashboard(App):
             )
             return
         self.push_screen(LoopbackScreen(key[0], key[1], self.loopback_runner))
+
+
+def screenshot_directory() -> Path:
+    """Where the palette's Screenshot goes: the Downloads directory where there is one (a
+    desktop's terminal, where Textual puts it), else the directory the dashboard was started
+    in, else home, else the temporary directory. Textual tries Downloads alone, and a server
+    has none: "Failed to save screenshot"."""
+    import os
+    import tempfile
+
+    candidates = []
+    try:
+        from platformdirs import user_downloads_path
+
+        candidates.append(user_downloads_path())
+    except Exception:  # platformdirs comes with textual; without it, the other places
+        pass
+    candidates += [Path.cwd(), Path.home(), Path(tempfile.gettempdir())]
+    for directory in candidates:
+        if directory.is_dir() and os.access(directory, os.W_OK | os.X_OK):
+            return directory
+    return candidates[-1]
 
 
 def _failed(feed: Feed, error: str) -> Frame:

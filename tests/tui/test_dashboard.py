@@ -582,3 +582,58 @@ async def test_a_paused_dashboard_says_how_to_read_the_opened_port(node):
         await pilot.press("r")
         await poll(pilot)
         assert app.screen.query_one("#gids", DataTable).row_count == 1
+
+
+async def until(pilot, condition) -> None:
+    """Until `condition()` holds (a timer of the app's own, not a poll, brings it)."""
+    for _ in range(200):
+        if condition():
+            return
+        await pilot.pause(0.02)
+    raise AssertionError("the condition never held")
+
+
+def _palette_first(app) -> str:
+    """The command the palette's Enter would run: its first, highlighted, option."""
+    from textual.command import CommandList
+
+    found = app.screen.query(CommandList)
+    if not found or found.first().highlighted is None:
+        return ""
+    return str(found.first().get_option_at_index(0).prompt)
+
+
+async def test_the_palettes_screenshot_is_saved_where_it_can_be_and_named(
+    node, tmp_path, monkeypatch
+):
+    home, here = tmp_path / "home", tmp_path / "work"  # a server's root: no ~/Downloads
+    home.mkdir()
+    here.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.chdir(here)
+    app = node().app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"screenshot")
+        await until(pilot, lambda: "Screenshot" in _palette_first(app))
+        await pilot.press("enter")
+        await until(pilot, lambda: any(n.title == "Screenshot" for n in app._notifications))
+        (saved,) = here.glob("ibtool-tui-*.svg")
+        (note,) = [n for n in app._notifications if n.title == "Screenshot"]
+        assert note.message == f"saved to {saved}" and note.severity == "information"
+        assert "mlx5_0/1" in saved.read_text()
+
+
+async def test_a_screenshot_that_cannot_be_saved_says_why(node, tmp_path):
+    app = node().app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        app.action_screenshot(path=str(tmp_path / "gone"))
+        await until(pilot, lambda: app._notifications)
+        (note,) = [n for n in app._notifications if n.title == "Screenshot"]
+        assert note.severity == "error"
+        assert note.message.startswith(f"screenshot not saved: {tmp_path}/gone/ibtool-tui-")
+        assert note.message.endswith(".svg: No such file or directory")
