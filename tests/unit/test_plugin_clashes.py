@@ -63,8 +63,8 @@ def root(tmp_path) -> str:
 @pytest.fixture
 def on_path(tmp_path, monkeypatch):
     """write(files, directory='lib') puts modules (and dist-info directories) in a directory on
-    sys.path; the modules they import are forgotten afterwards."""
-    before = set(sys.modules)
+    sys.path; those modules are forgotten afterwards (ibtool's own, imported meanwhile, are
+    not: their classes must stay the ones the other tests hold)."""
 
     def write(files: dict[str, str], directory: str = "lib") -> Path:
         where = tmp_path / directory
@@ -75,8 +75,9 @@ def on_path(tmp_path, monkeypatch):
         return where
 
     yield write
-    for name in set(sys.modules) - before:
-        del sys.modules[name]
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
 
 
 def distribution(name: str, entry_points: dict[str, str]) -> dict[str, str]:
