@@ -58,16 +58,13 @@ def _is_first_party(dist: metadata.Distribution) -> bool:
     return dist.metadata["Name"] == "ibtool"
 
 
-def _module(value: str) -> str:
-    """The module of an entry point's value ("module:attr [extras]"), as `EntryPoint.module`
-    (Python 3.9's importlib.metadata has no such attribute everywhere) would say."""
-    return value.partition(":")[0].partition("[")[0].strip()
-
-
 def fault(e: BaseException) -> str:
     """What a plugin raised, as one line: the exception's type, and its message if it has one
     (a pluggy validation error spans lines)."""
-    text = " ".join(str(e).split())
+    try:
+        text = " ".join(str(e).split())
+    except Exception:  # a plugin's exception may fail even to say what it is
+        text = ""
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
@@ -198,7 +195,7 @@ def build_plugins(
     blocked_modules = set()
     for ep, dist in found:
         if pm.is_blocked(ep.name):
-            blocked_modules.add(_module(ep.value))
+            blocked_modules.add(ep.module)
             continue
         if not autoload and not _is_first_party(dist):
             continue
