@@ -135,9 +135,27 @@ class Replay:
 
     def _on_port(self, kind: str, index: int, port: int, **kwargs):
         """A dump asked for on one port: the kernel leaves out the objects of other ports and
-        those bound to none (nldev.c res_get_common_dumpit); so does the recorded device dump."""
+        those bound to none (nldev.c res_get_common_dumpit); so does the recorded device dump,
+        in each reply's nested table of objects, or of the replies themselves."""
         replies = self.resource_dump(kind, index, None, **kwargs)
-        return [r for r in replies if r.get("RDMA_NLDEV_ATTR_PORT_INDEX") == port]
+        if not isinstance(replies, list):
+            return replies  # not a dump: the caller says what it cannot use
+        return [r for r in map(lambda r: _of_port(r, port), replies) if r is not None]
+
+
+def _of_port(reply: Any, port: int) -> Any:
+    if not isinstance(reply, dict):
+        return reply
+    tables = [k for k, v in reply.items() if isinstance(v, list)]
+    if not tables:
+        return reply if reply.get(_PORT) == port else None
+    filtered = dict(reply)
+    for key in tables:
+        filtered[key] = [o for o in reply[key] if isinstance(o, dict) and o.get(_PORT) == port]
+    return filtered
+
+
+_PORT = "RDMA_NLDEV_ATTR_PORT_INDEX"
 
 
 def replaying(calls: dict[str, Any], what: str, path: str, extra: dict[str, Any] | None = None):

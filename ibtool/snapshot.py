@@ -60,6 +60,9 @@ def save(
     from ibtool.session import open_nldev
     from ibtool.sources.sysfs import SysfsSource
 
+    if os.path.isdir(path):
+        raise UsageError(f"snapshot save {path}: a directory", "give the name of the file to write")
+
     netlink: dict[str, Any] = {}
     verbs: dict[str, Any] = {}
     host = hosts.Host(
@@ -145,8 +148,6 @@ def _write(path: str, data: dict[str, Any]) -> None:
     # Key order is kept: a replayed dict (verbs capabilities, driver attributes) is printed in
     # the order the source gave it.
     text = (json.dumps(data, separators=(",", ":")) + "\n").encode("utf-8")
-    if os.path.isdir(path):
-        raise UsageError(f"snapshot save {path}: a directory", "give the name of the file to write")
     directory, name = os.path.split(path)
     # mkstemp: a name no one can guess, made with O_CREAT | O_EXCL | O_NOFOLLOW in the target's
     # directory, so that nothing planted there is followed and the rename is atomic.
@@ -177,6 +178,7 @@ def _write(path: str, data: dict[str, Any]) -> None:
 
 
 HINT = "give a file written by `ibtool snapshot save`"
+SIZES = " sizes"  # load()'s note of the file's size as stored and expanded (no JSON key has it)
 _CHUNK = 1 << 20
 
 
@@ -196,7 +198,7 @@ def load(path: str, limits: Limits = DEFAULT) -> dict[str, Any]:
         why = "nested too deeply" if isinstance(e, RecursionError) else e
         raise SnapshotError(f"{path} is not an ibtool snapshot (damaged: {why})", HINT) from None
     _check(data, path)
-    data["_sizes"] = (len(raw), len(text))
+    data[SIZES] = (len(raw), len(text))
     return data
 
 
@@ -287,7 +289,8 @@ def _check(data: Any, path: str) -> None:
     version = data.get("version")
     if type(version) is not int or version < 1:
         raise SnapshotError(
-            f"{path} is damaged: its format version {_said(version)} is not one", HINT
+            f"{path} is damaged: its format version is {repr(version)[:40]}, not a number from 1",
+            HINT,
         )
     if version > VERSION:
         raise SnapshotError(
@@ -488,3 +491,31 @@ class SnapshotHost:
             host.close()
         if self.tmp is not None:
             _remove(self.tmp)
+
+
+def summary(data: dict[str, Any]) -> dict[str, Any]:
+    """What a loaded snapshot holds, counted, without building anything: `snapshot show`."""
+    from ibtool.sources.sysfs import natural_key
+
+    devices = []
+    for entry in data["sysfs"]:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        parent, _, name = str(path).rpartition("/")
+        if parent == "sys/class/infiniband" and name:
+            devices.append(name)
+    stored, expanded = data.get(SIZES, (None, None))
+    return {
+        "format": data["format"],
+        "version": data["version"],
+        "ibtool": data.get("ibtool"),
+        "host": data.get("host"),
+        "time": data.get("time") if isinstance(data.get("time"), (int, float)) else None,
+        "kernel": data.get("kernel"),
+        "devices": sorted(devices, key=natural_key),
+        "sysfs_entries": len(data["sysfs"]),
+        "netlink_answers": len(data["netlink"]),
+        "verbs_answers": len(data["verbs"]),
+        "processes": len(data["comm"]),
+        "bytes": stored,
+        "bytes_expanded": expanded,
+    }

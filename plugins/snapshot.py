@@ -1,6 +1,7 @@
 """`ibtool snapshot`: save what every read-only command needs in one file, and compare two.
 
 ibtool snapshot save FILE        capture this host (FILE.gz: gzip-compressed)
+ibtool snapshot show FILE        what a file is: host, time, kernel, ibtool, counts (nothing built)
 ibtool snapshot diff A B         what changed from A to B
 ibtool --snapshot FILE OBJECT    any read-only command, as it was when FILE was saved
 """
@@ -15,11 +16,20 @@ from ibtool import __version__, counterinfo, hookimpl, render
 from ibtool.commands import Invocation
 from ibtool.errors import UsageError
 
-USAGE = "ibtool snapshot save FILE | ibtool snapshot diff A B"
+USAGE = "ibtool snapshot save FILE | show FILE | diff A B"
+SHOWN_DEVICES = 8  # device names on show's text line; -j lists them all
 
 
 def _configure(parser) -> None:
-    parser.add_argument("words", nargs="*", metavar="save FILE | diff A B")
+    parser.add_argument("words", nargs="*", metavar="save FILE | show FILE | diff A B")
+
+
+def _plain(value: Any) -> str:
+    """Text from another host, safe on a terminal: what is not printable is escaped."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def _when(t: Any) -> str:
@@ -51,6 +61,38 @@ def _save(inv: Invocation, path: str) -> None:
         f"saved {path}: host {summary['host']}, kernel {summary['kernel']}, "
         f"{summary['sysfs_entries']} sysfs entries, {summary['netlink_answers']} netlink answers"
     )
+
+
+def _show(inv: Invocation, path: str) -> None:
+    from ibtool import snapshot
+
+    data = snapshot.load(path, **inv.snapshot_kwargs())
+    info = snapshot.summary(data)
+    if inv.json:
+        info = {"file": path, **info, "time": _when(info["time"]) if info["time"] else None}
+        inv.emit_json(info)
+        return
+    devices = info["devices"]
+    names = ", ".join(_plain(d) for d in devices[:SHOWN_DEVICES])
+    if len(devices) > SHOWN_DEVICES:
+        names += f" and {len(devices) - SHOWN_DEVICES} more"
+    size = f"{info['bytes']:,} bytes"
+    if info["bytes_expanded"] != info["bytes"]:
+        size += f", {info['bytes_expanded']:,} expanded"
+    for line in (
+        f"{path}: ibtool snapshot format {info['version']}, saved by ibtool "
+        f"{_plain(info['ibtool'] or 'unknown')}",
+        f"host: {_plain(info['host'] or 'unknown')}",
+        f"time: {_when(info['time'])}",
+        f"kernel: {_plain(info['kernel'] or 'unknown')}",
+        f"devices: {len(devices)}" + (f" ({names})" if devices else ""),
+        f"sysfs entries: {info['sysfs_entries']}",
+        f"netlink answers: {info['netlink_answers']}",
+        f"verbs answers: {info['verbs_answers']}",
+        f"processes: {info['processes']}",
+        f"size: {size}",
+    ):
+        inv.print(line)
 
 
 # -- diff ---------------------------------------------------------------------------------------
@@ -99,9 +141,9 @@ def _diff(inv: Invocation, a_path: str, b_path: str) -> None:
     from ibtool.snapdiff import compare
     from ibtool.snapshot import SnapshotHost
 
-    a = SnapshotHost(a_path, inv.warn, False)
+    a = SnapshotHost(a_path, inv.warn, False, **inv.snapshot_kwargs())
     try:
-        b = SnapshotHost(b_path, inv.warn, False)
+        b = SnapshotHost(b_path, inv.warn, False, **inv.snapshot_kwargs())
         try:
             seconds = float(b.data["time"]) - float(a.data["time"])
             result = compare(a.host, b.host, seconds)
@@ -111,7 +153,10 @@ def _diff(inv: Invocation, a_path: str, b_path: str) -> None:
         a.close()
     metas = _meta(a.data, a_path), _meta(b.data, b_path)
     if metas[0]["host"] != metas[1]["host"]:
-        inv.warn(f"the snapshots are of two hosts: {metas[0]['host']} and {metas[1]['host']}")
+        inv.warn(
+            "the snapshots are of two hosts: "
+            f"{_plain(metas[0]['host'])} and {_plain(metas[1]['host'])}"
+        )
     if inv.json:
         inv.emit_json(
             {
@@ -131,8 +176,8 @@ def _diff(inv: Invocation, a_path: str, b_path: str) -> None:
         )
         return
     inv.print(
-        f"from {a_path} ({metas[0]['host']}, {metas[0]['time']}) "
-        f"to {b_path} ({metas[1]['host']}, {metas[1]['time']}): {seconds:,.1f} s"
+        f"from {a_path} ({_plain(metas[0]['host'])}, {metas[0]['time']}) "
+        f"to {b_path} ({_plain(metas[1]['host'])}, {metas[1]['time']}): {seconds:,.1f} s"
     )
     for e in result.events:
         inv.print(event_line(e).removeprefix("- "))
@@ -157,10 +202,12 @@ def run(inv: Invocation) -> None:
     words = list(inv.args.words)
     if words[:1] == ["save"] and len(words) == 2:
         return _save(inv, words[1])
+    if words[:1] == ["show"] and len(words) == 2:
+        return _show(inv, words[1])
     if words[:1] == ["diff"] and len(words) == 3:
         return _diff(inv, words[1], words[2])
-    if words[:1] in (["save"], ["diff"]):
-        need = "a file" if words[0] == "save" else "two files"
+    if words[:1] in (["save"], ["show"], ["diff"]):
+        need = "two files" if words[0] == "diff" else "a file"
         raise UsageError(f"snapshot {words[0]} takes {need}", USAGE)
     raise UsageError(f"unknown snapshot action {' '.join(words[:1]) or '(none)'}", USAGE)
 
@@ -170,6 +217,6 @@ def ibtool_register_commands(cli):
     cli.add(
         "snapshot",
         run,
-        help="save this host's RDMA state in one file, or compare two such files",
+        help="save this host's RDMA state in one file, say what such a file is, or compare two",
         configure=_configure,
     )
