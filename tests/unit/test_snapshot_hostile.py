@@ -459,3 +459,68 @@ def test_no_hostile_snapshot_writes_reads_or_leaves_anything_outside_its_tree(cl
     print(codes)
     # Both ends were reached: files refused, and files replayed.
     assert codes.get(ExitCode.DATA_ERROR, 0) > 15 and codes.get(ExitCode.OK, 0) > 15, codes
+
+
+# -- interrupted replays ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vf500(tmp_path_factory) -> str:
+    """The largest host measured: an mlx5 PF with 500 RoCE VFs (28,348 sysfs entries)."""
+    from ibtool.errors import IbtoolError
+    from tests.fixtures.sysfs_trees import sriov_vfs
+
+    where = tmp_path_factory.mktemp("vf500")
+    sriov_vfs(where / "tree", 500)
+
+    def no_kernel():
+        raise IbtoolError("no kernel here")
+
+    path = str(where / "vf500.json.gz")
+    snapshot.save(
+        path,
+        lambda m: None,
+        "test",
+        root=str(where / "tree"),
+        open_netlink=no_kernel,
+        open_verbs=no_kernel,
+    )
+    return path
+
+
+TRIES = 8
+
+
+def test_ctrl_c_or_sigterm_at_any_moment_of_a_replay_leaves_nothing(tmp_path, vf500):
+    import signal
+    import time
+
+    rng = random.Random(143)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    seen = []
+    for attempt in range(TRIES):
+        sig = (signal.SIGINT, signal.SIGTERM)[attempt % 2]
+        child = subprocess.Popen(
+            [sys.executable, "-m", "ibtool", "--snapshot", vf500, "-j", "gids"],
+            cwd=REPO,
+            env={**os.environ, "TMPDIR": str(scratch)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # SIGINT as a terminal delivers it, not ignored
+        )
+        if attempt % 4 < 2:  # while the tree is being built or read
+            deadline = time.monotonic() + 120
+            while not os.listdir(scratch) and child.poll() is None:
+                assert time.monotonic() < deadline, "the replay made no tree in 120 s"
+                time.sleep(0.002)
+            time.sleep(rng.uniform(0, 0.3))
+        else:  # at a random moment from the start: loading, parsing, checking, building
+            time.sleep(rng.uniform(0, 1.5))
+        child.send_signal(sig)
+        _, err = child.communicate(timeout=120)
+        seen.append(child.returncode)
+        assert child.returncode in (0, 128 + sig, -sig), (sig, child.returncode, err)
+        assert b"Traceback" not in err
+        assert os.listdir(scratch) == [], (attempt, sig, child.returncode)
+    assert any(code in (130, 143) for code in seen), seen  # some signals landed mid-replay
