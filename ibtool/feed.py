@@ -96,6 +96,7 @@ class Frame:
     notes: tuple[str, ...] = ()  # warnings of this poll, each once
     focus: Focus | None = None
     error: str | None = None  # the poll found nothing to show, and why
+    failed: bool = False  # the host could not be read (`error` says why): not "no devices"
 
     def row(self, key: PortKey) -> PortRow | None:
         return next((r for r in self.rows if r.key == key), None)
@@ -193,7 +194,9 @@ class Feed:
             names, ports = [], []
             error: str | None = e.message + (f" (hint: {e.hint})" if e.hint else "")
         except IbtoolError as e:
-            return Frame(**base, interval=interval, error=e.message, notes=_once(notes))
+            return Frame(
+                **base, interval=interval, error=e.message, notes=_once(notes), failed=True
+            )
         else:
             error = None
         seen = Seen.of(dict.fromkeys(names), ports)

@@ -377,6 +377,9 @@ class Dashboard(App):
             )
             return
         row = self.frame.row(key) if self.frame else None
+        if self.frame is not None and row is None:
+            self.notify(f"{key[0]}/{key[1]} is not there any more", severity="error")
+            return
         if row is not None and row.port.state is not None and row.port.state.name != "ACTIVE":
             self.notify(
                 f"{key[0]}/{key[1]} is {row.port.state.name}: bring the link up and retry",
@@ -410,5 +413,11 @@ def screenshot_directory() -> Path:
 
 def _failed(feed: Feed, error: str) -> Frame:
     return Frame(
-        number=0, time=feed.wall(), interval=None, live=feed.live, source=feed.source, error=error
+        number=0,
+        time=feed.wall(),
+        interval=None,
+        live=feed.live,
+        source=feed.source,
+        error=error,
+        failed=True,
     )

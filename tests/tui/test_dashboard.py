@@ -165,6 +165,37 @@ async def test_a_device_that_disappears_and_comes_back(node):
         assert kinds[:1] == ["unregister"] and "register" in kinds[1:]
 
 
+async def test_the_detail_of_a_device_that_went_away_says_so_and_shows_nothing_stale(node):
+    n = node()
+    app = n.app(loopback=lambda *a: None)
+    link = n.root / "sys/class/infiniband/mlx5_0"
+    target = os.readlink(link)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("enter")
+        await poll(pilot)
+        screen = app.screen
+        gids = screen.query_one("#gids", DataTable)
+        assert gids.row_count == 1
+        link.unlink()
+        n.tick()
+        await poll(pilot)
+        text = lambda widget: str(screen.query_one(widget, Static).render())  # noqa: E731
+        assert text("#facts").startswith(" mlx5_0/1: gone")
+        assert text("#gid-note") == "mlx5_0/1 is gone: no GIDs"
+        assert text("#owner-note") == "mlx5_0/1 is gone: no resources"
+        assert text("#explain") == "mlx5_0/1 is gone: no counters"
+        assert gids.row_count == 0 and screen.query_one(CounterTable).row_count == 0
+        await pilot.press("l")
+        assert app.screen is screen  # no loopback test on a port that is gone
+        assert "mlx5_0/1 is not there any more" in [m.message for m in app._notifications]
+        os.symlink(target, link)
+        n.tick()
+        await poll(pilot)
+        assert gids.row_count == 1 and text("#gid-note").startswith("1 GIDs")
+        assert text("#facts").startswith(" mlx5_0/1 ACTIVE")
+
+
 async def test_enter_opens_the_port_with_every_counter_and_escape_comes_back(node):
     n = node()
     app = n.app()

@@ -21,6 +21,8 @@ from ibtool.tui.widgets.statusline import StatusLine
 def facts(frame: Frame, key: PortKey) -> Text:
     row = frame.row(key)
     name = f"{key[0]}/{key[1]}"
+    if row is None and frame.failed:
+        return Text(f" {name}: not read: {frame.error}", style="bold red")
     if row is None:
         return Text(f" {name}: gone (the device or port is no longer there)", style="bold red")
     p = row.port
@@ -85,6 +87,9 @@ class PortScreen(Screen):
         self.query_one("#facts", Static).update(facts(frame, self.key))
         counters = self.query_one(CounterTable)
         counters.show(frame)
+        if frame.row(self.key) is None:
+            self._absent(frame)
+            return
         if not frame.counters.get(self.key):
             self.query_one("#explain", Static).update("no counters on this port")
         else:
@@ -108,6 +113,17 @@ class PortScreen(Screen):
             )
         self.query_one("#gid-note", Static).update(gid_note or "")
         self.query_one("#owner-note", Static).update(owner_note or "")
+
+    def _absent(self, frame: Frame) -> None:
+        """The port is not in this frame (gone, or the poll failed): nothing of it is shown as
+        if current. Its GIDs and resources are read again when it is back."""
+        name = f"{self.key[0]}/{self.key[1]}"
+        why = "not read" if frame.failed else "gone"
+        self.query_one(GidTable).show_rows([])
+        self.query_one(OwnerTable).show_rows([])
+        self.query_one("#explain", Static).update(f"{name} is {why}: no counters")
+        self.query_one("#gid-note", Static).update(f"{name} is {why}: no GIDs")
+        self.query_one("#owner-note", Static).update(f"{name} is {why}: no resources")
 
     def _gid_summary(self, focus) -> str:
         if focus.best_gid is None:
