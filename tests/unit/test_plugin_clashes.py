@@ -136,6 +136,17 @@ def test_a_plugin_cannot_take_the_core_plugins_command():
     )
 
 
+def test_a_plugin_alias_named_as_the_core_command_is_given_up_and_its_command_kept():
+    acme = commands_plugin("acme", ("acme", ("plugins", "ac")))
+    code, out, err = run(["-j", "plugins"], plugins=[acme])
+    assert code == 0 and "acme" in {p["name"] for p in json.loads(out)}
+    assert err == (
+        "ibtool: warning: plugin acme: command 'plugins' is ibtool's own (core): "
+        "acme's command 'acme' is registered without that alias\n"
+    )
+    assert run(["ac"], plugins=[acme]) == (0, "acme acme\n", err)
+
+
 def test_a_plugin_called_first_by_pluggy_still_cannot_take_a_builtin_command(root):
     _, builtin, _ = run(["--root", root, "port"])
     eager = types.ModuleType("eager")
