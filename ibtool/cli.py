@@ -116,6 +116,8 @@ def _register_commands(plugins, registry: CommandRegistry, warn) -> None:
     """Every plugin's commands, ibtool's own first, then the others in load order: of two
     plugins registering one name, ibtool's own keeps it, else the first loaded
     (CommandRegistry)."""
+    import io
+
     from ibtool.plugins import fault
 
     registry.warn = warn
@@ -131,6 +133,21 @@ def _register_commands(plugins, registry: CommandRegistry, warn) -> None:
             registry.withdraw(impl.plugin_name)
             warn(f"plugin {impl.plugin_name} failed to register commands: {fault(e)}")
     registry.current_plugin = None
+    # build_parser calls every command's configure, and a fault there would end every command:
+    # another plugin's is tried first on a parser of its own, and a failing one is left out.
+    for command in list(registry.commands.values()):
+        if command.configure is None or plugins.builtin(command.plugin) is not None:
+            continue
+        parser = _parser_class(io.StringIO(), io.StringIO())(prog=f"{PROG} {command.name}")
+        _global_options(parser, suppress=True)
+        try:
+            command.configure(parser)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # argparse's error() is a SystemExit
+            registry.remove(command.name)
+            said = f"command {command.name!r} not registered: its options: {fault(e)}"
+            warn(f"plugin {command.plugin}: {said}")
 
 
 def _plugins_command(registry: CommandRegistry, plugins) -> None:

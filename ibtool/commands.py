@@ -83,9 +83,13 @@ class CommandRegistry:
     def withdraw(self, plugin: str) -> None:
         """Forget what `plugin` registered: its hook implementation failed half way."""
         for command in [c for c in self.commands.values() if c.plugin == plugin]:
-            del self.commands[command.name]
-            for n in (command.name, *command.aliases):
-                del self._names[n]
+            self.remove(command.name)
+
+    def remove(self, name: str) -> None:
+        """Forget command `name` and its aliases."""
+        command = self.commands.pop(name)
+        for n in (command.name, *command.aliases):
+            del self._names[n]
 
     def _keeps(self, plugin: str, name: str) -> bool:
         """Whether `plugin` gets `name`: free, or held by another plugin while `plugin` is

@@ -205,6 +205,40 @@ def test_a_plugin_that_repeats_its_own_command_registers_none():
     )
 
 
+def _clashing_option(parser):
+    parser.add_argument("--json")  # a global option of every command's
+
+
+def _exiting_options(parser):
+    parser.error("no options today")
+
+
+@pytest.mark.parametrize(
+    ("configure", "fault"),
+    [
+        (_clashing_option, "ArgumentError: argument --json: conflicting option string: --json"),
+        (_exiting_options, "SystemExit: 2"),
+    ],
+)
+def test_a_plugin_command_whose_options_fail_is_one_warning_and_the_rest_works(
+    root, configure, fault
+):
+    _, builtin, _ = run(["--root", root, "port"])
+    acme = types.ModuleType("acme")
+
+    @hookimpl
+    def ibtool_register_commands(cli):
+        cli.add("broken", print, help="broken", configure=configure)
+        cli.add("acme", lambda inv: said(inv, "acme acme"), help="acme")
+
+    acme.ibtool_register_commands = ibtool_register_commands
+    warning = (
+        f"ibtool: warning: plugin acme: command 'broken' not registered: its options: {fault}\n"
+    )
+    assert run(["--root", root, "port"], plugins=[acme]) == (0, builtin, warning)
+    assert run(["acme"], plugins=[acme]) == (0, "acme acme\n", warning)
+
+
 # -- health checks and metrics --------------------------------------------------------------------
 
 
