@@ -117,7 +117,9 @@ def event_line(e: Event) -> str:
 
 
 def _text(value: Any) -> str:
-    return "none" if value is None else str(value)
+    # None: the value could not be read at that moment (the port went away mid-read, a file
+    # the driver failed), not a state of its own.
+    return "unknown" if value is None else str(value)
 
 
 # -- kernel events ------------------------------------------------------------------------------

@@ -333,5 +333,8 @@ def _show(text: str, width: int = 80) -> str:
 
 
 def build_tree(entries: Any, dest: str, limits: Limits = DEFAULT) -> None:
-    """The captured entries, checked (Tree), as a directory tree under the empty `dest`."""
-    Tree(entries, limits).build(dest)
+    """The captured entries, checked (Tree), as a directory tree under `dest` (made if it is
+    not there; an empty directory if it is)."""
+    tree = Tree(entries, limits)
+    os.makedirs(dest, exist_ok=True)
+    tree.build(dest)

@@ -87,6 +87,13 @@ def detail_lines(p: Port) -> list[str]:
     return lines
 
 
+def _sm_known(p: Port) -> bool:
+    """An InfiniBand port with a link: its SM LID 0 is a fact (no subnet manager has swept
+    it, so it stays INIT); down, or on Ethernet, there is no SM to name."""
+    up = (PortState.INIT, PortState.ARMED, PortState.ACTIVE, PortState.ACTIVE_DEFER)
+    return p.link_layer is LinkLayer.INFINIBAND and p.state in up
+
+
 def _lids(p: Port) -> str | None:
     r = p.lid_range
     if r is None or r[0] == r[1]:
@@ -145,7 +152,7 @@ FIELDS = [
         label="lids",
         text=lambda v: f"{v[0]}-{v[1]}",
     ),
-    render.Field("sm_lid", lambda p: p.sm_lid if p.sm_lid else None),
+    render.Field("sm_lid", lambda p: p.sm_lid if p.sm_lid or _sm_known(p) else None),
     render.Field("sm_sl", lambda p: p.sm_sl if p.sm_lid else None),
     render.Field("netdev", lambda p: p.netdev),
     render.Field("bond", lambda p: _bond_json(p.bond) if p.bond else None, text=_bond_text),

@@ -45,16 +45,21 @@ def throughput(
     bytes_per_s: float | None, packets_per_s: float | None, gbps: float | None, width: int = 5
 ) -> Text:
     """A port's throughput one way in 17 cells: a bar against the link rate and Gb/s where
-    bytes are counted, packets per second where only packets are (rxe), '-' where nothing is."""
+    bytes are counted, packets per second where only packets are (rxe), '-' where nothing is.
+    With `width` 0, in 11 cells: no bar, the figure in red above 90% of the link rate."""
     if bytes_per_s is not None:
         bits = bytes_per_s * 8
         fraction = bits / (gbps * 1e9) if gbps else 0.0
+        figure = f"{bits / 1e9:5.1f} Gb/s"
+        if not width:
+            return Text(figure, style="bold red" if fraction > 0.9 else "")
         text = Text(bar(fraction, width), style="bold red" if fraction > 0.9 else "cyan")
-        text.append(f" {bits / 1e9:5.1f} Gb/s")
+        text.append(" " + figure)
         return text
+    lead = " " * (width + 1) if width else ""
     if packets_per_s is not None:
-        return Text(" " * width + f" {si(packets_per_s):>5} pkt/s")
-    return Text(" " * width + "     -", style="dim")
+        return Text(f"{lead}{si(packets_per_s):>5} pkt/s")
+    return Text(f"{lead}    -", style="dim")
 
 
 def spark(values: Iterable[float | None], width: int = 30) -> str:

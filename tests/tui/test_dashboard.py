@@ -499,18 +499,39 @@ async def test_without_cap_net_admin_the_resources_panel_says_why(node):
         assert app.screen.query_one(CounterTable).row_count > 0  # the rest is shown
 
 
-async def test_80x24_keeps_every_port_and_the_columns_read_first(node):
-    app = node().app()
+async def test_80x24_shows_every_column_but_phys_without_scrolling(node):
+    n = node()
+    app = n.app()
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
+        n.tick()
+        n.add("port_xmit_data", 96 * GBIT)  # 96 Gb/s on a 100 Gb/s link
+        await poll(pilot)
         table = app.query_one(PortTable)
-        shown = 0
-        for column in table.ordered_columns:
-            shown += column.get_render_width(table)
-            if column.key.value == "errors":
-                break
-        assert shown <= 80  # PORT, HEALTH, STATE, TX, RX and ERRORS without scrolling
-        assert table.row_count == 2
+        keys = [c.key.value for c in table.ordered_columns]
+        assert keys == ["port", "health", "state", "tx", "rx", "errors", "rate", "addr"]
+        assert sum(c.get_render_width(table) for c in table.ordered_columns) <= 80
+        assert table.max_scroll_x == 0 and table.row_count == 2
+        assert cell(table, "mlx5_0/1", "rate") == "100G 4X"  # EDR: 4 lanes of 25 Gb/s
+        tx = table.get_cell("mlx5_0/1", "tx")
+        assert tx.plain == " 96.0 Gb/s" and "red" in str(tx.style)  # above 90%: no bar
+        assert [str(c.label) for c in table.ordered_columns][-1] == "LID"  # no RoCE port
+        await pilot.resize_terminal(160, 48)
+        await pilot.pause()
+        assert [c.key.value for c in table.ordered_columns][-1] == "phys"
+        assert cell(table, "mlx5_0/1", "rate") == "100G 4X EDR" and table.row_count == 2
+
+
+async def test_scrolled_sideways_the_port_column_stays(node):
+    app = node().app()
+    async with app.run_test(size=(50, 24)) as pilot:
+        await settle(pilot)
+        table = app.query_one(PortTable)
+        assert table.max_scroll_x > 0
+        table.scroll_to(x=table.max_scroll_x, animate=False)
+        await pilot.pause()
+        line = "".join(segment.text for segment in table.render_line(1))
+        assert line.startswith(" mlx5_0/1 ") and "LID 28" in line
 
 
 async def test_the_detail_shows_the_minute_before_it_was_opened(node):

@@ -9,7 +9,7 @@ from ibtool.model import LinkLayer, PhysState, PortState
 from ibtool.tui import format
 from ibtool.tui.widgets.tables import KeyedTable
 
-# What an operator reads first is leftmost: at 80 columns PORT to ERRORS fit, the rest scroll.
+# What an operator reads first is leftmost; PORT stays put when the table scrolls sideways.
 COLUMNS = (
     ("port", "PORT"),
     ("health", "HEALTH"),
@@ -22,6 +22,13 @@ COLUMNS = (
     ("phys", "PHYS"),
 )
 WIDTH = {"tx": 17, "rx": 17, "errors": 8}  # TX, RX: format.throughput's 17 cells
+# Below this many columns the wide layout (about 110 cells) does not fit, and the table is
+# narrow: TX and RX without their bars (the figure turns red above 90% of the link), RATE
+# without the speed's name (EDR, HDR: Gb/s and lanes say it), and no PHYS, which is LINK_UP
+# beside ACTIVE and is named, with what it means, in the finding under the table otherwise.
+# So every other column fits 80 columns.
+NARROW_BELOW = 110
+NARROW_WIDTH = {"tx": 11, "rx": 11, "errors": 8}
 
 
 def _name(key: PortKey) -> str:
@@ -42,14 +49,14 @@ def _phys(row: PortRow) -> Text:
     return Text(phys.label, style="" if phys == PhysState.LINK_UP else "bold red")
 
 
-def _rate(row: PortRow) -> Text:
+def _rate(row: PortRow, narrow: bool = False) -> Text:
     rate = row.port.rate
     if rate is None:
         return Text("?", style="magenta")
     words = [f"{rate.gbps:g}G"]
     if rate.lanes:
         words.append(f"{rate.lanes}X")
-    if rate.speed:
+    if rate.speed and not narrow:
         words.append(rate.speed)
     text = Text(" ".join(words))
     if row.degraded:
@@ -74,20 +81,31 @@ def _errors(row: PortRow, live: bool) -> Text:
     return text
 
 
-def cells(row: PortRow, frame: Frame) -> tuple:
+def address_label(frame: Frame) -> str:
+    """LID where every port is InfiniBand, NETDEV where none is: a shorter header than both."""
+    ib = {r.port.link_layer == LinkLayer.INFINIBAND for r in frame.rows}
+    if ib == {True}:
+        return "LID"
+    if ib == {False}:
+        return "NETDEV"
+    return "LID/NETDEV"
+
+
+def cells(row: PortRow, frame: Frame, narrow: bool = False) -> tuple:
     gbps = row.port.rate.gbps if row.port.rate else None
     t = row.traffic
-    return (
+    bar = 0 if narrow else 5
+    values = (
         _name(row.key),
         format.status(row.health),
         _state(row),
-        format.throughput(t.tx_bytes, t.tx_packets, gbps),
-        format.throughput(t.rx_bytes, t.rx_packets, gbps),
+        format.throughput(t.tx_bytes, t.tx_packets, gbps, bar),
+        format.throughput(t.rx_bytes, t.rx_packets, gbps, bar),
         _errors(row, frame.live),
-        _rate(row),
+        _rate(row, narrow),
         _address(row),
-        _phys(row),
     )
+    return values if narrow else (*values, _phys(row))
 
 
 def matches(row: PortRow, text: str) -> bool:
@@ -107,17 +125,48 @@ class PortTable(KeyedTable):
     fixed = WIDTH
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        super().__init__(cursor_type="row", zebra_stripes=True, fixed_columns=1, **kwargs)
         self.filter = ""
         self._restore: PortKey | None = None
+        self.narrow = False
+        self._address = "LID/NETDEV"
+        self._frame: Frame | None = None
 
     def on_mount(self) -> None:
-        for key, label in COLUMNS:
-            self.add_column(label, key=key, width=WIDTH.get(key))
+        self._lay_out(self.app.size.width < NARROW_BELOW, self._address)
+
+    def _lay_out(self, narrow: bool, address: str) -> None:
+        """The columns for this width and these ports, the rows added again under them."""
+        selected = self.selected
+        self.narrow, self._address = narrow, address
+        widths = NARROW_WIDTH if narrow else WIDTH
+        self.layout_columns = [
+            (key, address if key == "addr" else label)
+            for key, label in COLUMNS
+            if not (narrow and key == "phys")
+        ]
+        self.fixed = widths
+        self.clear(columns=True)
+        self.shown = {}
+        for key, label in self.layout_columns:
+            self.add_column(label, key=key, width=widths.get(key))
+        self._restore = selected
+
+    def on_resize(self) -> None:
+        if (self.app.size.width < NARROW_BELOW) != self.narrow:
+            if self._frame is None:
+                self._lay_out(not self.narrow, self._address)
+            else:
+                self.show(self._frame)
 
     def show(self, frame: Frame) -> None:
+        self._frame = frame
+        narrow = self.app.size.width < NARROW_BELOW
+        address = address_label(frame) if frame.rows else self._address
+        if (narrow, address) != (self.narrow, self._address):
+            self._lay_out(narrow, address)
         rows = [r for r in frame.rows if matches(r, self.filter)]
-        wanted = {_name(r.key): cells(r, frame) for r in rows}
+        wanted = {_name(r.key): cells(r, frame, self.narrow) for r in rows}
         for gone in [k for k in self.shown if k not in wanted]:
             self.remove_row(gone)
             del self.shown[gone]
@@ -127,7 +176,7 @@ class PortTable(KeyedTable):
             selected = self.selected
             self.clear()
             self.shown = {}
-            self._restore = selected
+            self._restore = selected or self._restore
         self.sync(wanted)
         restore, self._restore = self._restore, None
         if restore is not None and _name(restore) in self.shown:
