@@ -592,6 +592,22 @@ async def test_a_snapshot_from_the_testbed_is_shown_as_captured(tmp_path):
             ]
             assert cell(counters, "hw:rcvd_pkts", "value") == f"{captured:,}"
             assert cell(counters, "hw:rcvd_pkts", "rate") == "-"
+            # the Resources tab: each process's QPs on rxe0/1, as the device's whole dump has
+            # them on port 1 (the per-port replay once gave none: 0 QPs for every process)
+            netlink = capture.host.netlink("")
+            qps = netlink.resources("qp", netlink.devices("rxe0"), None, False)
+            on_port = {}
+            for qp in qps:
+                if qp.port == 1:
+                    on_port[str(qp.owner.pid or "-")] = on_port.get(str(qp.owner.pid or "-"), 0) + 1
+            await pilot.press("3")
+            owners = app.screen.query_one("#owners", DataTable)
+            shown = {}
+            for i in range(owners.row_count):
+                row = owners.get_row_at(i)
+                if row[2] != "0":
+                    shown[row[0]] = int(row[2])
+            assert sum(on_port.values()) == 7 and shown == on_port
     finally:
         capture.close()
 
