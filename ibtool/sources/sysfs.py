@@ -77,9 +77,16 @@ class _Invalid(ValueError):
     """A well-formed value the kernel never prints; the message says what is wrong with it."""
 
 
+# A byte that was not UTF-8 is a lone surrogate (U+DC80-U+DCFF: _read_attr decodes with
+# surrogateescape, PEP 383), which repr writes as \udcNN: a warning shows the byte, \xNN.
+_UNDECODED = re.compile(r"(?<!\\)((?:\\\\)*)\\udc([89a-f][0-9a-f])")
+
+
 def _shown(text: str) -> str:
-    """A value as a warning quotes it: repr (escapes keep the warning on one line), cut short."""
-    return repr(text) if len(text) <= 40 else f"{text[:40]!r}..."
+    """A value as a warning quotes it: repr (escapes keep the warning on one line, bytes that
+    were not UTF-8 as \\xNN), cut short."""
+    said = repr(text) if len(text) <= 40 else f"{text[:40]!r}..."
+    return _UNDECODED.sub(r"\1\\x\2", said)
 
 
 def _is_number(text: str) -> bool:
@@ -204,7 +211,7 @@ def _parse_word(words: tuple[str, ...]) -> Callable[[str], str]:
 
 
 def _printable(text: str) -> bool:
-    # U+FFFD: bytes that were not UTF-8 (_read_attr decodes with "replace")
+    # Bytes that were not UTF-8 are lone surrogates (_read_attr), which are not printable.
     return text.isprintable() and "\ufffd" not in text
 
 
@@ -232,7 +239,7 @@ def _read_attr(path: str) -> str:
         data = os.read(fd, 8192)
     finally:
         os.close(fd)
-    return data.decode("utf-8", "replace").rstrip("\n")
+    return data.decode("utf-8", "surrogateescape").rstrip("\n")
 
 
 # Port fields as Port names them; a command reads (and so warns about) only those it shows.
