@@ -19,8 +19,11 @@ of ibtool keeps working.
 
 The health check, panel and metric hooks each get a ``register(name, function)``; the types
 those functions take and return are in ``ibtool.api``, which is cheap to import at a plugin's
-top. A hook implementation that raises, or registers a name already taken or something not
-callable, is one warning, and nothing it registered through that hook is kept.
+top. A hook implementation that raises (SystemExit included), or registers something not
+callable, is one warning, and nothing it registered through that hook is kept. A name already
+taken (a command, an alias, a check, a collector, a metric family) stays with ibtool's own
+plugin, else with the plugin loaded first: the newcomer's is left out with one warning naming
+it, and the rest of what it registered is kept (ibtool-plugins(8), "Name clashes and failures").
 ``ibtool.hooks`` calls these hooks and runs what they register.
 """
 
