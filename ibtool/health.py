@@ -153,11 +153,14 @@ def _counts(statuses: Iterable[Status]) -> str:
 def summary(results: list[HealthResult], faults: Sequence[str] = ()) -> str:
     """The first line's text, at most SUMMARY_MAX characters: what the run failed to do, then
     the problems, worst first (three at most, fewer where they do not fit), then how many more
-    of each status; when all is well, how many results of each check."""
+    of each status; when all is well, how many results of each check. A run that failed
+    before its checks says why, whole: that one line is all it has to say."""
+    if faults and not results:
+        return "; ".join(faults)
     problems = [r for r in ordered(results) if r.status != Status.OK]
     items = [(fault, Status.UNKNOWN) for fault in faults]
     items += [(_named(r), r.status) for r in problems]
-    if not problems and (results or not faults):
+    if not problems:
         counts: dict[str, int] = {}
         for r in results:
             counts[r.check] = counts.get(r.check, 0) + 1
@@ -221,7 +224,7 @@ def nagios(
 
 def unknown(message: str) -> str:
     """A run that could not check anything: the Nagios first line alone."""
-    return f"IBTOOL UNKNOWN - {_text(_cut(' '.join(message.split()), SUMMARY_MAX))}\n"
+    return f"IBTOOL UNKNOWN - {_text(' '.join(message.split()))}\n"
 
 
 def _perf_json(p) -> dict[str, Any]:
