@@ -306,6 +306,8 @@ class Dashboard(App):
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if action == "clear_filter":
             return self.screen is self.overview and self._filtering()
+        if action == "filter":  # the overview's ports: not from a port's detail
+            return self.screen is self.overview
         return True
 
     def action_clear_filter(self) -> None:

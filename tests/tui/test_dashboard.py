@@ -322,7 +322,7 @@ async def test_question_mark_lists_every_key(node):
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)
         text = str(app.screen.query_one(Static).render())
-        for key in ("q", "l", "p", "r", "<", ">", "/", "?", "escape"):
+        for key in ("q", "l", "p", "r", "<", ">", "/", "?", "Esc"):
             assert f"\n  {key} " in text, key
         assert "\n  Esc          Clear the / filter\n" in text
         await pilot.press("escape")
@@ -705,3 +705,18 @@ async def test_a_screenshot_that_cannot_be_saved_says_why(node, tmp_path):
         assert note.severity == "error"
         assert note.message.startswith(f"screenshot not saved: {tmp_path}/gone/ibtool-tui-")
         assert note.message.endswith(".svg: No such file or directory")
+
+
+async def test_a_long_snapshot_path_leaves_the_health_in_the_status_line(node):
+    n = node(live=False)
+    n.feed.source = "snapshot /srv/support/tickets/2026/11/customer-a/node17/ticket-4711.json.gz"
+    app = n.app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        line = str(app.query_one("#status").render())
+        assert line.startswith(" ibtool · …") and "ticket-4711.json.gz · 1 device" in line
+        assert "health CRIT" in line[:80]  # the rest (its time, the clock) may be cut off
+        await pilot.resize_terminal(200, 48)
+        await pilot.pause()
+        line = str(app.query_one("#status").render())
+        assert f"· {n.feed.source} ·" in line

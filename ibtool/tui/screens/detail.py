@@ -46,7 +46,7 @@ def facts(frame: Frame, key: PortKey) -> Text:
 
 class PortScreen(Screen):
     BINDINGS = [
-        ("escape", "app.pop_screen", "Back"),
+        Binding("escape", "app.pop_screen", "Back", key_display="Esc"),
         ("l", "app.loopback", "Loopback"),
         Binding("1", "tab('counters')", "Counters tab", show=False),
         Binding("2", "tab('gids')", "GIDs tab", show=False),

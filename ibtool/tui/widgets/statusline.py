@@ -16,11 +16,29 @@ def clock(wall: float) -> str:
     return datetime.fromtimestamp(wall).astimezone().strftime("%H:%M:%S")
 
 
-def describe(frame: Frame | None, interval: float, paused: bool) -> Text:
+def describe(frame: Frame | None, interval: float, paused: bool, width: int = 0) -> Text:
+    """The line; where it is wider than `width`, the source is cut from the left (a
+    snapshot's path keeps its file name) so that the health and the clock stay in sight."""
+    text = _describe(frame, interval, paused, frame.source if frame else "")
+    if frame is None or not width or text.cell_len <= width:
+        return text
+    what, _, where = frame.source.rpartition(" ")  # "snapshot PATH", "--root DIR"
+    if "/" not in where.rstrip("/"):
+        return text  # "this host", a relative directory: nothing to cut
+    name = where.rstrip("/").rpartition("/")[2]
+    for head in (f"{what} " if what else "", ""):
+        keep = max(len(name), len(where) - (text.cell_len - width) - len(head) - 1)
+        shorter = _describe(frame, interval, paused, f"{head}…{where[-keep:]}")
+        if shorter.cell_len <= width:
+            break
+    return shorter
+
+
+def _describe(frame: Frame | None, interval: float, paused: bool, source: str) -> Text:
     if frame is None:
         return Text(" ibtool · reading the host…", style="bold")
     text = Text(" ibtool ", style="bold")
-    text.append(f"· {frame.source} ")
+    text.append(f"· {source} ")
     devices = len({r.key[0] for r in frame.rows})
     text.append(
         f"· {devices} device{'s' * (devices != 1)}, {len(frame.rows)} "
@@ -52,12 +70,17 @@ class StatusLine(Widget):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.shown = describe(None, 0, False)
+        self._said: tuple = (None, 0.0, False)
 
     def render(self) -> Text:
         return self.shown
 
     def show(self, frame: Frame | None, interval: float, paused: bool) -> None:
-        text = describe(frame, interval, paused)
+        self._said = (frame, interval, paused)
+        text = describe(frame, interval, paused, self.size.width)
         if text != self.shown:
             self.shown = text
             self.refresh()
+
+    def on_resize(self) -> None:
+        self.show(*self._said)
