@@ -357,3 +357,18 @@ def test_the_json_keys_of_the_man_page_read_as_a_list():
     if not rendered:
         pytest.skip("man(1) is not installed")
     assert re.search(r"min and max\), notes", rendered), "the -j keys' list is garbled"
+
+
+@pytest.mark.parametrize("planted", ["fifo", "link"])
+def test_a_capture_s_boot_id_that_is_a_fifo_or_a_link_is_unknown(tmp_path, planted):
+    from ibtool import healthstate
+
+    root = tmp_path / "root"
+    where = root / "proc/sys/kernel/random"
+    where.mkdir(parents=True)
+    if planted == "fifo":
+        os.mkfifo(where / "boot_id")  # a plain open() would wait for a writer forever
+    else:
+        (tmp_path / "host_file").write_text("secret\n")
+        os.symlink(tmp_path / "host_file", where / "boot_id")
+    assert healthstate.boot_id(str(root)) is None
