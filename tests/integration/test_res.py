@@ -18,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -277,6 +279,7 @@ SNAPSHOT_COMMANDS = [  # each run in-process two or three times: ~3 s a run unde
     ["-j", "gids"],
     ["-j", "res"],
     ["-j", "res", "qp"],
+    ["-j", "res", "qp", "rxe0/1"],  # the kernel's per-port dump, replayed from the device's
     ["-d", "-j", "res", "qp"],
     ["res", "cm_id"],
     ["-j", "res", "cq"],
@@ -312,6 +315,10 @@ def test_a_snapshot_replays_what_every_read_only_command_showed_live(live, tmp_p
     path = str(tmp_path / "host.json.gz")
     code, out, err = in_process("snapshot", "save", path)
     assert (code, err) == (0, ""), err
+    code, out, err = in_process("-j", "snapshot", "show", path)
+    shown = json.loads(out)
+    assert (shown["host"], shown["kernel"]) == (socket.gethostname(), platform.release()), out
+    assert "rxe0" in shown["devices"] and shown["bytes"] == os.path.getsize(path)
     replayed = {tuple(c): in_process("--snapshot", path, *c) for c in SNAPSHOT_COMMANDS}
     after = {}  # asked again only where the replay is not what was shown before the save
     for command, got in replayed.items():
