@@ -17,17 +17,19 @@ def clock(wall: float) -> str:
 
 
 def describe(frame: Frame | None, interval: float, paused: bool, width: int = 0) -> Text:
-    """The line; where it is wider than `width`, the source is cut from the left (a
-    snapshot's path keeps its file name) so that the health and the clock stay in sight."""
+    """The line; where it is wider than `width`, a snapshot's or tree's path is cut from the
+    left (its end kept: the file's name) so that the health stays in sight."""
     text = _describe(frame, interval, paused, frame.source if frame else "")
     if frame is None or not width or text.cell_len <= width:
         return text
     what, _, where = frame.source.rpartition(" ")  # "snapshot PATH", "--root DIR"
     if "/" not in where.rstrip("/"):
         return text  # "this host", a relative directory: nothing to cut
-    name = where.rstrip("/").rpartition("/")[2]
     for head in (f"{what} " if what else "", ""):
-        keep = max(len(name), len(where) - (text.cell_len - width) - len(head) - 1)
+        # the path's last 12 characters at least: most of a file name, its suffix
+        keep = max(12, len(where) - (text.cell_len - width) - len(head) - 1)
+        if keep >= len(where):
+            return text
         shorter = _describe(frame, interval, paused, f"{head}…{where[-keep:]}")
         if shorter.cell_len <= width:
             break
