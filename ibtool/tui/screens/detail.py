@@ -126,10 +126,11 @@ class PortScreen(Screen):
         self.query_one("#owner-note", Static).update(f"{name} is {why}: no resources")
 
     def _gid_summary(self, focus) -> str:
+        count = f"{len(focus.gids)} GID{'s' * (len(focus.gids) != 1)}"
         if focus.best_gid is None:
-            return f"{len(focus.gids)} GIDs"
+            return count
         best = focus.best_gid
-        return f"{len(focus.gids)} GIDs; * index {best}: what the data path uses (gids --best)"
+        return f"{count}; * index {best}: what the data path uses (gids --best)"
 
     def _explain(self) -> None:
         r = self.query_one(CounterTable).highlighted()
