@@ -309,8 +309,13 @@ def test_configured_devices_must_be_present(node, tmp_path):
     ib = node("mlx5_ib_hca")
     config = tmp_path / "health.toml"
     config.write_text('[health]\ndevices = ["mlx5_0", "mlx5_1"]\n')
-    r = ib.health("--check", "system", "--config", str(config))
-    assert first_line(r.out) == "IBTOOL CRITICAL - mlx5_1: configured device not present"
+    r = ib.health("--config", str(config))
+    assert r.code == 2 and "mlx5_1: expected device mlx5_1 missing" in first_line(r.out)
+    # One result (the port check's), not one more from the system check.
+    assert (
+        r.out.splitlines()[1:].count("[CRITICAL] port mlx5_1: expected device mlx5_1 missing") == 1
+    )
+    assert "configured device not present" not in r.out
 
 
 # -- configuration and state -----------------------------------------------------------------------
