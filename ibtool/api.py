@@ -227,12 +227,20 @@ class CheckContext:
 
     @property
     def same_boot(self) -> bool:
-        """Whether `previous` was kept since the host last booted (counters still count)."""
-        return (
-            self.previous is not None
-            and self.boot_id is not None
-            and (self.boot_id == self.this_boot)
-        )
+        """Whether `previous` was kept since the host last booted (counters still count).
+
+        A boot id that could not be read is unknown, not changed: a --root tree or a snapshot
+        (every capture ibtool ships, and a sosreport that left out
+        /proc/sys/kernel/random/boot_id) has none, nor has a state kept by a run that could
+        not read one. Taking "unknown" for "rebooted" made every run a new baseline, so a
+        counter moving 0 -> 500 or a LID the subnet manager moved was never flagged. A reboot
+        is what the boot id proves; a check tells a reset counter (lower than kept) or a
+        re-created device (a new sysfs inode) on its own."""
+        if self.previous is None:
+            return False
+        if self.boot_id is None or self.this_boot is None:
+            return True
+        return self.boot_id == self.this_boot
 
     @property
     def interval(self) -> float | None:

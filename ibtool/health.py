@@ -55,26 +55,6 @@ class Report:
         self.status = Status.worst([self.status, Status.UNKNOWN])
 
 
-class _Context(CheckContext):
-    """A check's context in which a boot id that could not be read is unknown, not changed.
-
-    A --root tree or a snapshot (every capture ibtool ships, and a sosreport that left out
-    /proc/sys/kernel/random/boot_id) has no boot id, nor has a state kept by a run that could
-    not read one. Taking "unknown" for "rebooted" made every run a new baseline, so a
-    counter moving 0 -> 500 or a LID the subnet manager moved was never flagged. What an
-    operator expects is the comparison: a reboot is what the boot id proves, and the checks
-    tell a reset counter (lower than kept) or a re-created device (a new sysfs inode) on
-    their own. A boot id read on both runs and different is still a reboot."""
-
-    @property
-    def same_boot(self) -> bool:
-        if self.previous is None:
-            return False
-        if self.boot_id is None or self.this_boot is None:
-            return True
-        return self.boot_id == self.this_boot
-
-
 def run(
     checks: Mapping[str, HealthCheck],
     host,
@@ -93,7 +73,7 @@ def run(
 
     def context(name: str) -> CheckContext:
         previous, kept_boot, kept_time = saved.of(name) if saved is not None else (None,) * 3
-        contexts[name] = _Context(
+        contexts[name] = CheckContext(
             host,
             config,
             options=config.checks.get(name, {}),
