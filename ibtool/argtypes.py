@@ -26,9 +26,11 @@ def number(
     *,
     unit: str = "",
     low_open: bool = False,
+    hint: str | None = None,
 ) -> Callable[[str], int | float]:
     """An argparse `type=` for an int or float in [low, high] (or (low, high] with
-    `low_open`); anything else is an ArgumentTypeError naming the range."""
+    `low_open`); anything else is an ArgumentTypeError naming the range, and `hint` (what to
+    give instead) after it."""
     if kind not in (int, float):
         raise TypeError("number() takes int or float")
     if low_open:
@@ -36,18 +38,23 @@ def number(
     else:
         said = f"{_show(low)} to {_show(high)}"
     said += f" {unit}" if unit else ""
+    hinted = f" (hint: {hint})" if hint else ""
 
     def parse(text: str) -> int | float:
         try:
             value = kind(text)
         except ValueError:
             kind_name = "an integer" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"must be {kind_name} {said}, not {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"must be {kind_name} {said}, not {text!r}{hinted}"
+            ) from None
         if kind is float and not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be a finite number {said}, not {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number {said}, not {text!r}{hinted}"
+            )
         below = value <= low if low_open else value < low
         if below or value > high:
-            raise argparse.ArgumentTypeError(f"must be {said}, not {text}")
+            raise argparse.ArgumentTypeError(f"must be {said}, not {text}{hinted}")
         return value
 
     parse.__name__ = f"{kind.__name__} {said}"  # argparse names the type in some errors

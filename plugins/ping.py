@@ -55,7 +55,7 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--tclass",
-        type=number(int, *TCLASS),
+        type=number(int, *TCLASS, hint="for DSCP D give --tclass $((D << 2))"),
         default=0,
         metavar="N",
         help="GRH traffic class 0-255; on RoCE v2 the IP DS field: DSCP is N >> 2 (default 0)",
@@ -81,7 +81,7 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--port",
-        type=number(int, *TCP_PORT),
+        type=number(int, *TCP_PORT, hint="leave --port out for the default, 18520"),
         default=None,
         metavar="N",
         help="TCP port of the out-of-band exchange (default 18520; rc_pingpong: 18515)",

@@ -313,10 +313,9 @@ def test_an_empty_slot_is_refused_before_any_qp_exists(live_hfi1, argv):
 @pytest.mark.parametrize("argv", [["loopback"], ["ping", "127.0.0.1"]])
 def test_a_negative_index_is_a_usage_error(live_hfi1, argv):
     r = run_cli([*argv, "--pkey-index", "-1"])
-    assert (r.code, r.err) == (
-        ExitCode.USAGE,
-        "ibtool: error: --pkey-index -1: an index is 0 or more\n",
-    )
+    assert (r.code, r.out) == (ExitCode.USAGE, "")
+    said = f"ibtool {argv[0]}: error: argument --pkey-index: must be 0 to 65535, not -1\n"
+    assert r.err.endswith(said)
 
 
 @pytest.mark.parametrize(
