@@ -40,14 +40,12 @@ def _feed(inv: Invocation, closing: list):
     from ibtool.hooks import health_checks
     from ibtool.host import Host
 
-    explicit = inv.args.config is not None
-    config = healthconfig.load(inv.args.config or healthconfig.DEFAULT_PATH, required=explicit)
     checks = health_checks(inv.plugins, inv.warn)
     live = inv.root == "/" and inv.snapshot is None
     feed: Feed | None = None
 
     def note(message: str) -> None:
-        feed.note(message)
+        (inv.warn if feed is None else feed.note)(message)  # on stderr before the app starts
 
     if live:
 
@@ -58,7 +56,7 @@ def _feed(inv: Invocation, closing: list):
     elif inv.snapshot is not None:
         from ibtool.snapshot import SnapshotHost
 
-        capture = SnapshotHost(inv.snapshot, note, False)
+        capture = SnapshotHost(inv.snapshot, note, False, **inv.snapshot_kwargs())
         closing.append(capture.close)
 
         def host():
@@ -72,6 +70,14 @@ def _feed(inv: Invocation, closing: list):
             return tree
 
         source = f"--root {inv.root}"
+    # As `ibtool health` reads it: a threshold of a counter ibtool does not know must be one
+    # this host has, and a [checks.NAME] must name a check.
+    config = healthconfig.load(
+        inv.args.config or healthconfig.DEFAULT_PATH,
+        required=inv.args.config is not None,
+        counters=lambda: {s.name for s in host().counters()},
+    )
+    config.check_names(checks)
     feed = Feed(
         host,
         live=live,
