@@ -28,17 +28,8 @@ sys.path.insert(0, str(REPO))
 
 from ibtool import snapshot  # noqa: E402
 from ibtool.errors import IbtoolError  # noqa: E402
+from tests.fixtures.peak import PEAK  # noqa: E402
 from tests.fixtures.sysfs_trees import sriov_vfs  # noqa: E402
-
-PEAK = (
-    "import sys\n"
-    "from ibtool.cli import main\n"
-    "code = main(sys.argv[1:])\n"
-    "with open('/proc/self/status') as f:\n"
-    "    kb = next(line.split()[1] for line in f if line.startswith('VmHWM:'))\n"
-    "print('peak', kb, file=sys.stderr)\n"
-    "sys.exit(code)\n"
-)
 
 
 def timed(argv: list[str], runs: int, expect: int = 0) -> tuple[float, float]:

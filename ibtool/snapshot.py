@@ -29,6 +29,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from itertools import repeat
 from typing import Any
 
 from ibtool import errors
@@ -314,7 +315,7 @@ def _check(data: Any, path: str) -> None:
             raise SnapshotError(f"{path} is damaged: its {field!r} is not text", HINT)
     features = data.get("features")
     if features is not None and not (
-        isinstance(features, list) and all(_feature(f) for f in features)
+        isinstance(features, list) and all(map(_feature, features, repeat(_feature_fields())))
     ):
         raise SnapshotError(f"{path} is damaged: its 'features' are malformed", HINT)
 
@@ -334,14 +335,17 @@ def _answer(answer: Any) -> bool:
     )
 
 
-def _feature(record: Any) -> bool:
+def _feature_fields() -> set[str]:
     import dataclasses
 
     from ibtool.model import NetlinkFeature
 
+    return {f.name for f in dataclasses.fields(NetlinkFeature)}
+
+
+def _feature(record: Any, names: set[str]) -> bool:
     if not isinstance(record, dict):
         return False
-    names = {f.name for f in dataclasses.fields(NetlinkFeature)}
     return set(record) == names and all(
         isinstance(v, (str, int, float, bool, type(None))) for v in record.values()
     )

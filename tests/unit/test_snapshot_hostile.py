@@ -25,6 +25,7 @@ import pytest
 from ibtool import snapshot
 from ibtool.errors import ExitCode
 from tests.fixtures import captured_kernel
+from tests.fixtures.peak import PEAK
 from tests.fixtures.sysfs_trees import require_capture
 
 REPO = Path(__file__).resolve().parents[2]
@@ -257,19 +258,6 @@ def _bomb(path: Path, gigabytes: int = 1) -> None:
 # Resident memory a refused bomb may cost, interpreter included. Measured: 26.9 MB peak for the
 # 1 GB bomb (ibtool refusing a missing --root: 19.6 MB); ibtool at 1cdb6c5 took 2.1 GB.
 BOMB_MEMORY = 64 << 20
-
-
-# The child's own peak: VmHWM is its address space's high-water mark, which starts anew at exec
-# (ru_maxrss of a waited-for child keeps the forking parent's, pytest's, across the exec).
-PEAK = (
-    "import sys\n"
-    "from ibtool.cli import main\n"
-    "code = main(sys.argv[1:])\n"
-    "with open('/proc/self/status') as f:\n"
-    "    kb = next(line.split()[1] for line in f if line.startswith('VmHWM:'))\n"
-    "print('peak', kb, file=sys.stderr)\n"
-    "sys.exit(code)\n"
-)
 
 
 def test_a_decompression_bomb_is_refused_within_a_stated_memory_bound(tmp_path):
