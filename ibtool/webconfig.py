@@ -726,8 +726,13 @@ def _load_chain(
 ) -> None:
     """ctx.load_cert_chain() of the certificate and key, from their files or their inline
     PEM text; a WebConfigError naming which one is wrong."""
-    cert_what = f"cert_file {cert_file}" if cert_file else "cert"
-    key_what = f"key_file {key_file}" if key_file else "key"
+    cert_name, key_name = (
+        ("cert_file" if cert_file else "cert"),
+        ("key_file" if key_file else "key"),
+    )
+    cert_at, key_at = t.get(cert_name), t.get(key_name)
+    cert_desc = f"{cert_file}: " if cert_file else ""
+    key_desc = f"{key_file}: " if key_file else ""
     cert_text = _pem(r, cert_file, "cert_file", t) if cert_file else cert
     key_text = _pem(r, key_file, "key_file", t) if key_file else key
 
@@ -737,16 +742,16 @@ def _load_chain(
         probe.load_verify_locations(cadata=cert_text)
     except (ssl.SSLError, ValueError) as e:
         r.fail(
-            "tls_server_config",
-            f"{cert_what}: not a PEM certificate ({_reason(e)})",
-            t.get("cert_file") or t.get("cert"),
+            f"tls_server_config.{cert_name}",
+            f"{cert_desc}not a PEM certificate ({_reason(e)})",
+            cert_at,
         )
 
-    def no_password():
+    def no_password():  # else OpenSSL would ask for a passphrase on the terminal
         r.fail(
-            "tls_server_config",
-            f"{key_what}: the key is encrypted",
-            t.get("key_file") or t.get("key"),
+            f"tls_server_config.{key_name}",
+            f"{key_desc}the key is encrypted",
+            key_at,
             "give an unencrypted key, readable by the exporter only",
         )
 
@@ -759,17 +764,17 @@ def _load_chain(
     except ssl.SSLError as e:
         if getattr(e, "reason", None) == "KEY_VALUES_MISMATCH" or "mismatch" in str(e):
             r.fail(
-                "tls_server_config",
-                f"{key_what} is not the key of {cert_what}",
-                t.get("key_file") or t.get("key"),
+                f"tls_server_config.{key_name}",
+                f"{key_desc}not the key of {cert_name}" + (f" {cert_file}" if cert_file else ""),
+                key_at,
             )
         r.fail(
-            "tls_server_config",
-            f"{key_what}: not a PEM private key ({_reason(e)})",
-            t.get("key_file") or t.get("key"),
+            f"tls_server_config.{key_name}",
+            f"{key_desc}not a PEM private key ({_reason(e)})",
+            key_at,
         )
-    except OSError as e:
-        r.fail("tls_server_config", f"{cert_what} or {key_what}: {e.strerror or e}", None)
+    except OSError as e:  # a file replaced between _pem() and here
+        r.fail(f"tls_server_config.{cert_name}", f"{cert_desc}{key_desc}{e.strerror or e}", cert_at)
 
 
 def _pem(r: _Reader, path: str, name: str, t: dict[str, Any]) -> str:
