@@ -9,10 +9,13 @@ their CQ while connected, as ibv_rc_pingpong does by default: latency, not CPU, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import select
+import selectors
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +24,7 @@ from errno import ENOENT
 from ibtool.errors import IbtoolError, PermissionDeniedError, UsageError
 from ibtool.model import PKey
 from ibtool.rdma import wire
+from ibtool.rdma.admission import Admission, Limits, Refused, Ticket
 from ibtool.rdma.completions import CompletionError, CompletionTimeout, in_place, poll_failed
 from ibtool.rdma.hwclock import HwClock
 from ibtool.rdma.ladder import (
@@ -43,6 +47,7 @@ RECONNECT_WAIT = 600.0  # how long a server keeps a client whose QP died before 
 MAX_PING_SIZE = 1 << 20
 POLL_ROUND = range(256)  # a client's empty polls between two looks at the clock
 ECHO_ROUND = range(2000)  # a server's empty polls between two looks at its TCP side
+BACKOFF_ROUND = range(1)  # a quiet session's polls between two sleeps (see _echo)
 Log = Callable[[str], None]
 
 
@@ -223,6 +228,32 @@ def _completion_queue(ladder: Ladder, mode: wire.Mode, stamped: bool = False):
 
 
 # -- server ------------------------------------------------------------------------------
+#
+# A server faces the network for months (admission.py says what it bounds). One thread, the
+# one serve() runs in, accepts and reads every client's first message through a selector,
+# non-blocking: a connection that stays idle, sends half a message or garbage holds a table
+# entry until HANDSHAKE_TIMEOUT, never a thread, and never delays another client's handshake
+# (the cost of a handshake on that thread is one recv() of at most one message). Only a
+# complete, valid first message gets a thread of its own, which registers memory, builds the
+# QP, answers and echoes: at most --max-sessions of them. A thread per session rather than
+# one loop for all: each echo loop busy-polls its CQ for latency, and a session blocked on
+# its client's READY or reconnect must not hold the others.
+#
+# The handshake table is bounded too (MAX_PENDING): past it the oldest entry is dropped, so a
+# flood of idle connections from many sources can only delay a client that is slower than
+# MAX_PENDING new connections; a source holds at most --max-per-source of them.
+
+MAX_PENDING = 64  # handshakes read at once; past it the oldest is dropped
+QUIET_AFTER = 0.05  # s without a ping before a session's polling backs off (if not alone)
+BACKOFF_SLEEP = 0.001  # s slept between two polls of a quiet session
+REFUSAL_LINGER = 1.0  # s a refused client has to read why before its connection is closed
+# TCP keepalive on every accepted connection (tcp(7): TCP_KEEPIDLE, TCP_KEEPINTVL,
+# TCP_KEEPCNT): a client host that vanished is noticed within 10 + 5 * 3 s of silence.
+KEEPALIVE = (10, 5, 3)
+
+
+class Idle(IbtoolError):
+    """The client sent nothing for --idle-timeout seconds."""
 
 
 def serve(
@@ -235,24 +266,328 @@ def serve(
     max_clients: int | None = None,
     path: PathSpec = DEFAULT_PATH,
     pkey: PKey | None = None,
+    limits: Limits | None = None,
 ) -> None:
-    """Serve clients one after another until interrupted (or `max_clients` were served), on
-    the service level, traffic class and P_Key index of `path`, the path MTU capped by it;
-    `pkey`: that P_Key table slot, for the first line."""
+    """Serve clients, several at once within `limits`, until interrupted (or `max_clients`
+    were admitted and have left), on the service level, traffic class and P_Key index of
+    `path`, the path MTU capped by it; `pkey`: that P_Key table slot, for the first line."""
+    log = locked(log)
     with serving(device, port, gid_index, bind, tcp_port, log, "listening", pkey) as (
         listener,
         ladder,
     ):
-        for conn, peer in clients(listener, max_clients):
-            with conn:
-                try:
-                    count = _serve_client(ladder, conn, log, peer, path)
-                    log(f"client {peer} done: {count} pings answered")
-                except (wire.ProtocolError, OSError) as e:
-                    log(f"client {peer} dropped: {getattr(e, 'message', e)}")
-                except IbtoolError as e:
-                    log(f"client {peer} dropped: {e.message}")
-                    _try_send(conn, wire.encode_error(e.message))
+        server = Acceptor(listener, ladder, log, limits, max_clients, first_endpoint)
+
+        def one(conn: socket.socket, peer: str, ticket: Ticket, remote, deadline: float) -> None:
+            try:
+                guard = server.guard(ticket, deadline)
+                count = _serve_client(ladder, conn, log, peer, path, guard, remote)
+                log(f"client {peer} done: {count} pings answered")
+            except (wire.ProtocolError, OSError) as e:
+                log(f"client {peer} dropped: {getattr(e, 'message', e)}")
+            except IbtoolError as e:
+                log(f"client {peer} dropped: {e.message}")
+                _try_send(conn, wire.encode_error(e.message))
+
+        server.run(one, tells=True)
+
+
+def locked(log: Log) -> Log:
+    """`log`, one line at a time from any thread."""
+    lock = threading.Lock()
+
+    def say(line: str) -> None:
+        with lock:
+            log(line)
+
+    return say
+
+
+def first_endpoint(buf: bytes) -> tuple[int, object]:
+    """The native protocol's first message in `buf`: (bytes still needed, None) or (0, the
+    client's Endpoint); garbage raises ProtocolError, an ERROR PeerError."""
+    if len(buf) < wire.HEADER.size:
+        return wire.HEADER.size - len(buf), None
+    kind, length = wire.decode_header(bytes(buf[: wire.HEADER.size]))
+    missing = wire.HEADER.size + length - len(buf)
+    if missing > 0:
+        return missing, None
+    value = wire.decode_payload(kind, bytes(buf[wire.HEADER.size :]))
+    if kind == wire.MessageType.ERROR:
+        raise wire.PeerError(f"peer says: {value}")
+    if kind != wire.MessageType.ENDPOINT:
+        raise wire.ProtocolError(f"expected ENDPOINT, got {kind.name}")
+    return 0, value
+
+
+@dataclass(eq=False)
+class _Pending:
+    conn: socket.socket
+    peer: str
+    ticket: Ticket | None
+    deadline: float
+    buf: bytearray
+
+
+class Guard:
+    """What a session thread asks of the server: its memory, its QP rebuilds, whether to back
+    off, whether to stop; `deadline`: the end of the first handshake (its accept +
+    HANDSHAKE_TIMEOUT)."""
+
+    def __init__(self, server: Acceptor, ticket: Ticket, deadline: float):
+        self.server, self.ticket, self.deadline = server, ticket, deadline
+        self.idle = server.admission.limits.idle_timeout
+        self.stop = server.stop
+        self.crowded = server.crowded
+        self.build_lock = server.build_lock
+
+    def reserve(self, nbytes: int) -> None:
+        try:
+            self.server.admission.reserve(self.ticket, nbytes)
+        except Refused as e:
+            raise IbtoolError(e.tell or e.reason) from None
+
+    def free(self) -> None:
+        self.server.admission.free(self.ticket)
+
+    def before_rebuild(self) -> None:
+        """A QP rebuilt on the client's request waits its turn (admission.RECONNECT_RATE)."""
+        wait = self.server.admission.rebuild_wait(self.ticket)
+        if wait > 0:
+            self.stop.wait(wait)
+
+
+class Acceptor:
+    """A server's listener, its handshake table and its session threads (see above)."""
+
+    def __init__(self, listener: socket.socket, ladder, log: Log, limits: Limits | None,
+                 max_clients: int | None, first_message):  # fmt: skip
+        limits = limits or Limits()
+        if limits.per_client_memory > MAX_PING_SIZE:
+            limits = dataclasses.replace(limits, per_client_memory=MAX_PING_SIZE)
+        self.listener, self.ladder, self.log, self.max_clients = listener, ladder, log, max_clients
+        self.first_message = first_message
+        self.admission = Admission(limits, log)
+        self.stop = threading.Event()
+        self.build_lock = threading.Lock()
+        self.pending: dict[int, _Pending] = {}
+        self.closing: dict[int, tuple[socket.socket, float]] = {}
+        self.threads: dict[threading.Thread, socket.socket] = {}
+        self.admitted = 0
+
+    def crowded(self) -> bool:
+        """More than one session: a quiet one should leave the CPU to the others."""
+        return self.admission.sessions > 1
+
+    def guard(self, ticket: Ticket, deadline: float) -> Guard:
+        return Guard(self, ticket, deadline)
+
+    def run(self, serve_one, tells: bool) -> None:
+        """Accept and read first messages until stopped or `max_clients` were admitted and
+        are done; `serve_one(conn, peer, ticket, first, deadline)` runs in a thread per
+        session. `tells`: a refused client is told why (an ERROR message) before the close."""
+        self.serve_one, self.tells = serve_one, tells
+        self.sel = sel = selectors.DefaultSelector()
+        self.listener.setblocking(False)
+        sel.register(self.listener, selectors.EVENT_READ, None)
+        listening = True
+        try:
+            while True:
+                self._reap()
+                full = self.max_clients is not None and self.admitted >= self.max_clients
+                if full and listening:
+                    sel.unregister(self.listener)
+                    listening = False
+                if full and not self.pending and not self.threads and not self.closing:
+                    return
+                for key, _ in sel.select(self._timeout()):
+                    if key.data is None:
+                        self._accept()
+                    elif key.data == "closing":
+                        self._drain(key.fileobj)
+                    else:
+                        self._read(key.data)
+                self._expire()
+                self.admission.refusals.flush()
+        finally:
+            self._shutdown()
+
+    def _timeout(self) -> float:
+        now = time.monotonic()
+        ends = [p.deadline for p in self.pending.values()] + [d for _, d in self.closing.values()]
+        wait = min([0.5] + [max(0.0, d - now) for d in ends])
+        return wait if not self.threads else min(wait, 0.1)
+
+    def _accept(self) -> None:
+        for _ in range(64):  # a backlog at a time, then the others get their turn
+            try:
+                conn, addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # EMFILE and the like: said, then the next round
+                self.log(f"accept: {e.strerror or e}")
+                return
+            peer = f"{addr[0]}:{addr[1]}"
+            try:
+                ticket = self.admission.connection(addr[0])
+            except Refused as e:
+                self._refuse(conn, e.tell)
+                continue
+            except ValueError:  # not an IP peer (cannot happen on a TCP listener)
+                conn.close()
+                continue
+            self.admitted += 1
+            _keepalive(conn)
+            conn.setblocking(False)
+            if len(self.pending) >= MAX_PENDING:
+                oldest = min(self.pending.values(), key=lambda p: p.deadline)
+                self._drop(oldest, "handshake table full: the oldest handshake dropped")
+            pending = _Pending(
+                conn, peer, ticket, time.monotonic() + HANDSHAKE_TIMEOUT, bytearray()
+            )
+            self.pending[conn.fileno()] = pending
+            self.sel.register(conn, selectors.EVENT_READ, pending)
+            full = self.max_clients is not None and self.admitted >= self.max_clients
+            if full:
+                return
+
+    def _refuse(self, conn: socket.socket, tell: str | None) -> None:
+        if not (self.tells and tell) or len(self.closing) >= MAX_PENDING:
+            _close_now(conn)
+            return
+        try:
+            conn.setblocking(False)
+            conn.send(wire.encode_error(tell))
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            _close_now(conn)
+            return
+        # Read what the client sends until it closes: a close with its data unread would be a
+        # reset, which may reach it before our reason.
+        self.closing[conn.fileno()] = (conn, time.monotonic() + REFUSAL_LINGER)
+        self.sel.register(conn, selectors.EVENT_READ, "closing")
+
+    def _drain(self, conn: socket.socket) -> None:
+        try:
+            if conn.recv(4096):
+                return
+        except OSError:
+            pass
+        self._closed(conn)
+
+    def _closed(self, conn: socket.socket) -> None:
+        self.closing.pop(conn.fileno(), None)
+        self.sel.unregister(conn)
+        conn.close()
+
+    def _read(self, p: _Pending) -> None:
+        try:
+            need, _ = self.first_message(p.buf)
+            chunk = p.conn.recv(need)
+            if not chunk:
+                raise wire.PeerClosed("peer closed the connection")
+            p.buf += chunk
+            need, first = self.first_message(p.buf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except wire.ProtocolError as e:
+            self._drop(p, e.message)
+            return
+        except OSError as e:
+            self._drop(p, wire._lost(e).message)
+            return
+        if need:
+            return
+        self._forget(p)
+        try:
+            self.admission.session(p.ticket)
+        except Refused as e:
+            self.admission.release(p.ticket)
+            if self.tells and e.tell:
+                _try_send_now(p.conn, wire.encode_error(e.tell))
+            p.conn.close()
+            return
+        p.conn.setblocking(True)
+        thread = threading.Thread(
+            target=self._session, args=(p, first), name=f"ping {p.peer}", daemon=True
+        )
+        self.threads[thread] = p.conn
+        thread.start()
+
+    def _session(self, p: _Pending, first) -> None:
+        try:
+            with p.conn:
+                self.serve_one(p.conn, p.peer, p.ticket, first, p.deadline)
+        finally:
+            self.admission.release(p.ticket)
+
+    def _forget(self, p: _Pending) -> None:
+        self.pending.pop(p.conn.fileno(), None)
+        self.sel.unregister(p.conn)
+
+    def _drop(self, p: _Pending, why: str) -> None:
+        """A handshake that failed: its line (one a source and minute, admission.RefusalLog),
+        its connection closed, its slot free."""
+        source = p.ticket.source
+        self._forget(p)
+        _close_now(p.conn)
+        self.admission.release(p.ticket)
+        self.admission.refusals.note(
+            (str(source), "dropped"),
+            f"client {p.peer} dropped: {why}",
+            lambda n: (
+                f"dropped {n} more client{'s' if n > 1 else ''} of {source} in their "
+                f"handshake in the last {self.admission.refusals.interval:g} s"
+            ),
+        )
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for p in [p for p in self.pending.values() if p.deadline <= now]:
+            self._drop(p, "peer too slow: handshake timed out")
+        for conn, _ in [c for c in self.closing.values() if c[1] <= now]:
+            self._closed(conn)
+
+    def _reap(self) -> None:
+        for thread in [t for t in self.threads if not t.is_alive()]:
+            del self.threads[thread]
+
+    def _shutdown(self) -> None:
+        """Every handshake dropped, every session told to stop and waited for: their QPs, CQs
+        and MRs are destroyed before the ladder (and its PD) goes."""
+        self.stop.set()
+        for p in list(self.pending.values()):
+            self._forget(p)
+            _close_now(p.conn)
+            self.admission.release(p.ticket)
+        for conn, _ in list(self.closing.values()):
+            self._closed(conn)
+        for conn in list(self.threads.values()):
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked reading it
+        for thread in list(self.threads):
+            thread.join(30)
+        self.sel.close()
+
+
+def _keepalive(conn: socket.socket) -> None:
+    idle, interval, count = KEEPALIVE
+    with contextlib.suppress(OSError, AttributeError):
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count)
+
+
+def _close_now(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        conn.close()
+
+
+def _try_send_now(conn: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        conn.setblocking(False)
+        conn.send(data)
 
 
 @contextlib.contextmanager
@@ -330,62 +665,117 @@ def _next_endpoint(conn: socket.socket, timeout: float) -> wire.Endpoint | None:
         return None
 
 
-def _serve_client(ladder: Ladder, conn: socket.socket, log: Log, peer: str, path: PathSpec) -> int:
-    remote = wire.receive(conn, HANDSHAKE_TIMEOUT, wire.MessageType.ENDPOINT)
-    answered = 0
+def _serve_client(
+    ladder: Ladder,
+    conn: socket.socket,
+    log: Log,
+    peer: str,
+    path: PathSpec,
+    guard: Guard | None = None,
+    remote: wire.Endpoint | None = None,
+) -> int:
+    """One client's sessions until it leaves; `remote`: its first ENDPOINT, if read already
+    (else read here). Each session's QP, CQ and MR are destroyed before the client is waited
+    for again: a client whose QP died holds nothing while it is away."""
+    if remote is None:
+        remote = wire.receive(conn, _handshake_left(guard), wire.MessageType.ENDPOINT)
+    answered, first = 0, True
     while remote is not None:
-        if remote.size > MAX_PING_SIZE:
+        if remote.size > MAX_PING_SIZE:  # before anything is registered
             raise IbtoolError(f"ping size {remote.size} exceeds {MAX_PING_SIZE} bytes")
-        moved = ladder.follow_gid()
-        if moved:
-            log(f"client {peer}: {moved}")
-        session = Session(ladder, remote.size, remote.mode, path=path)
+        if guard is not None:
+            if not first:
+                guard.before_rebuild()
+            guard.reserve(max(remote.size, 1))  # the Session's MR, before it is registered
         try:
-            try:
-                session.connect(remote)
-                session.post_recv()
-                session.post_recv()
-                wire.send(conn, wire.encode_endpoint(session.endpoint()))
-                wire.receive(conn, HANDSHAKE_TIMEOUT, wire.MessageType.READY)
-            except (wire.PeerError, CompletionError) as e:
-                log(f"client {peer}: connection not ready: {e.message}")
-                remote = _next_endpoint(conn, RECONNECT_WAIT)
-                continue
-            except IbtoolError as e:
-                if isinstance(e, wire.ProtocolError):
-                    raise
-                # Our side cannot connect now (e.g. the link is down): tell the client, which
-                # retries later over the same TCP connection.
-                log(f"client {peer}: cannot connect: {e.message}")
-                wire.send(conn, wire.encode_error(e.message))
-                remote = _next_endpoint(conn, RECONNECT_WAIT)
-                continue
-            log(
-                f"client {peer}: qpn {remote.qpn:#x} mode {remote.mode.name.lower()} "
-                f"size {remote.size}"
-            )
-            try:
-                remote, n = _echo(session, conn)
-                answered += n
-            except (CompletionError, QPError) as e:
-                log(f"client {peer}: {e.message}")
-                remote = _next_endpoint(conn, RECONNECT_WAIT)
+            remote, n = _one_session(ladder, conn, log, peer, path, guard, remote, first)
         finally:
-            session.close()
+            if guard is not None:
+                guard.free()
+        answered += n
+        first = False
+        if remote is _AWAY:  # the session is closed: now wait for the client's next request
+            remote = _next_endpoint(conn, RECONNECT_WAIT)
     return answered
 
 
+_AWAY = object()  # a session ended, its client may ask for another
+
+
+def _handshake_left(guard: Guard | None, first: bool = True) -> float:
+    if guard is None or not first:
+        return HANDSHAKE_TIMEOUT
+    return max(0.1, guard.deadline - time.monotonic())
+
+
+def _one_session(ladder: Ladder, conn: socket.socket, log: Log, peer: str, path: PathSpec,
+                 guard: Guard | None, remote: wire.Endpoint, first: bool):  # fmt: skip
+    """A QP for the client's request `remote`, its pings answered: (the client's next
+    request, or None when it left, or _AWAY; the pings answered). Everything it built is
+    destroyed before it returns."""
+    if guard is not None:
+        with guard.build_lock:  # the ladder's GID is shared by the session threads
+            moved = ladder.follow_gid()
+    else:
+        moved = ladder.follow_gid()
+    if moved:
+        log(f"client {peer}: {moved}")
+    session = Session(ladder, remote.size, remote.mode, path=path)
+    try:
+        try:
+            session.connect(remote)
+            session.post_recv()
+            session.post_recv()
+            wire.send(conn, wire.encode_endpoint(session.endpoint()))
+            wire.receive(conn, _handshake_left(guard, first), wire.MessageType.READY)
+        except (wire.PeerError, CompletionError) as e:
+            log(f"client {peer}: connection not ready: {e.message}")
+            return _AWAY, 0
+        except IbtoolError as e:
+            if isinstance(e, wire.ProtocolError):
+                raise
+            # Our side cannot connect now (e.g. the link is down): tell the client, which
+            # retries later over the same TCP connection.
+            log(f"client {peer}: cannot connect: {e.message}")
+            wire.send(conn, wire.encode_error(e.message))
+            return _AWAY, 0
+        log(
+            f"client {peer}: qpn {remote.qpn:#x} mode {remote.mode.name.lower()} size {remote.size}"
+        )
+        try:
+            if guard is None:
+                return _echo(session, conn)
+            return _echo(session, conn, guard.idle, guard.stop, guard.crowded)
+        except (CompletionError, QPError) as e:
+            log(f"client {peer}: {e.message}")
+            return _AWAY, 0
+    finally:
+        session.close()
+
+
 def _echo(
-    session: Session, conn: socket.socket | int | None, idle: float | None = None
+    session: Session,
+    conn: socket.socket | int | None,
+    idle: float | None = None,
+    stop: threading.Event | None = None,
+    crowded: Callable[[], bool] | None = None,
 ) -> tuple[wire.Endpoint | None, int]:
     """Answer pings until the client reconnects (new ENDPOINT on `conn`) or leaves (None):
     closes `conn`, or, without one, sends nothing for `idle` seconds. Without `conn` (a
     stock client, whose TCP connection ended with the exchange) each answer is as long as
     the ping it answers. `conn` may be an rdma_cm event channel's descriptor instead: the
-    loop returns (None) when an event is there to read, the caller's to handle.
+    loop returns (None) when an event is there to read, the caller's to handle. With a
+    socket `conn` and `idle`, a client that sends nothing for `idle` seconds raises Idle.
+    `stop` set: the loop returns (None) within a round.
 
     From a ping's completion to its answer's post is half of every round trip: everything
     is bound to locals, and the answer is posted before anything else is done.
+
+    Several sessions in one process fight for the GIL when each busy-polls: when `crowded()`
+    says another session runs, a session quiet for QUIET_AFTER polls once per BACKOFF_SLEEP
+    (time.sleep releases the GIL), and busy-polls again from its next ping on. The cost:
+    the first ping after a quiet period waits up to BACKOFF_SLEEP (1 ms) more; a session
+    alone busy-polls as before.
     """
     session.answered = answered = 0
     seen = -1
@@ -411,6 +801,17 @@ def _echo(
                 if not isinstance(conn, socket.socket):
                     return None, answered
                 return _next_endpoint(conn, HANDSHAKE_TIMEOUT), answered
+            elif idle is not None or crowded is not None:
+                now = time.monotonic()
+                if answered != seen:
+                    seen, quiet_since = answered, now if answered else quiet_since
+                elif idle is not None and now - quiet_since > idle:
+                    raise Idle(f"sent nothing for {idle:g} s (--idle-timeout)")
+            if stop is not None and stop.is_set():
+                return None, answered
+            if crowded is not None and now - quiet_since > QUIET_AFTER and crowded():
+                polls = BACKOFF_ROUND
+                time.sleep(BACKOFF_SLEEP)
             continue
         if rc:
             raise poll_failed(rc)
@@ -435,6 +836,7 @@ def _echo(
             end()
         rearm()  # the spare receive posted up front covers the client's next ping
         answered += 1
+        polls = ECHO_ROUND  # busy again, if it had backed off
         session.answered = answered  # what was answered, when a failure ends the loop
 
 
