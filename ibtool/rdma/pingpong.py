@@ -20,20 +20,23 @@ import time
 from ibtool.errors import IbtoolError
 from ibtool.model import PKey
 from ibtool.rdma import wire
+from ibtool.rdma.admission import Limits
 from ibtool.rdma.completions import CompletionError, CompletionTimeout
 from ibtool.rdma.hwclock import HwClock
 from ibtool.rdma.ladder import DEFAULT_PATH, Ladder, PathSpec, Peer
 from ibtool.rdma.ping import (
     HANDSHAKE_TIMEOUT,
     MAX_PING_SIZE,
+    Acceptor,
     Client,
+    Guard,
     Log,
     QPError,
     ReplySizeError,
     Session,
     SessionEnded,
     _echo,
-    clients,
+    locked,
     serving,
 )
 
@@ -214,19 +217,27 @@ def serve(
     path: PathSpec = DEFAULT_PATH,
     idle: float = 2.0,
     pkey: PKey | None = None,
+    limits: Limits | None = None,
 ) -> None:
-    """Serve stock ibv_rc_pingpong clients one after another: each gets its exchange, then
-    every ping it sends is answered with as many bytes as it carried, until it has sent
-    nothing for `idle` seconds (it ran its -n iterations and exited). `pkey`: the slot of
-    path.pkey_index, for the first line."""
+    """Serve stock ibv_rc_pingpong clients, several at once within `limits` (ping.Acceptor):
+    each gets its exchange, then every ping it sends is answered with as many bytes as it
+    carried, until it has sent nothing for `idle` seconds (it ran its -n iterations and
+    exited). A refused client's connection is closed at once: the stock tool has no way to
+    be told why. Each session registers MAX_PING_SIZE (it cannot know the client's -s) and
+    counts so against --max-memory. `pkey`: the slot of path.pkey_index, for the first
+    line."""
+    log = locked(log)
     saying = f"listening for {TOOL} clients"
     with serving(device, port, gid_index, bind, tcp_port, log, saying, pkey) as (
         listener,
         ladder,
     ):
-        for conn, client in clients(listener, max_clients):
+        server = Acceptor(listener, ladder, log, limits, max_clients, _first_address)
+
+        def one(conn, client: str, ticket, peer: Peer, deadline: float) -> None:
             try:
-                count, size = _serve_client(ladder, conn, client, log, path, idle)
+                guard = server.guard(ticket, deadline)
+                count, size = _serve_client(ladder, conn, client, log, path, idle, guard, peer)
                 log(f"client {client} done: {count} pings of {size} bytes answered")
             except (CompletionError, QPError) as e:
                 log(f"client {client} dropped: {e.message}")
@@ -235,35 +246,66 @@ def serve(
             except OSError as e:
                 log(f"client {client} dropped: {e.strerror or e}")
 
+        server.run(one, tells=False)
+
+
+def _first_address(buf: bytes) -> tuple[int, Peer | None]:
+    """The stock client's address in `buf`: (bytes still needed, None) or (0, the Peer)."""
+    if len(buf) < MESSAGE_SIZE:
+        return MESSAGE_SIZE - len(buf), None
+    try:
+        return 0, decode(bytes(buf))
+    except wire.ProtocolError as e:
+        e.hint = e.hint or f"is the client {TOOL}?"
+        raise
+
 
 def _serve_client(
-    ladder: Ladder, conn: socket.socket, client: str, log: Log, path: PathSpec, idle: float
+    ladder: Ladder,
+    conn: socket.socket,
+    client: str,
+    log: Log,
+    path: PathSpec,
+    idle: float,
+    guard: Guard | None = None,
+    peer: Peer | None = None,
 ) -> tuple[int, int]:
     with conn:
-        deadline = time.monotonic() + HANDSHAKE_TIMEOUT
-        try:
-            peer = decode(wire.recv_exact(conn, MESSAGE_SIZE, deadline))
-        except wire.ProtocolError as e:
-            e.hint = e.hint or f"is the client {TOOL}?"
-            raise
-        _check_gid(ladder, peer)
-        session = Session(ladder, MAX_PING_SIZE, wire.Mode.SEND, path=path)
-        try:
-            session.connect_to(peer)  # as the stock server: connected before it answers
-            session.post_recv()
-            session.post_recv()
-            wire.send(conn, _ours(session))
-            if wire.recv_exact(conn, len(DONE), deadline) != DONE:
-                raise NotPingpong(f"the {TOOL} client did not write done", f"is it {TOOL}?")
-            conn.close()
-            log(f"client {client}: qpn {peer.qpn:#x} ({TOOL})")
+        deadline = guard.deadline if guard is not None else time.monotonic() + HANDSHAKE_TIMEOUT
+        if peer is None:
             try:
-                _echo(session, None, idle)
-            except CompletionError as e:
-                # A client that got its last answer exits at once; the acknowledgement of that
-                # answer may find its QP gone: the answer's completion fails, the session ended.
-                if not session.answered or e.status != _RETRY_EXC_ERR:
-                    raise
-            return session.answered, session.size
+                peer = decode(wire.recv_exact(conn, MESSAGE_SIZE, deadline))
+            except wire.ProtocolError as e:
+                e.hint = e.hint or f"is the client {TOOL}?"
+                raise
+        _check_gid(ladder, peer)
+        if guard is not None:
+            guard.reserve(MAX_PING_SIZE)  # before the MR is registered
+        try:
+            session = Session(ladder, MAX_PING_SIZE, wire.Mode.SEND, path=path)
+            try:
+                session.connect_to(peer)  # as the stock server: connected before it answers
+                session.post_recv()
+                session.post_recv()
+                wire.send(conn, _ours(session))
+                if wire.recv_exact(conn, len(DONE), deadline) != DONE:
+                    raise NotPingpong(f"the {TOOL} client did not write done", f"is it {TOOL}?")
+                conn.close()
+                log(f"client {client}: qpn {peer.qpn:#x} ({TOOL})")
+                try:
+                    if guard is None:
+                        _echo(session, None, idle)
+                    else:
+                        _echo(session, None, idle, guard.stop, guard.crowded)
+                except CompletionError as e:
+                    # A client that got its last answer exits at once; the acknowledgement of
+                    # that answer may find its QP gone: the answer's completion fails, the
+                    # session ended.
+                    if not session.answered or e.status != _RETRY_EXC_ERR:
+                        raise
+                return session.answered, session.size
+            finally:
+                session.close()
         finally:
-            session.close()
+            if guard is not None:
+                guard.free()
