@@ -33,6 +33,33 @@ PKEY_INDEX = (0, 65535)
 COUNT = (1, 2**31 - 1)
 LONGEST = 2147483.0  # INT_MAX milliseconds, in seconds
 SIZE = (1, 1 << 20)
+SESSIONS = (1, 65535)
+MEMORY = (1 << 20, 1 << 40)  # at least one largest ping's; at most 1 TiB
+
+
+def _bytes(text: str) -> int:
+    """--max-memory: bytes, or with K, M or G (1024-based), in MEMORY."""
+    from ibtool.rdma.admission import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not MEMORY[0] <= value <= MEMORY[1]:
+        raise argparse.ArgumentTypeError(
+            f"must be 1M to 1024G (one largest ping's buffer at least), not {text}"
+        )
+    return value
+
+
+def _network(text: str):
+    """--allow: an IPv4 or IPv6 network (CIDR) or address."""
+    from ibtool.rdma.admission import parse_network
+
+    try:
+        return parse_network(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def configure(parser) -> None:
@@ -136,6 +163,46 @@ def configure(parser) -> None:
         default=2.0,
         help="seconds to wait for each reply (default 2)",
     )
+    limits = parser.add_argument_group(
+        "server limits", "what one `ibtool ping --server` lets in (ibtool-ping(8), LIMITS)"
+    )
+    limits.add_argument(
+        "--max-sessions",
+        type=number(int, *SESSIONS),
+        metavar="N",
+        help="clients served at once, in total (default 16)",
+    )
+    limits.add_argument(
+        "--max-per-source",
+        type=number(int, *SESSIONS),
+        metavar="N",
+        help="connections (handshakes and sessions) at once from one address (default 4)",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=number(float, 0, LONGEST, unit="seconds", low_open=True),
+        metavar="SECONDS",
+        help="drop a client that sends nothing this long (default 120; rc_pingpong: -W)",
+    )
+    limits.add_argument(
+        "--max-rate",
+        type=number(float, 0, 1e6, unit="per second", low_open=True),
+        metavar="N",
+        help="new connections a second from one address, with a burst of 2 s of them (default 10)",
+    )
+    limits.add_argument(
+        "--max-memory",
+        type=_bytes,
+        metavar="BYTES",
+        help="memory registered for all clients together, K/M/G suffixes (default 64M)",
+    )
+    limits.add_argument(
+        "--allow",
+        type=_network,
+        action="append",
+        metavar="CIDR",
+        help="serve only clients from this network (repeatable; default: everyone)",
+    )
     # For tests and scripted runs: serve this many clients, then exit.
     parser.add_argument("--max-clients", type=number(int, *COUNT), help=argparse.SUPPRESS)
 
@@ -204,6 +271,11 @@ def _settle(args) -> None:
         raise UsageError(
             f"--mode {args.mode} with --compat {args.compat}",
             f"{args.compat} pings as the stock tool does: leave --mode out",
+        )
+    given = [f"--{name.replace('_', '-')}" for name in LIMITS if getattr(args, name) is not None]
+    if given and not args.server:
+        raise UsageError(
+            f"{given[0]} is a server option", "give it to `ibtool ping --server`, or leave it out"
         )
     if args.server and args.host:
         raise UsageError("--server takes no HOST", "use --bind ADDR to choose an address")
@@ -274,6 +346,19 @@ def _settle_cm(args) -> None:
         )
 
 
+LIMITS = ("max_sessions", "max_per_source", "idle_timeout", "max_rate", "max_memory", "allow")
+
+
+def _limits(args):
+    """The server's admission.Limits: the options given, the defaults for the others."""
+    from ibtool.rdma.admission import Limits
+
+    given = {name: getattr(args, name) for name in LIMITS if getattr(args, name) is not None}
+    if "allow" in given:
+        given["allow"] = tuple(given["allow"])
+    return Limits(**given)
+
+
 def _path(args):
     from ibtool.rdma.ladder import MTU_CODES, PathSpec
 
@@ -316,9 +401,9 @@ def _serve(args, device: str, port: int, gid_index, log, pkey) -> None:
 
     where = (device, port, gid_index, args.bind, args.port, log, args.max_clients, _path(args))
     if args.compat == "rc_pingpong":
-        pingpong.serve(*where, idle=args.timeout, pkey=pkey)
+        pingpong.serve(*where, idle=args.timeout, pkey=pkey, limits=_limits(args))
     else:
-        ping.serve(*where, pkey=pkey)
+        ping.serve(*where, pkey=pkey, limits=_limits(args))
 
 
 def _server_log(inv: Invocation):
