@@ -16,6 +16,19 @@ exporter does not rate-limit).
 
 PyYAML is imported when a file is loaded, bcrypt when it has basic_auth_users: the exporter
 without --web.config.file needs neither.
+
+How a server uses it (what web/handler.go ServeHTTP does for each request):
+
+    watcher = Watcher(path, warn)              # a bad file raises WebConfigError here
+    tls = watcher.tls                          # per accepted connection: SSLContext, or None
+    config = watcher.current()                 # per request
+    config.allowed_peer(request.peer_cert)     # False: 403 (Go closes the connection instead)
+    config.authorized(request.headers.get("authorization"))
+                                               # False: 401 with `WWW-Authenticate: Basic`
+    config.headers                             # added to every response, 401 and 403 too
+
+Whether TLS is on is decided at start, as in exporter-toolkit: a reload that adds or removes
+tls_server_config is refused (warned about, the loaded configuration kept).
 """
 
 from __future__ import annotations
@@ -420,6 +433,7 @@ def load(path: str, *, _cache: _AuthCache | None = None) -> WebConfig:
     base = os.path.dirname(os.path.abspath(path))
 
     http = r.mapping(top.get("http_server_config"), "http_server_config", _HTTP_KEYS) or {}
+    # accepted for compatibility: ibtool's server speaks HTTP/1.1 only, so it has no effect
     config.http2 = r.boolean(http.get("http2"), "http_server_config.http2", True)
     headers = r.mapping(http.get("headers"), "http_server_config.headers", None) or {}
     for name, node in headers.items():
@@ -435,8 +449,9 @@ def load(path: str, *, _cache: _AuthCache | None = None) -> WebConfig:
         allowed = _HEADERS[name]
         if allowed is not None and value not in allowed:
             r.fail(key, f"{value!r} is not allowed", node, "one of " + ", ".join(allowed))
-        if "\r" in value or "\n" in value:
-            r.fail(key, "a header value cannot span lines", node)
+        if not re.fullmatch(r"[\t\x20-\x7e]*", value):
+            # http.server writes headers in Latin-1, and a line break would end the header
+            r.fail(key, "a header value must be printable ASCII on one line", node)
         if value:  # blank: unset, as docs/web-configuration.md says
             config.headers.append((name, value))
 
@@ -883,6 +898,17 @@ class Watcher:
             except (WebConfigError, UnsupportedError) as e:
                 hint = f" (hint: {e.hint})" if e.hint else ""
                 message = f"{e.message}{hint}; keeping the configuration loaded before"
+                if self._bad != (stamps, message):
+                    self._warn(message)
+                self._bad, self._bad_at = (stamps, message), now
+                return self._config
+            if config.tls != self._config.tls:
+                message = (
+                    f"web config {self.path}: tls_server_config was "
+                    + ("added" if config.tls else "removed")
+                    + ": switching TLS on or off takes a restart of the exporter"
+                    + "; keeping the configuration loaded before"
+                )
                 if self._bad != (stamps, message):
                     self._warn(message)
                 self._bad, self._bad_at = (stamps, message), now

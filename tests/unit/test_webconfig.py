@@ -291,6 +291,13 @@ BAD = {
         "http_server_config:\n  headers:\n    X-Frame-Options: foo\n",
         ["http_server_config.headers.X-Frame-Options", "'foo' is not allowed"],
     ),
+    "header on two lines": (
+        'http_server_config:\n  headers:\n    Content-Security-Policy: "a\\nb"\n',
+        [
+            "http_server_config.headers.Content-Security-Policy (line 3): ",
+            "printable ASCII on one line",
+        ],
+    ),
     "rate limited": (
         "rate_limit:\n  interval: 1s\n  burst: 20\n",
         ["rate_limit.interval", "does not rate-limit"],
@@ -523,6 +530,7 @@ def test_an_unknown_user_costs_one_bcrypt_at_the_users_cost(users, checks):
     assert not users.authorized(basic("mallory", "x"))
     assert len(checks) == 1
     assert users._dummy_hash.startswith("$2b$04$")
+    assert bcrypt.checkpw(b"x", users._dummy_hash.encode()) is False  # a hash bcrypt takes
 
 
 def test_checks_are_cached_failed_ones_too(users, checks):
@@ -693,6 +701,23 @@ def test_users_follow_the_file_and_keep_the_cache(tmp_path, checks):
     clock.now += 2
     assert w.current().authorized(basic("bob", "two"))
     assert w.tls() is None
+
+
+def test_tls_is_not_switched_on_or_off_by_a_reload(rotated):
+    d, w, warnings, clock = rotated
+    good = w.current()
+    write(d / "web.yml", "")
+    for _ in range(3):
+        clock.now += 1.5
+        assert w.current() is good
+    assert len(warnings) == 1 and "tls_server_config was removed" in warnings[0]
+    assert "takes a restart" in warnings[0]
+
+    path = write(d / "plain.yml", "")
+    plain = Watcher(path, warnings.append, clock=clock)
+    write(d / "plain.yml", "tls_server_config:\n  cert_file: cert.pem\n  key_file: cert.key\n")
+    clock.now += 1.5
+    assert plain.tls() is None and "tls_server_config was added" in warnings[1]
 
 
 def test_a_watcher_of_a_bad_file_raises(tmp_path):
