@@ -418,6 +418,8 @@ def load(path: str, *, _cache: _AuthCache | None = None) -> WebConfig:
         raise WebConfigError(path, f"YAML syntax error{where}: {what}") from None
     except yaml.YAMLError as e:
         raise WebConfigError(path, f"YAML syntax error: {' '.join(str(e).split())}") from None
+    except RecursionError:
+        raise WebConfigError(path, "YAML nested too deeply") from None
 
     r = _Reader(path, yaml)
     config = WebConfig(path)
@@ -426,9 +428,8 @@ def load(path: str, *, _cache: _AuthCache | None = None) -> WebConfig:
     if root is None:  # an empty file: nothing set, as in exporter-toolkit
         return config
     if not isinstance(root, yaml.MappingNode):
-        raise WebConfigError(
-            path, f"not a mapping of {', '.join(_TOP_KEYS)} (found {r.kind(root)} at line 1)"
-        )
+        found = f"{r.kind(root)} at line {root.start_mark.line + 1}"
+        raise WebConfigError(path, f"not a mapping of {', '.join(_TOP_KEYS)} (found {found})")
     top = r.mapping(root, "", _TOP_KEYS) or {}
     base = os.path.dirname(os.path.abspath(path))
 

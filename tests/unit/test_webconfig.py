@@ -340,6 +340,7 @@ BAD = {
         ["YAML syntax error at line 3"],
     ),
     "two documents": ("a: 1\n---\nb: 2\n", ["YAML syntax error at line 2"]),
+    "nested too deeply": ("a: " + "[" * 100000 + "\n", ["YAML nested too deeply"]),
     "not a mapping": ("- a\n- b\n", ["not a mapping", "found a list"]),
     "a scalar": ("hello\n", ["not a mapping", "'hello'"]),
     "not UTF-8": (
