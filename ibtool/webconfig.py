@@ -692,7 +692,8 @@ def _load_tls(r: _Reader, config: WebConfig, node: Any, base: str) -> None:
     _load_chain(r, ctx, t, cert_file, key_file, cert, key)
     ctx.verify_mode = verify_mode
     if ca_file or ca:
-        what = f"client_ca_file {ca_file}" if ca_file else "client_ca"
+        ca_name = "client_ca_file" if ca_file else "client_ca"
+        ca_desc = f"{ca_file}: " if ca_file else ""
         try:
             if ca_file:
                 ctx.load_verify_locations(cafile=_readable(r, ca_file, "client_ca_file", t))
@@ -700,12 +701,16 @@ def _load_tls(r: _Reader, config: WebConfig, node: Any, base: str) -> None:
                 ctx.load_verify_locations(cadata=ca)
         except ssl.SSLError as e:
             r.fail(
-                "tls_server_config",
-                f"{what}: no PEM certificate in it ({_reason(e)})",
-                t.get("client_ca_file") or t.get("client_ca"),
+                f"tls_server_config.{ca_name}",
+                f"{ca_desc}no PEM certificate in it ({_reason(e)})",
+                t.get(ca_name),
             )
-        except OSError as e:
-            r.fail("tls_server_config", f"{what}: {e.strerror or e}", t.get("client_ca_file"))
+        except OSError as e:  # replaced between _readable() and here
+            r.fail(f"tls_server_config.{ca_name}", f"{ca_desc}{e.strerror or e}", t.get(ca_name))
+        if not ctx.cert_store_stats()["x509"]:  # get_ca_certs() would skip a non-CA one
+            r.fail(
+                f"tls_server_config.{ca_name}", f"{ca_desc}no PEM certificate in it", t.get(ca_name)
+            )
     config._files = [f for f in (cert_file, key_file, ca_file) if f]
     config._context = ctx
 

@@ -242,7 +242,11 @@ BAD = {
     ),
     "CA that is not a certificate": (
         SERVER + "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.key\n",
-        ["client_ca_file", "ca.key: no PEM certificate"],
+        ["tls_server_config.client_ca_file (line 5): ", "ca.key: no PEM certificate"],
+    ),
+    "CA file empty": (
+        SERVER + "  client_auth_type: VerifyClientCertIfGiven\n  client_ca_file: /dev/null\n",
+        ["tls_server_config.client_ca_file (line 5): /dev/null: no PEM certificate"],
     ),
     "sans without verification": (
         SERVER + "  client_allowed_sans: [prometheus]\n",
