@@ -277,6 +277,13 @@ def _settle(args) -> None:
         raise UsageError(
             f"{given[0]} is a server option", "give it to `ibtool ping --server`, or leave it out"
         )
+    if given and (args.cm or args.compat == "rping"):
+        over = "--cm" if args.cm else "--compat rping"
+        raise UsageError(
+            f"{given[0]} with {over}: the rdma_cm servers serve one client at a time",
+            "pyverbs gives no rdma_cm peer's address to match --allow or count per source; "
+            "the TCP servers (no --cm, or --compat rc_pingpong) take the limits",
+        )
     if args.server and args.host:
         raise UsageError("--server takes no HOST", "use --bind ADDR to choose an address")
     if not args.server and not args.host:

@@ -134,8 +134,8 @@ class RefusalLog:
     once, the repeats counted and said in one line when the interval is over (flush(), or
     the next one after it). Thread-safe."""
 
-    def __init__(self, log: Log, clock: Clock = time.monotonic, interval: float = INTERVAL):
-        self.log, self.clock, self.interval = log, clock, interval
+    def __init__(self, log: Log, clock: Clock = time.monotonic, interval: float | None = None):
+        self.log, self.clock, self.interval = log, clock, interval or INTERVAL
         self._open: dict[tuple, list] = {}  # key -> [window start, repeats, repeat line]
         self._lock = threading.Lock()
 

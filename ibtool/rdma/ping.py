@@ -256,6 +256,11 @@ class Idle(IbtoolError):
     """The client sent nothing for --idle-timeout seconds."""
 
 
+class RefusedError(IbtoolError):
+    """A limit refused the client's request (admission.py has logged it, once a source and
+    interval): the client is told, the log says no more."""
+
+
 def serve(
     device: str,
     port: int,
@@ -285,6 +290,8 @@ def serve(
                 log(f"client {peer} done: {count} pings answered")
             except (wire.ProtocolError, OSError) as e:
                 log(f"client {peer} dropped: {getattr(e, 'message', e)}")
+            except RefusedError as e:
+                _try_send(conn, wire.encode_error(e.message))
             except IbtoolError as e:
                 log(f"client {peer} dropped: {e.message}")
                 _try_send(conn, wire.encode_error(e.message))
@@ -323,6 +330,7 @@ def first_endpoint(buf: bytes) -> tuple[int, object]:
 @dataclass(eq=False)
 class _Pending:
     conn: socket.socket
+    fd: int
     peer: str
     ticket: Ticket | None
     deadline: float
@@ -345,7 +353,7 @@ class Guard:
         try:
             self.server.admission.reserve(self.ticket, nbytes)
         except Refused as e:
-            raise IbtoolError(e.tell or e.reason) from None
+            raise RefusedError(e.tell or e.reason) from None
 
     def free(self) -> None:
         self.server.admission.free(self.ticket)
@@ -392,7 +400,7 @@ class Acceptor:
         sel.register(self.listener, selectors.EVENT_READ, None)
         listening = True
         try:
-            while True:
+            while not self.stop.is_set():
                 self._reap()
                 full = self.max_clients is not None and self.admitted >= self.max_clients
                 if full and listening:
@@ -401,11 +409,14 @@ class Acceptor:
                 if full and not self.pending and not self.threads and not self.closing:
                     return
                 for key, _ in sel.select(self._timeout()):
+                    # An entry handled earlier in this round may have gone (dropped for a
+                    # new one): only what is still in its table is looked at.
                     if key.data is None:
                         self._accept()
                     elif key.data == "closing":
-                        self._drain(key.fileobj)
-                    else:
+                        if self.closing.get(key.fd, (None,))[0] is key.fileobj:
+                            self._drain(key.fileobj)
+                    elif self.pending.get(key.fd) is key.data:
                         self._read(key.data)
                 self._expire()
                 self.admission.refusals.flush()
@@ -442,9 +453,8 @@ class Acceptor:
             if len(self.pending) >= MAX_PENDING:
                 oldest = min(self.pending.values(), key=lambda p: p.deadline)
                 self._drop(oldest, "handshake table full: the oldest handshake dropped")
-            pending = _Pending(
-                conn, peer, ticket, time.monotonic() + HANDSHAKE_TIMEOUT, bytearray()
-            )
+            deadline = time.monotonic() + HANDSHAKE_TIMEOUT
+            pending = _Pending(conn, conn.fileno(), peer, ticket, deadline, bytearray())
             self.pending[conn.fileno()] = pending
             self.sel.register(conn, selectors.EVENT_READ, pending)
             full = self.max_clients is not None and self.admitted >= self.max_clients
@@ -522,8 +532,9 @@ class Acceptor:
             self.admission.release(p.ticket)
 
     def _forget(self, p: _Pending) -> None:
-        self.pending.pop(p.conn.fileno(), None)
-        self.sel.unregister(p.conn)
+        if self.pending.get(p.fd) is p:
+            del self.pending[p.fd]
+            self.sel.unregister(p.conn)
 
     def _drop(self, p: _Pending, why: str) -> None:
         """A handshake that failed: its line (one a source and minute, admission.RefusalLog),

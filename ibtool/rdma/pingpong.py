@@ -32,6 +32,7 @@ from ibtool.rdma.ping import (
     Guard,
     Log,
     QPError,
+    RefusedError,
     ReplySizeError,
     Session,
     SessionEnded,
@@ -241,6 +242,8 @@ def serve(
                 log(f"client {client} done: {count} pings of {size} bytes answered")
             except (CompletionError, QPError) as e:
                 log(f"client {client} dropped: {e.message}")
+            except RefusedError:
+                pass  # logged by admission.py, once a source and interval; the close says it
             except IbtoolError as e:
                 log(f"client {client} dropped: {e.message}" + (f" ({e.hint})" if e.hint else ""))
             except OSError as e:
