@@ -1,0 +1,223 @@
+"""`ibtool ping --server` facing abuse on the live rxe0: a flood of idle TCP connections,
+half-open handshakes and garbage while an `ibtool ping` client and a stock ibv_rc_pingpong
+client are served; a ping too large, a source not allowed and a second client over
+--max-per-source refused with their reason; and nothing of the server's left in `rdma res`
+once it stops or a client leaves (killed with SIGKILL included).
+
+The flood comes from 127.0.0.1, the real clients from rxe0's address: the defaults' per-source
+bounds keep the one from starving the other, and its refusals are a line or two, not one a
+connection."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ibtool.rdma import wire
+
+pytestmark = pytest.mark.integration
+PORT, PINGPONG_PORT = 18700, 18715
+# The round trip under the flood, against the one measured without it in the same run: the
+# median at most FACTOR times the quiet one, and under BOUND_US whatever the quiet one was
+# (TCG emulation: a quiet median is ~100-300 us for ibtool, ~1-8 ms an iteration for
+# ibv_rc_pingpong).
+FACTOR = 3.0
+BOUND_US = 20000.0
+
+
+def res(kind: str, pid: int) -> list[dict]:
+    out = subprocess.run(
+        ["rdma", "-j", "res", "show", kind], capture_output=True, text=True, check=True
+    ).stdout
+    return [r for r in json.loads(out or "[]") if r.get("pid") == pid]
+
+
+def leftovers(pid: int) -> dict[str, int]:
+    return {kind: len(res(kind, pid)) for kind in ("qp", "cq", "mr", "pd")}
+
+
+class Flood:
+    """Idle connections held open, half-open handshakes (half an ENDPOINT, then nothing)
+    renewed as they are dropped, and garbage clients one every `pace` seconds, all from
+    127.0.0.1, at each of `ports`, until stop()."""
+
+    def __init__(self, ports, idle: int = 200, half_open: int = 20, pace: float = 0.01):
+        self.ports, self.idle, self.half_open, self.pace = ports, idle, half_open, pace
+        self.done = threading.Event()
+        self.held: list[socket.socket] = []
+        self.counts = {"idle": 0, "half_open": 0, "garbage": 0}
+        self.threads = [threading.Thread(target=f, daemon=True) for f in (self._hold, self._junk)]
+
+    def _connect(self, port: int) -> socket.socket | None:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=5)
+        except OSError:
+            return None
+
+    def _hold(self) -> None:
+        for _ in range(self.idle):
+            for port in self.ports:
+                s = self._connect(port)
+                if s is not None:
+                    self.held.append(s)
+                    self.counts["idle"] += 1
+        half = wire.encode_endpoint(
+            wire.Endpoint(0x99, 1, 0, 3, bytes(15) + b"\x01", 0x1000, 1, 64, wire.Mode.SEND)
+        )[:20]
+        while not self.done.is_set():
+            for port in self.ports:
+                s = self._connect(port)
+                if s is not None:
+                    try:
+                        s.sendall(half)
+                    except OSError:
+                        pass
+                    self.held.append(s)
+                    self.counts["half_open"] += 1
+            self.done.wait(5.0 / self.half_open)
+
+    def _junk(self) -> None:
+        junk = [b"GET / HTTP/1.0\r\n\r\n", b"\x00" * 64, b"IBTP\x07\x01\x00\x08xxxxxxxx"]
+        n = 0
+        while not self.done.is_set():
+            for port in self.ports:
+                s = self._connect(port)
+                if s is not None:
+                    with s:
+                        try:
+                            s.sendall(junk[n % len(junk)])
+                        except OSError:
+                            pass
+                    self.counts["garbage"] += 1
+            n += 1
+            self.done.wait(self.pace)
+
+    def __enter__(self) -> Flood:
+        for t in self.threads:
+            t.start()
+        while self.counts["idle"] < self.idle * len(self.ports) // 2:  # well under way
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        for t in self.threads:
+            t.join(60)
+        for s in self.held:
+            s.close()
+
+
+def start_server(running, *extra: str):
+    server = running("ping", "--server", *extra)
+    server.wait_for_lines(lambda lines: any("listening" in line for line in lines), timeout=90)
+    return server
+
+
+def stop_server(server) -> str:
+    """SIGTERM; its log; and nothing of it left in `rdma res`."""
+    pid = server.proc.pid
+    rc, out, err = server.finish(signal.SIGTERM, timeout=60)
+    assert rc == 143, (rc, out, err)
+    assert out.endswith("server stopped\n"), out
+    assert leftovers(pid) == {"qp": 0, "cq": 0, "mr": 0, "pd": 0}
+    return out
+
+
+def native_ping(host: str, *args: str) -> tuple[dict, str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ibtool", "-j", "ping", host, "--port", str(PORT), *args],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    return (json.loads(proc.stdout) if proc.stdout else {}), proc.stderr
+
+
+def stock_ping(testbed, n: int = 200) -> float:
+    """ibv_rc_pingpong's usec/iter against the compat server, after checking all n came."""
+    proc = subprocess.run(
+        ["ibv_rc_pingpong", "-d", testbed["device"], "-g", "1", "-p", str(PINGPONG_PORT),
+         "-s", "64", "-n", str(n), "-c", testbed["ipv4"]],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    found = re.search(r"^(\d+) iters in [\d.]+ seconds = ([\d.]+) usec/iter$", proc.stdout, re.M)
+    assert found and int(found.group(1)) == n, proc.stdout
+    assert "invalid data" not in proc.stdout
+    return float(found.group(2))
+
+
+def test_real_clients_are_served_through_a_flood(testbed, running):
+    native = start_server(running)
+    compat = start_server(running, "--compat", "rc_pingpong", "--port", str(PINGPONG_PORT))
+    host = testbed["ipv4"]
+    quiet, _ = native_ping(host, "-c", "200", "-i", "0")
+    quiet_stock = stock_ping(testbed)
+    assert quiet["received"] == 200
+    with Flood([PORT, PINGPONG_PORT]) as flood:
+        loud, err = native_ping(host, "-c", "200", "-i", "0")
+        loud_stock = stock_ping(testbed)
+        counts = dict(flood.counts)
+    print(f"native median {quiet['rtt_us']['median']} -> {loud['rtt_us']['median']} us; "
+          f"rc_pingpong {quiet_stock} -> {loud_stock} us/iter; flood {counts}")  # fmt: skip
+    assert (loud["sent"], loud["received"]) == (200, 200), err
+    assert loud["rtt_us"]["median"] <= max(FACTOR * quiet["rtt_us"]["median"], 500.0)
+    assert loud["rtt_us"]["median"] < BOUND_US
+    assert loud_stock <= max(FACTOR * quiet_stock, 500.0) and loud_stock < BOUND_US * 5
+    assert counts["garbage"] > 50 and counts["half_open"] > 10
+    for server in (native, compat):
+        log = stop_server(server).splitlines()
+        refused = [line for line in log if line.startswith("refused 127.0.0.1: connection ")]
+        # each reason said once (the repeats' count comes a minute later)
+        assert 1 <= len(refused) == len(set(refused)) <= 3, log
+        assert sum(" done: " in line for line in log) == 2, log  # both real clients served
+        assert len(log) < 20, log  # no line per connection
+
+
+def test_a_huge_ping_is_refused_before_any_memory_is_registered(running):
+    server = start_server(running)
+    payload = struct.pack(
+        "!IIHB16sQIIB", 0x99, 1, 0, 3, bytes(15) + b"\x01", 0x1000, 1, 1 << 30, 1
+    )  # wire's ENDPOINT layout, the size 1 GiB (wire.Endpoint would refuse to encode it)
+    with socket.create_connection(("127.0.0.1", PORT), timeout=30) as s:
+        s.sendall(wire.encode(wire.MessageType.ENDPOINT, payload))
+        with pytest.raises(wire.PeerError) as e:
+            wire.receive(s, 30)
+        assert e.value.message == "peer says: ping size 1073741824 exceeds 1048576 bytes"
+        assert res("mr", server.proc.pid) == []
+    stop_server(server)
+
+
+def test_a_source_not_allowed_is_refused(running):
+    server = start_server(running, "--allow", "10.255.0.0/16")
+    report, err = native_ping("127.0.0.1", "-c", "1")
+    assert report.get("received", 0) == 0, report
+    assert "peer closed the connection" in err or "peer reset the connection" in err, err
+    log = stop_server(server)
+    assert "refused 127.0.0.1: connection not in --allow\n" in log
+
+
+def test_a_second_client_over_max_per_source_is_told_why(running, wait_for):
+    server = start_server(running, "--max-per-source", "1")
+    first = running("ping", "127.0.0.1", "--port", str(PORT), "-i", "0.1")
+    first.wait_for_lines(lambda lines: any(" bytes from " in line for line in lines), 90)
+    report, err = native_ping("127.0.0.1", "-c", "1")
+    assert report["received"] == 0
+    assert (
+        "seq=1 lost: peer says: refused: 1 connection from 127.0.0.1 already, the most "
+        "--max-per-source 1 allows"
+    ) in err, err
+    # The first one, killed: its session goes with its TCP connection, at once.
+    first.proc.kill()
+    first.finish()
+    wait_for(lambda: not res("qp", server.proc.pid), "the killed client's QP on the server gone",
+             timeout=30)  # fmt: skip
+    log = stop_server(server)
+    assert "refused 127.0.0.1: connection over --max-per-source 1\n" in log
