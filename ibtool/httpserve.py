@@ -42,7 +42,7 @@ class Request:
     headers: dict[str, str]
     peer: tuple[str, int]
     tls: bool
-    peer_cert: dict | None = None
+    peer_cert: dict | None
 
 
 @dataclass
@@ -503,7 +503,10 @@ class HTTPServer:
                 for key, _mask in events:
                     data = key.data
                     if data is _LISTEN:
-                        self._accept()
+                        try:
+                            self._accept()
+                        except Exception as e:
+                            self._say("accept-bug", f"accepting: {type(e).__name__}: {e}")
                     elif data is _WAKE:
                         self._drain_wake()
                     elif data.sock is not None:
