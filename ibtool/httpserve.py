@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Request:
+    """A request head as parsed; its body, if any, is never read."""
+
     method: str
     path: str
     query: dict[str, list[str]]
@@ -47,6 +49,8 @@ class Request:
 
 @dataclass
 class Response:
+    """What a handler returns; Content-Length, Connection and Date are the server's."""
+
     status: int
     headers: list[tuple[str, str]] = field(default_factory=list)
     # may be shared by many responses (the exporter's cached page): sent, never mutated
@@ -55,15 +59,28 @@ class Response:
 
 @dataclass(frozen=True)
 class Limits:
+    """Every resource a client can make the server hold, bounded."""
+
+    # handlers running at once; over it the loop answers 503 itself
     max_requests: int = 40
+    # None: min(4096, soft RLIMIT_NOFILE - 64), at least 16
     max_connections: int | None = None
+    # the TLS handshake and the first request head from the accept, a later head from its
+    # first byte (Go's Server.ReadHeaderTimeout)
     read_timeout: float = 10.0
+    # a keep-alive connection waiting for its next request (Go's Server.IdleTimeout)
     idle_timeout: float = 60.0
+    # a whole response (Go's Server.WriteTimeout)
     write_timeout: float = 10.0
+    # requests on one connection, then Connection: close
     keepalive_requests: int = 100
+    # over it: 414 (RFC 9112 3: at least 8000 octets SHOULD be supported)
     max_request_line: int = 8192
+    # request line and header fields; over it: 431 (RFC 6585 5)
     max_header_bytes: int = 16384
+    # header field lines; over it: 431
     max_headers: int = 100
+    # listen(2) backlog, capped by the kernel at net.core.somaxconn
     backlog: int = 1024
 
 
@@ -101,7 +118,6 @@ _TLS_CHUNK = 65536
 
 # RFC 9110 5.6.2: token = 1*tchar
 _TCHAR = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]"
-_TOKEN = re.compile(_TCHAR + rb"+")
 _TOKEN_STR = re.compile(_TCHAR.decode() + "+")
 # RFC 9112 3: request-line = method SP request-target SP HTTP-version (2.2: a bare LF ends it
 # too, the CR is stripped before this)
@@ -260,13 +276,20 @@ class _Pool:
         for _ in threads:
             self.tasks.put(None)
         end = time.monotonic() + timeout
+        me = threading.current_thread()
         for t in threads:
-            t.join(max(0.0, end - time.monotonic()))
-        return [t for t in threads if t.is_alive()]
+            if t is not me:  # shutdown() called by a handler
+                t.join(max(0.0, end - time.monotonic()))
+        return [t for t in threads if t.is_alive() and t is not me]
 
 
 class HTTPServer:
-    """HTTP/1.1 on one event-loop thread; `handler` runs in at most max_requests threads."""
+    """HTTP/1.1 on one event-loop thread; `handler` runs in at most max_requests threads.
+
+    `tls`, if given, is called in the loop thread for every accepted connection: it returns
+    the context to use (a new one after a certificate rotation; None: plaintext), so it must
+    be cheap, a cached context. `log` gets one line per notable event, each kind at most once
+    a minute."""
 
     def __init__(
         self,

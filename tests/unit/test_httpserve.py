@@ -478,19 +478,34 @@ def test_eviction_at_the_cap_spares_requests_being_answered(serve):
     assert busy.response()[0] == 200
 
 
-def test_503_when_every_handler_is_busy(serve):
-    release = threading.Event()
+class Blocking:
+    """A handler whose /block requests wait for release(), counting those running."""
 
-    def handler(request: Request) -> Response:
+    def __init__(self):
+        self.event = threading.Event()
+        self.lock = threading.Lock()
+        self.running = 0
+
+    def __call__(self, request: Request) -> Response:
         if request.path == "/block":
-            release.wait(10)
+            with self.lock:
+                self.running += 1
+            self.event.wait(10)
+            with self.lock:
+                self.running -= 1
         return echo(request)
 
+
+def test_503_when_every_handler_is_busy(serve):
+    handler = Blocking()
+    release = handler.event
     server, port = serve(handler=handler, max_requests=2)
     blocked = [Client(port) for _ in range(2)]
     for c in blocked:
         c.get("/block")
-    wait_for(lambda: server.stats()["in_flight"] == 2, what="two handlers running")
+    # two threads really run them at once
+    wait_for(lambda: handler.running == 2, what="two handlers running")
+    assert server.stats()["in_flight"] == 2
     c = Client(port, timeout=1.0)
     c.get()
     status, headers, body = c.response()
@@ -502,6 +517,47 @@ def test_503_when_every_handler_is_busy(serve):
     c.get()
     assert c.response()[0] == 200
     assert server.stats()["responses"] == {503: 1, 200: 3}
+
+
+def test_at_the_cap_with_every_connection_busy_new_ones_wait(serve):
+    handler = Blocking()
+    server, port = serve(handler=handler, max_requests=2, max_connections=2)
+    blocked = [Client(port) for _ in range(2)]
+    for c in blocked:
+        c.get("/block")
+    wait_for(lambda: handler.running == 2, what="two handlers running")
+    # nothing to evict: the third waits in the listen backlog, neither refused nor served
+    waiting = Client(port, timeout=0.3)
+    waiting.get()
+    with pytest.raises(socket.timeout):
+        waiting.response()
+    assert server.stats()["accepted"] == 2
+    handler.event.set()
+    for c in blocked:
+        assert c.response()[0] == 200
+    waiting.sock.settimeout(5.0)
+    assert waiting.response()[0] == 200
+    assert server.stats()["closed"]["evicted"] == 1  # one of the two now idle made room
+
+
+def test_idle_handler_threads_exit(serve, monkeypatch):
+    from ibtool import httpserve
+
+    monkeypatch.setattr(httpserve, "_WORKER_IDLE", 0.2)
+    before = threading.active_count()
+    handler = Blocking()
+    server, port = serve(handler=handler, max_requests=4)
+    clients = [Client(port) for _ in range(4)]
+    for c in clients:
+        c.get("/block")
+    wait_for(lambda: handler.running == 4, what="four handlers running")
+    assert threading.active_count() == before + 5  # the loop and four handler threads
+    handler.event.set()
+    for c in clients:
+        assert c.response()[0] == 200
+    wait_for(lambda: threading.active_count() == before + 1, what="idle threads gone")
+    clients[0].get()
+    assert clients[0].response()[0] == 200  # and one is started again when needed
 
 
 def test_handler_raising_is_a_500_and_one_line(serve):
