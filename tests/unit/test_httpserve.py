@@ -413,6 +413,35 @@ def test_idle_keepalive_closed_at_idle_timeout(serve):
     assert server.stats()["closed"]["idle_timeout"] == 1
 
 
+def test_later_head_has_read_timeout_from_its_first_byte(serve):
+    server, port = serve(idle_timeout=10.0, read_timeout=0.5)
+    c = Client(port)
+    c.get()
+    assert c.response()[0] == 200
+    c.send(b"GET / HT")  # then nothing: a slow head, not an idle connection
+    start = time.monotonic()
+    assert c.closed()
+    assert 0.4 < time.monotonic() - start < 2.0
+    assert server.stats()["closed"]["read_timeout"] == 1
+
+
+def test_stdlib_client_interoperates(serve):
+    import http.client
+
+    _server, port = serve()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    for path in ("/a", "/b?x=%C3%A9"):
+        conn.request("GET", path)
+        response = conn.getresponse()
+        seen = json.loads(response.read())
+        assert response.status == 200 and seen["path"] == path.split("?")[0]
+    assert seen["query"] == {"x": ["\u00e9"]}
+    conn.request("HEAD", "/a")
+    response = conn.getresponse()
+    assert response.status == 200 and response.read() == b""
+    conn.close()
+
+
 def big(request: Request) -> Response:
     return Response(200, [], BIG)
 
@@ -687,6 +716,10 @@ def test_flood_of_idle_connections_at_rlimit_128(child):
     stats = child.stats()
     assert stats["responses"] == {"200": 1}
     assert stats["closed"]["accept_error"] == 0
+    # one line for 136 evictions
+    assert child.ask("stats")["logs"] == [
+        "64 connections open: closed the longest idle (1 since last said)"
+    ]
     for f in flood:
         f.close()
 
@@ -809,6 +842,17 @@ def test_stalled_tls_handshake_closed_at_read_timeout(serve, certs):
     assert c.closed()
     assert time.monotonic() - start < 2.0
     assert server.stats()["closed"]["read_timeout"] == 1
+
+
+def test_tls_context_failing_closes_that_connection(serve):
+    def broken():
+        raise ssl.SSLError("no certificate yet")
+
+    server, port = serve(tls=broken)
+    for _ in range(2):
+        assert Client(port).closed()
+    assert server.stats()["closed"]["tls_handshake"] == 2
+    assert len(server.lines) == 1 and "no certificate yet" in server.lines[0]
 
 
 def test_tls_context_asked_per_connection(serve, certs):
