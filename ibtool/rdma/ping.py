@@ -790,7 +790,8 @@ def _echo(
     """
     session.answered = answered = 0
     seen = -1
-    quiet_since = time.monotonic() + HANDSHAKE_TIMEOUT  # the first ping may take a while
+    last = time.monotonic()  # the last ping's round, for the back-off
+    quiet_since = last + HANDSHAKE_TIMEOUT  # the first ping may take a while
     cq, attr, cadence = session.polled, session.poll_attr, session.cadence
     post_send = session.qp.post_send
     start, end, opcode_of, imm_of = cq.start_poll, cq.end_poll, cq.read_opcode, cq.read_imm_data
@@ -805,7 +806,7 @@ def _echo(
             if conn is None:
                 now = time.monotonic()
                 if answered != seen:
-                    seen, quiet_since = answered, now if answered else quiet_since
+                    seen, quiet_since, last = answered, now if answered else quiet_since, now
                 elif now - quiet_since > idle:
                     return None, answered
             elif select.select([conn], [], [], 0)[0]:
@@ -815,12 +816,12 @@ def _echo(
             elif idle is not None or crowded is not None:
                 now = time.monotonic()
                 if answered != seen:
-                    seen, quiet_since = answered, now if answered else quiet_since
+                    seen, quiet_since, last = answered, now if answered else quiet_since, now
                 elif idle is not None and now - quiet_since > idle:
                     raise Idle(f"sent nothing for {idle:g} s (--idle-timeout)")
             if stop is not None and stop.is_set():
                 return None, answered
-            if crowded is not None and now - quiet_since > QUIET_AFTER and crowded():
+            if crowded is not None and now - last > QUIET_AFTER and crowded():
                 polls = BACKOFF_ROUND
                 time.sleep(BACKOFF_SLEEP)
             continue

@@ -510,3 +510,34 @@ def test_rc_pingpong_sessions_count_against_max_memory(roce, monkeypatch):
         "refused 127.0.0.1: connection over --max-memory 1M"
     ]
     assert not roce.qps and not roce.mrs
+
+
+def test_quiet_sessions_back_off_when_others_are_served(roce, monkeypatch):
+    from tests.unit import pyverbs_fakes
+
+    polls = [0]
+    start_poll = pyverbs_fakes.FakeCQEX.start_poll
+
+    def counted(cq, attr):
+        polls[0] += 1
+        return start_poll(cq, attr)
+
+    monkeypatch.setattr(pyverbs_fakes.FakeCQEX, "start_poll", counted)
+    with Server(monkeypatch, Limits()) as server:
+        held = []
+        for _ in range(3):  # three sessions that never ping
+            c = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            c.sendall(endpoint())
+            wire.receive(c, 10, wire.MessageType.ENDPOINT)
+            c.sendall(wire.encode(wire.MessageType.READY))
+            held.append(c)
+        time.sleep(0.3)  # past QUIET_AFTER: each polls about once a millisecond
+        t0, p0 = time.monotonic(), polls[0]
+        time.sleep(1.0)
+        rate = (polls[0] - p0) / (time.monotonic() - t0)
+        stats, _ = pings(server.port, 20)  # a real client is served at once meanwhile
+        assert (stats.sent, stats.received) == (20, 20)
+        for c in held:
+            c.close()
+    # 3 x 1000 a second at most when backed off (measured ~2700); busy-polling ~38000
+    assert rate < 6 / ping.BACKOFF_SLEEP, f"three idle sessions polled {rate:.0f} times a second"

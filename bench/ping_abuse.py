@@ -1,0 +1,336 @@
+#!/usr/bin/env python3
+"""Benchmark: `ibtool ping --server` (and its --compat rc_pingpong) under abuse, in the testbed.
+
+    tests/testbed/testbed run -- .venv/bin/python bench/ping_abuse.py [--count 200]
+
+Both servers run with their default limits on rxe0, listening on every address. In one run:
+
+1. quiet: an `ibtool ping` client (-c COUNT -i 0) against the native server, an `ibtool ping
+   --compat rc_pingpong` client and a stock `ibv_rc_pingpong` against the compat server, from
+   rxe0's address: RTT median and p99 (ibv_rc_pingpong: its usec/iter) and loss;
+2. the same while a flood comes from 127.0.0.1 at both: 200 idle connections each, half-open
+   handshakes (half an ENDPOINT, then nothing) renewed 4 a second, a garbage client every
+   10 ms;
+3. the same with 3 idle sessions held on the native server (each a real QP that never pings:
+   the server's polling of them backs off, ping._echo);
+4. the servers' threads, open descriptors, resident memory and CPU (from /proc/PID) idle, at
+   the worst of the flood and after it;
+5. a client killed with SIGKILL mid-run: how long its QP stays on the server (until `rdma res
+   show qp` has none of the server's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from ibtool.rdma import wire  # noqa: E402
+
+PORT, PINGPONG_PORT = 18800, 18815
+IBTOOL = [sys.executable, "-m", "ibtool"]
+
+
+def topology() -> dict:
+    path = os.environ.get("IBTOOL_TESTBED_INFO")
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    return {k[10:].lower(): v for k, v in os.environ.items() if k.startswith("IBTOOL_TB_")}
+
+
+def proc_stats(pid: int) -> dict:
+    with open(f"/proc/{pid}/status") as f:
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return {
+        "threads": int(status["Threads"]),
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+        "rss_mib": int(status["VmRSS"].split()[0]) / 1024,
+        "cpu_s": (int(fields[11]) + int(fields[12])) / ticks,  # utime + stime
+    }
+
+
+class Sampler(threading.Thread):
+    """The worst threads/fds/RSS of `pid` while it runs."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.done, self.worst = pid, threading.Event(), {}
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            s = proc_stats(self.pid)
+            for k in ("threads", "fds", "rss_mib"):
+                self.worst[k] = max(self.worst.get(k, 0), s[k])
+            self.done.wait(0.2)
+
+    def stop(self) -> dict:
+        self.done.set()
+        self.join(10)
+        return self.worst
+
+
+class Flood:
+    """As tests/integration/test_ping_abuse.py's: idle, half-open and garbage from 127.0.0.1."""
+
+    def __init__(self, ports, idle: int = 200, half_open: int = 20, pace: float = 0.01):
+        self.ports, self.idle, self.half_open, self.pace = ports, idle, half_open, pace
+        self.done = threading.Event()
+        self.held: list[socket.socket] = []
+        self.counts = {"idle": 0, "half_open": 0, "garbage": 0}
+        self.threads = [threading.Thread(target=f, daemon=True) for f in (self._hold, self._junk)]
+
+    def _connect(self, port: int):
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=5)
+        except OSError:
+            return None
+
+    def _hold(self) -> None:
+        for _ in range(self.idle):
+            for port in self.ports:
+                s = self._connect(port)
+                if s is not None:
+                    self.held.append(s)
+                    self.counts["idle"] += 1
+        half = endpoint(64)[:20]
+        while not self.done.is_set():
+            for port in self.ports:
+                s = self._connect(port)
+                if s is not None:
+                    try:
+                        s.sendall(half)
+                    except OSError:
+                        pass
+                    self.held.append(s)
+                    self.counts["half_open"] += 1
+            self.done.wait(5.0 / self.half_open)
+
+    def _junk(self) -> None:
+        junk = [b"GET / HTTP/1.0\r\n\r\n", b"\x00" * 64, b"IBTP\x07\x01\x00\x08xxxxxxxx"]
+        n = 0
+        while not self.done.is_set():
+            for port in self.ports:
+                s = self._connect(port)
+                if s is not None:
+                    with s:
+                        try:
+                            s.sendall(junk[n % len(junk)])
+                        except OSError:
+                            pass
+                    self.counts["garbage"] += 1
+            n += 1
+            self.done.wait(self.pace)
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        while self.counts["idle"] < self.idle * len(self.ports) // 2:
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        for t in self.threads:
+            t.join(60)
+        for s in self.held:
+            s.close()
+
+
+def endpoint(size: int, qpn: int = 0x99, ipv4: str = "127.0.0.1") -> bytes:
+    """An ENDPOINT from a QP that is not there, on the RoCE v2 GID of `ipv4`."""
+    gid = bytes(10) + b"\xff\xff" + socket.inet_aton(ipv4)
+    return wire.encode_endpoint(wire.Endpoint(qpn, 1, 0, 3, gid, 0x1000, 1, size, wire.Mode.SEND))
+
+
+def start(*extra: str) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [*IBTOOL, "ping", "--server", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    line = proc.stdout.readline()
+    assert "listening" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> str:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    return out
+
+
+def res_qps(pid: int) -> int:
+    out = subprocess.run(["rdma", "-j", "res", "show", "qp"], capture_output=True, text=True)
+    return sum(1 for q in json.loads(out.stdout or "[]") if q.get("pid") == pid)
+
+
+def res_left(pid: int) -> str:
+    counts = []
+    for kind in ("qp", "cq", "mr", "pd"):
+        out = subprocess.run(["rdma", "-j", "res", "show", kind], capture_output=True, text=True)
+        counts.append(sum(1 for r in json.loads(out.stdout or "[]") if r.get("pid") == pid))
+    return "qp {} cq {} mr {} pd {}".format(*counts)
+
+
+def ibtool_ping(host: str, port: int, count: int, *extra: str) -> tuple[str, str, str]:
+    proc = subprocess.run(
+        [*IBTOOL, "-j", "ping", host, "--port", str(port), "-c", str(count), "-i", "0", *extra],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        return "-", "-", f"failed: {proc.stderr.strip()[-80:]}"
+    rtts = sorted(r["rtt_us"] for r in report["replies"] if "rtt_us" in r)
+    if not rtts:
+        return "-", "-", f"{report['loss_pct']}%"
+    p99 = rtts[min(len(rtts) - 1, int(0.99 * len(rtts)))]
+    return f"{statistics.median(rtts):.0f}", f"{p99:.0f}", f"{report['loss_pct']:g}%"
+
+
+def stock_ping(topo: dict, count: int) -> tuple[str, str, str]:
+    proc = subprocess.run(
+        ["ibv_rc_pingpong", "-d", topo["device"], "-g", "1", "-p", str(PINGPONG_PORT),
+         "-s", "64", "-n", str(count), "-c", topo["ipv4"]],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    found = re.search(r"^(\d+) iters in [\d.]+ seconds = ([\d.]+) usec/iter$", proc.stdout, re.M)
+    if proc.returncode or not found:
+        return "-", "-", f"failed: {proc.stderr.strip()[-60:]}"
+    lost = count - int(found.group(1))
+    return f"{float(found.group(2)):.0f}/iter", "-", f"{100 * lost / count:g}%"
+
+
+def measure(topo: dict, count: int) -> list[tuple[str, tuple]]:
+    host = topo["ipv4"]
+    return [
+        ("ibtool ping", ibtool_ping(host, PORT, count)),
+        (
+            "ibtool --compat rc_pingpong",
+            ibtool_ping(host, PINGPONG_PORT, count, "--compat", "rc_pingpong", "-s", "64"),
+        ),  # fmt: skip
+        ("ibv_rc_pingpong (stock)", stock_ping(topo, count)),
+    ]
+
+
+def idle_sessions(n: int) -> list[socket.socket]:
+    """n sessions on the native server that never ping: a QP each on the server."""
+    held, ipv4 = [], topology()["ipv4"]
+    for i in range(n):
+        s = socket.create_connection((ipv4, PORT), timeout=30)
+        s.sendall(endpoint(64, 0x1000 + i, ipv4))
+        wire.receive(s, 30, wire.MessageType.ENDPOINT)
+        s.sendall(wire.encode(wire.MessageType.READY))
+        held.append(s)
+    return held
+
+
+def dead_client_seconds(server_pid: int, host: str) -> float:
+    """A client killed with SIGKILL mid-run: seconds until the server holds no QP."""
+    client = subprocess.Popen(
+        [*IBTOOL, "ping", host, "--port", str(PORT), "-i", "0.01"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    for line in client.stdout:
+        if " bytes from " in line:
+            break
+    assert res_qps(server_pid) == 1
+    client.kill()
+    t0 = time.monotonic()
+    client.communicate()
+    while res_qps(server_pid):
+        if time.monotonic() - t0 > 120:
+            return float("inf")
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--count", type=int, default=200)
+    args = ap.parse_args()
+    topo = topology()
+    native = start("--port", str(PORT))
+    compat = start("--compat", "rc_pingpong", "--port", str(PINGPONG_PORT))
+    pids = {"native": native.pid, "rc_pingpong": compat.pid}
+    stats: dict[str, dict] = {}
+    rows: list[tuple[str, str, tuple]] = []
+    try:
+        for name, pid in pids.items():
+            stats[f"{name} idle"] = proc_stats(pid)
+        rows += [("quiet", c, r) for c, r in measure(topo, args.count)]
+        samplers = {name: Sampler(pid) for name, pid in pids.items()}
+        for s in samplers.values():
+            s.start()
+        cpu0 = {name: proc_stats(pid)["cpu_s"] for name, pid in pids.items()}
+        t0 = time.monotonic()
+        with Flood([PORT, PINGPONG_PORT]) as flood:
+            rows += [("flood", c, r) for c, r in measure(topo, args.count)]
+            counts = dict(flood.counts)
+        wall = time.monotonic() - t0
+        for name, s in samplers.items():
+            worst = s.stop()
+            worst["cpu_s"] = proc_stats(pids[name])["cpu_s"] - cpu0[name]
+            worst["cpu_pct"] = 100 * worst["cpu_s"] / wall
+            stats[f"{name} flood (worst)"] = worst
+        held = idle_sessions(3)
+        cpu0n, t1 = proc_stats(native.pid)["cpu_s"], time.monotonic()
+        rows.append(("3 idle sessions", *measure(topo, args.count)[0]))
+        busy = 100 * (proc_stats(native.pid)["cpu_s"] - cpu0n) / (time.monotonic() - t1)
+        for s in held:
+            s.close()
+        time.sleep(1)
+        cpu0n, t1 = proc_stats(native.pid)["cpu_s"], time.monotonic()
+        held = idle_sessions(3)
+        time.sleep(3)
+        idle_cpu = 100 * (proc_stats(native.pid)["cpu_s"] - cpu0n) / (time.monotonic() - t1)
+        for s in held:
+            s.close()
+        time.sleep(2)
+        for name, pid in pids.items():
+            stats[f"{name} after"] = proc_stats(pid)
+        dead = dead_client_seconds(native.pid, topo["ipv4"])
+    finally:
+        logs = {name: stop(proc) for name, proc in (("native", native), ("rc_pingpong", compat))}
+    print(f"flood per server: {counts} (from 127.0.0.1; the clients from {topo['ipv4']})")
+    print()
+    print(f"{'phase':<16} {'client':<28} {'median us':>12} {'p99 us':>8} {'loss':>6}")
+    for phase, client, (median, p99, loss) in rows:
+        print(f"{phase:<16} {client:<28} {median:>12} {p99:>8} {loss:>6}")
+    print()
+    print(f"{'server':<28} {'threads':>7} {'fds':>5} {'RSS MiB':>8} {'CPU %':>6}")
+    for name, s in stats.items():
+        cpu = f"{s['cpu_pct']:.0f}" if "cpu_pct" in s else "-"
+        print(f"{name:<28} {s['threads']:>7} {s['fds']:>5} {s['rss_mib']:>8.1f} {cpu:>6}")
+    print()
+    print(f"native server CPU with 3 idle sessions held (no client): {idle_cpu:.0f}%; "
+          f"with them and a client at -i 0: {busy:.0f}%")  # fmt: skip
+    print(f"a client killed with SIGKILL: its QP gone from the server after {dead:.2f} s")
+    for name, pid in pids.items():
+        print(f"{name} server stopped: rdma res shows {res_left(pid)} of it")
+    for name, log in logs.items():
+        lines = log.splitlines()
+        print(f"\n{name} server log: {len(lines)} lines; refusals and drops:")
+        for line in lines:
+            if line.startswith(("refused", "dropped")) or " dropped: " in line:
+                print("  " + line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
