@@ -1,13 +1,17 @@
-"""`ibtool exporter`'s engine: one poller, and a Prometheus endpoint serving its latest result.
+"""`ibtool exporter`'s engine: one poller, and an HTTP endpoint serving its latest result.
 
 A scrape never waits for the kernel: the poller (the main thread) reads the host every interval
-and replaces one cached list of families; the HTTP server (prometheus_client's, in its own
-thread) hands out whatever is cached. A device that hangs a read delays the next poll, never a
-scrape, and the poll's age is itself a metric.
+and replaces one cached list of families; the HTTP server (ibtool.httpserve: one event loop for
+every connection, a bounded pool of workers for the answers) hands out whatever is cached. A
+device that hangs a read delays the next poll, never a scrape, and the poll's age is itself a
+metric. What faces the network is bounded as node_exporter's exporter-toolkit bounds it
+(`--web.max-requests`, its web configuration file for TLS and basic auth).
 """
 
 from __future__ import annotations
 
+import gzip
+import html
 import re
 import threading
 import time
@@ -17,6 +21,10 @@ from ibtool.api import MetricFamily
 from ibtool.errors import UnsupportedError, UsageError
 
 DEFAULT_PORT = 9877
+# exporter-toolkit's --web.max-requests default (node_exporter). Each answer is built from the
+# cached poll in milliseconds: over a thousand at once is a flood, not scrapes.
+MAX_REQUESTS, MAX_REQUESTS_MAX = 40, 1000
+METRICS_PATH = "/metrics"
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -41,6 +49,7 @@ class Latest:
         self.duration: float | None = None
         self.polls = 0
         self.errors = 0
+        self.faults = 0
 
     def store(self, families: list[MetricFamily], at: float, duration: float) -> None:
         with self.lock:
@@ -51,21 +60,40 @@ class Latest:
         with self.lock:
             self.errors += 1
 
+    def faulted(self, count: int, *, error: bool = True) -> None:
+        """A poll could not read `count` things (a device, a file, a counter, a socket when
+        the process ran out of descriptors), each one a warning: the poll counts as an error
+        (`error`, unless it failed and was counted so already)."""
+        with self.lock:
+            self.faults += count
+            self.errors += error
+
     def snapshot(self) -> list[MetricFamily]:
         with self.lock:
             families = list(self.families)
-            polled_at, duration, polls, errors = (
+            polled_at, duration, polls, errors, faults = (
                 self.polled_at,
                 self.duration,
                 self.polls,
                 self.errors,
+                self.faults,
             )
         own = [
             MetricFamily("ibtool_exporter_polls", "Polls of the host since start", "counter"),
-            MetricFamily("ibtool_exporter_poll_errors", "Polls that failed", "counter"),
+            MetricFamily(
+                "ibtool_exporter_poll_errors",
+                "Polls that failed or could not read part of the host",
+                "counter",
+            ),
+            MetricFamily(
+                "ibtool_exporter_poll_faults",
+                "Things polls could not read (a device, file, counter or socket), each a warning",
+                "counter",
+            ),
         ]
         own[0].add({}, polls)
         own[1].add({}, errors)
+        own[2].add({}, faults)
         if polled_at is not None:
             at = MetricFamily(
                 "ibtool_exporter_last_poll_timestamp",
@@ -82,6 +110,63 @@ class Latest:
         return families + own
 
 
+class Faults:
+    """The warnings of a poll, passed on and counted: the poller hands `warn` to the host it
+    reads, and the exporter takes the count after each poll."""
+
+    def __init__(self, warn: Callable[[str], None]) -> None:
+        self._warn, self._count, self._lock = warn, 0, threading.Lock()
+
+    def warn(self, text: str) -> None:
+        with self._lock:
+            self._count += 1
+        self._warn(text)
+
+    def take(self) -> int:
+        with self._lock:
+            count, self._count = self._count, 0
+        return count
+
+
+def _server_families(stats: dict) -> list[MetricFamily]:
+    """The HTTP server's own figures, as promhttp's promhttp_metric_handler_* are Go's."""
+    requests = MetricFamily(
+        "ibtool_exporter_http_responses", "HTTP responses sent, by status code", "counter"
+    )
+    for code, n in sorted(stats["responses"].items()):
+        requests.add({"code": str(code)}, n)
+    closed = MetricFamily(
+        "ibtool_exporter_http_connections_closed",
+        "HTTP connections the server closed, by why (timeouts, evicted at the cap, refused input)",
+        "counter",
+    )
+    for reason, n in sorted(stats["closed"].items()):
+        closed.add({"reason": reason}, n)
+    open_now = MetricFamily("ibtool_exporter_http_connections", "HTTP connections open", "gauge")
+    open_now.add({}, stats["connections"])
+    in_flight = MetricFamily(
+        "ibtool_exporter_http_requests_in_flight", "Requests being answered", "gauge"
+    )
+    in_flight.add({}, stats["in_flight"])
+    accepted = MetricFamily(
+        "ibtool_exporter_http_connections_accepted", "HTTP connections accepted", "counter"
+    )
+    accepted.add({}, stats["accepted"])
+    return [accepted, open_now, closed, in_flight, requests]
+
+
+def _build_info() -> MetricFamily:
+    import platform
+
+    from ibtool import __version__
+
+    info = MetricFamily(
+        "ibtool_build_info", "ibtool's version and the Python running it; always 1", "gauge"
+    )
+    info.add({"version": __version__, "pythonversion": platform.python_version()}, 1)
+    return info
+
+
 def _client_families(families: list[MetricFamily]):
     """ibtool's families as prometheus_client's, sample for sample."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -95,6 +180,102 @@ def _client_families(families: list[MetricFamily]):
         yield out
 
 
+def _named(metric, names: set[str]) -> bool:
+    """Prometheus' `name[]` parameter: a family is wanted when the name is the family's or one
+    of its samples' (a counter `x` exposes `x_total`)."""
+    return metric.name in names or any(s.name in names for s in metric.samples)
+
+
+LANDING = """<!DOCTYPE html>
+<html lang="en">
+<head><meta charset="utf-8"><title>ibtool exporter</title></head>
+<body>
+<h1>ibtool exporter</h1>
+<p>This node's RDMA health and counters for Prometheus.</p>
+<ul><li><a href="{path}">{path}</a></li></ul>
+<p>ibtool {version}</p>
+</body>
+</html>
+"""
+
+
+class Endpoint:
+    """The answers: /metrics (GET, HEAD) in the format the scraper asks for, with `name[]`
+    honoured and gzip when accepted; a landing page at /; 404 and 405 elsewhere. With a web
+    configuration: a client certificate outside client_allowed_sans is 403, a request without
+    the right basic-auth credentials 401, before anything else."""
+
+    def __init__(self, latest: Latest, server_stats: Callable[[], dict], web=None) -> None:
+        from prometheus_client import ProcessCollector
+
+        self.latest, self.server_stats, self.web = latest, server_stats, web
+        self.process = ProcessCollector(registry=None)
+        self.info = _build_info()
+
+    def __call__(self, request):
+        from ibtool.httpserve import Response
+
+        config = self.web.current() if self.web is not None else None
+        if config is not None:
+            if not config.allowed_peer(request.peer_cert):
+                return self._plain(403, "Forbidden\n", config)
+            if not config.authorized(request.headers.get("authorization")):
+                reply = self._plain(401, "Unauthorized\n", config)
+                reply.headers.append(("WWW-Authenticate", 'Basic realm="ibtool exporter"'))
+                return reply
+        if request.path not in (METRICS_PATH, "/"):
+            return self._plain(404, "Not Found\n", config)
+        if request.method not in ("GET", "HEAD"):
+            reply = self._plain(405, "Method Not Allowed\n", config)
+            reply.headers.append(("Allow", "GET, HEAD"))
+            return reply
+        if request.path == "/":
+            from ibtool import __version__
+
+            body = LANDING.format(path=METRICS_PATH, version=html.escape(__version__)).encode()
+            return Response(200, self._headers(config, "text/html; charset=utf-8"), body)
+        body, content_type = self.metrics(
+            request.headers.get("accept", ""), request.query.get("name[]")
+        )
+        headers = self._headers(config, content_type)
+        if "gzip" in request.headers.get("accept-encoding", ""):
+            body = gzip.compress(body, compresslevel=6)
+            headers.append(("Content-Encoding", "gzip"))
+        headers.append(("Vary", "Accept-Encoding"))
+        return Response(200, headers, body)
+
+    def metrics(self, accept: str, names: list[str] | None) -> tuple[bytes, str]:
+        from prometheus_client.exposition import choose_encoder
+        from prometheus_client.registry import CollectorRegistry
+
+        families = self.latest.snapshot() + _server_families(self.server_stats()) + [self.info]
+        wanted = set(names) if names else None
+        process = self.process
+
+        class Collector:
+            def collect(self):
+                for metric in list(_client_families(families)) + list(process.collect()):
+                    if wanted is None or _named(metric, wanted):
+                        yield metric
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(Collector())
+        encoder, content_type = choose_encoder(accept)
+        return encoder(registry), content_type
+
+    @staticmethod
+    def _headers(config, content_type: str) -> list[tuple[str, str]]:
+        headers = [("Content-Type", content_type)]
+        if config is not None:
+            headers += list(config.headers)
+        return headers
+
+    def _plain(self, status: int, text: str, config):
+        from ibtool.httpserve import Response
+
+        return Response(status, self._headers(config, "text/plain; charset=utf-8"), text.encode())
+
+
 def serve(
     listen: tuple[str, int],
     poll: Callable[[], list[MetricFamily]],
@@ -104,51 +285,60 @@ def serve(
     clock: Callable[[], float] = time.time,
     stop: threading.Event | None = None,
     ready: Callable[[tuple[str, int]], None] | None = None,
+    max_requests: int = MAX_REQUESTS,
+    web=None,
+    faults: Faults | None = None,
+    limits=None,
 ) -> None:
     """Serves the latest `poll()` on `listen` until interrupted (or `stop` is set): a poll, then
     `interval` seconds of rest, and so on; a poll that raises is one warning, and the families
-    of the poll before stay served."""
+    of the poll before stay served. `web`: exporter-toolkit's web configuration file (TLS,
+    basic auth) as a webconfig.Watcher, which re-reads it when it or a file it names changes.
+    `faults`: what `poll` warned about, taken after each poll (a poll with faults counts as an
+    error)."""
     try:
-        from prometheus_client import start_http_server
-        from prometheus_client.registry import CollectorRegistry
+        import prometheus_client  # noqa: F401
     except ImportError:
         raise UnsupportedError(
             "ibtool exporter needs the prometheus_client package",
             "pip install prometheus_client (Debian: python3-prometheus-client)",
         ) from None
+    from ibtool import httpserve
+
+    limits = limits or httpserve.Limits(max_requests=max_requests)
     latest = Latest()
-
-    class Collector:
-        def collect(self):
-            return _client_families(latest.snapshot())
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Collector())
+    server: httpserve.HTTPServer | None = None
+    endpoint = Endpoint(latest, lambda: server.stats() if server else _no_stats(), web)
     address, port = listen
+    server = httpserve.HTTPServer(
+        (address, port), endpoint, limits, tls=web.tls if web is not None else None, log=warn
+    )
     try:
-        started = start_http_server(port, addr=address or "::", registry=registry)
+        bound = server.bind()
     except OSError as e:
-        if address == "" and e.errno in (97, 99):  # EAFNOSUPPORT, EADDRNOTAVAIL: no IPv6
-            started = start_http_server(port, addr="0.0.0.0", registry=registry)
-        else:
-            raise UsageError(f"--listen {address}:{port}: {e.strerror}") from None
-    server = started[0] if isinstance(started, tuple) else None
+        raise UsageError(f"--listen {address}:{port}: {e.strerror or e}") from None
+    server.start()
     if ready is not None:
-        bound = server.server_address[:2] if server is not None else (address, port)
         ready(bound)
     stop = stop or threading.Event()
     try:
         while not stop.is_set():
-            began = time.monotonic()
+            began, failed = time.monotonic(), False
             try:
                 families = poll()
             except Exception as e:  # one bad poll must not end the exporter
+                failed = True
                 latest.failed()
                 warn(f"poll failed: {type(e).__name__}: {e}")
             else:
                 latest.store(families, clock(), time.monotonic() - began)
+            count = faults.take() if faults is not None else 0
+            if count:
+                latest.faulted(count, error=not failed)
             stop.wait(interval)
     finally:
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+        server.shutdown()
+
+
+def _no_stats() -> dict:
+    return {"connections": 0, "in_flight": 0, "accepted": 0, "responses": {}, "closed": {}}

@@ -268,7 +268,7 @@ def _textfile(inv: Invocation, report, collect: bool = True) -> None:
 
 
 def configure_exporter(parser) -> None:
-    from ibtool.exporter import DEFAULT_PORT
+    from ibtool.exporter import DEFAULT_PORT, MAX_REQUESTS, MAX_REQUESTS_MAX
 
     parser.add_argument(
         "--listen",
@@ -286,9 +286,24 @@ def configure_exporter(parser) -> None:
     )
     parser.add_argument("--config", metavar="FILE", help="as for ibtool health")
     _add_skip(parser)
+    parser.add_argument(
+        "--web.max-requests",
+        dest="web_max_requests",
+        type=number(int, 1, MAX_REQUESTS_MAX),
+        default=MAX_REQUESTS,
+        metavar="N",
+        help=f"requests answered at once; over it, 503 (default {MAX_REQUESTS}, "
+        f"at most {MAX_REQUESTS_MAX})",
+    )
+    parser.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        metavar="FILE",
+        help="TLS and basic auth, in the Prometheus exporter-toolkit's format (YAML)",
+    )
 
 
-def _poller(inv: Invocation, checks: dict, config):
+def _poller(inv: Invocation, checks: dict, config, warn):
     """What one poll gives: the health results and every collector's families. The checks keep
     their baselines in memory, so their counter deltas are per poll interval."""
     from ibtool import health, healthstate, metrics
@@ -302,12 +317,12 @@ def _poller(inv: Invocation, checks: dict, config):
 
     def poll():
         nonlocal saved
-        host = Host(warn=inv.warn) if fresh else inv.host
+        host = Host(warn=warn) if fresh else inv.host
         try:
             boot = healthstate.boot_id(host.root)
             report = health.run(checks, host, config, saved, boot_id=boot)
             saved = healthstate.Saved(report.kept)
-            return health.status_families(report) + metrics.collected(inv.plugins, host, inv.warn)
+            return health.status_families(report) + metrics.collected(inv.plugins, host, warn)
         finally:
             if fresh:
                 host.close()
@@ -320,17 +335,33 @@ def run_exporter(inv: Invocation) -> None:
     from ibtool.hooks import health_checks
 
     listen = exporter.parse_listen(inv.args.listen)
+    web = None
+    if inv.args.web_config_file is not None:
+        from ibtool import webconfig
+
+        web = webconfig.Watcher(inv.args.web_config_file, inv.warn)
     config = _load_config(inv)
     checks = health_checks(inv.plugins, inv.warn)
     config.check_names(checks)
     checks = _selected(checks, [], _names(inv.args.skip), config, inv.warn)
+    scheme = "https" if web is not None and web.current().tls else "http"
+    faults = exporter.Faults(inv.warn)
 
     def ready(bound) -> None:
         host, port = bound[0], bound[1]
-        inv.print(f"serving http://{'[' + host + ']' if ':' in host else host}:{port}/metrics")
+        inv.print(f"serving {scheme}://{'[' + host + ']' if ':' in host else host}:{port}/metrics")
         inv.out.flush()
 
-    exporter.serve(listen, _poller(inv, checks, config), inv.args.interval, inv.warn, ready=ready)
+    exporter.serve(
+        listen,
+        _poller(inv, checks, config, faults.warn),
+        inv.args.interval,
+        inv.warn,
+        ready=ready,
+        max_requests=inv.args.web_max_requests,
+        web=web,
+        faults=faults,
+    )
 
 
 @hookimpl
