@@ -522,16 +522,20 @@ class HTTPServer:
         try:
             while not self._stopping:
                 events = self._sel.select(self._timeout())
+                # drained before the results are taken, never after: a result handed over
+                # in between would lose its wake-up byte and wait for some other event
+                if any(key.data is _WAKE for key, _mask in events):
+                    self._drain_wake()
                 self._collect()
                 for key, _mask in events:
                     data = key.data
+                    if data is _WAKE:
+                        continue
                     if data is _LISTEN:
                         try:
                             self._accept()
                         except Exception as e:
                             self._say("accept-bug", f"accepting: {type(e).__name__}: {e}")
-                    elif data is _WAKE:
-                        self._drain_wake()
                     elif data.sock is not None:
                         self._guarded(self._on_event, data)
                 if self._ready:
@@ -695,8 +699,8 @@ class HTTPServer:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
-            sock.close()
             self._count("peer")
+            sock.close()
             return
         peer = _peer(addr)
         ctx = None
@@ -706,8 +710,8 @@ class HTTPServer:
                 if ctx is not None:
                     sock = ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
             except Exception as e:
-                sock.close()
                 self._count("tls_handshake")
+                sock.close()
                 self._say(
                     "tls-context",
                     f"TLS for {peer[0]}: {type(e).__name__}: {e}",

@@ -589,6 +589,24 @@ def test_idle_handler_threads_exit(serve, monkeypatch):
     assert clients[0].response()[0] == 200  # and one is started again when needed
 
 
+def test_responses_finishing_together_are_all_written(serve):
+    """Handlers released at once hand their responses to the loop together: none may wait
+    for an unrelated event (a wake-up lost between taking the results and draining)."""
+    barrier = threading.Barrier(8)
+
+    def handler(request: Request) -> Response:
+        barrier.wait(5)
+        return echo(request)
+
+    _server, port = serve(handler=handler, max_requests=8, keepalive_requests=2000)
+    clients = [Client(port, timeout=2.0) for _ in range(8)]
+    for _round in range(1500):
+        for c in clients:
+            c.get()
+        for c in clients:
+            assert c.response()[0] == 200
+
+
 def test_handler_raising_is_a_500_and_one_line(serve):
     def handler(request: Request) -> Response:
         if request.path == "/boom":
