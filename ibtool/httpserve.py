@@ -451,7 +451,10 @@ class HTTPServer:
                     return
             count = 1 + (said[1] if said is not None else 0)
             self._said[key] = [now, 0]
-        self._log(f"{text} ({count} since last said)")
+        try:
+            self._log(f"{text} ({count} since last said)")
+        except Exception:  # a broken log must not take the server down with it
+            pass
 
     def _count(self, reason: str) -> None:
         with self._lock:
@@ -862,19 +865,23 @@ class HTTPServer:
                 if name in ("content-length", "host"):
                     # RFC 9112 6.3 (a repeated Content-Length is an unrecoverable framing
                     # error) and 3.2 (more than one Host: 400)
-                    return self._fail(conn, 400)
+                    return self._fail(conn, 400, method == "HEAD")
                 headers[name] += ", " + value
             else:
                 headers[name] = value
         if version == "HTTP/1.1" and "host" not in headers:
-            return self._fail(conn, 400)  # RFC 9112 3.2, and Go's "missing required Host"
+            return self._fail(
+                conn, 400, method == "HEAD"
+            )  # RFC 9112 3.2, and Go's "missing required Host"
         length = headers.get("content-length")
         if length is not None and not _DIGITS.fullmatch(length):
-            return self._fail(conn, 400)  # RFC 9110 8.6: Content-Length = 1*DIGIT
+            return self._fail(conn, 400, method == "HEAD")  # RFC 9110 8.6: Content-Length = 1*DIGIT
         target = target_b.decode("ascii")
         if target == "*":
             if method != "OPTIONS":
-                return self._fail(conn, 400)  # RFC 9112 3.2.4: asterisk-form is OPTIONS'
+                return self._fail(
+                    conn, 400, method == "HEAD"
+                )  # RFC 9112 3.2.4: asterisk-form is OPTIONS'
             path, query = "*", ""
         elif target.startswith("/"):  # origin-form (RFC 9112 3.2.1)
             path, _, query = target.partition("#")[0].partition("?")
@@ -882,7 +889,9 @@ class HTTPServer:
             parts = urllib.parse.urlsplit(target)  # absolute-form (RFC 9112 3.2.2)
             path, query = parts.path or "/", parts.query
         else:
-            return self._fail(conn, 400)  # authority-form: CONNECT, not served here
+            return self._fail(
+                conn, 400, method == "HEAD"
+            )  # authority-form: CONNECT, not served here
         connection = {t.strip().lower() for t in headers.get("connection", "").split(",")}
         if version == "HTTP/1.1":  # RFC 9112 9.3: persistent unless "close"
             keep = "close" not in connection
@@ -929,8 +938,10 @@ class HTTPServer:
         self._pool.submit(lambda: self._call(conn, request, keep))
         return True
 
-    def _fail(self, conn: _Conn, status: int) -> bool:
+    def _fail(self, conn: _Conn, status: int, head_only: bool | None = None) -> bool:
         """Answers a request that cannot be served, at once, and closes the connection."""
+        if head_only is None:
+            head_only = conn.line is not None and conn.line[0] == b"HEAD"
         text = {
             400: "bad request\n",
             414: "request line too long\n",
@@ -941,7 +952,7 @@ class HTTPServer:
             status,
             [("Content-Type", "text/plain; charset=utf-8")],
             text.encode(),
-            head=False,
+            head=head_only,
             keep=False,
         )
         conn.buf.clear()

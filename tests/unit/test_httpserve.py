@@ -336,6 +336,16 @@ def test_http09_garbage_and_tls_on_plaintext_are_refused_at_once(serve):
     assert server.stats()["closed"]["read_timeout"] == 0
 
 
+def test_refused_head_request_gets_no_body(serve):
+    _server, port = serve()
+    for data in (b"HEAD / HTTP/1.1\r\n\r\n", b"HEAD / HTTP/1.1\r\nHost: x\r\nX : 1\r\n\r\n"):
+        c = Client(port)
+        c.send(data)
+        status, headers, _ = c.response(head_only=True)
+        assert status == 400 and int(headers["content-length"]) > 0
+        assert c.closed() and c.buf == b""
+
+
 def test_bare_lf_line_ends_are_accepted(serve):
     _server, port = serve()
     c = Client(port)
@@ -782,14 +792,14 @@ def certs(tmp_path):
 
 def server_context(cert: Path, key: Path) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(cert, key)
+    ctx.load_cert_chain(str(cert), str(key))
     return ctx
 
 
 def tls_client(port: int, ca: Path, cert=None, timeout: float = 5.0) -> Client:
     ctx = ssl.create_default_context(cafile=str(ca))
     if cert is not None:
-        ctx.load_cert_chain(*cert)
+        ctx.load_cert_chain(str(cert[0]), str(cert[1]))
     raw = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     return Client(port, sock=ctx.wrap_socket(raw, server_hostname="localhost"))
 
@@ -829,7 +839,7 @@ def test_tls_client_certificate(serve, certs):
     (cert, key), (cert2, key2) = certs
     ctx = server_context(cert, key)
     ctx.verify_mode = ssl.CERT_REQUIRED
-    ctx.load_verify_locations(cert2)
+    ctx.load_verify_locations(str(cert2))
     _server, port = serve(tls=lambda: ctx)
     c = tls_client(port, cert, cert=(cert2, key2))
     c.get()
