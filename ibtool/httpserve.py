@@ -539,6 +539,8 @@ class HTTPServer:
                             self._accept()
                         except Exception as e:
                             self._say("accept-bug", f"accepting: {type(e).__name__}: {e}")
+                            # the listening socket may still be readable: no spinning on it
+                            self._pause_listen(time.monotonic() + _ACCEPT_BACKOFF)
                     elif data.sock is not None:
                         self._guarded(self._on_event, data)
                 if self._ready:

@@ -727,6 +727,21 @@ def child():
             c.proc.wait()
 
 
+@pytest.mark.parametrize(
+    "soft, cap", [(128, 64), (50, 16), (1024, 960), (1 << 20, 4096), (-1, 4096)]
+)
+def test_connection_cap_from_rlimit_nofile(monkeypatch, soft, cap):
+    import resource
+
+    from ibtool import httpserve
+
+    if soft == -1:
+        soft = resource.RLIM_INFINITY
+    monkeypatch.setattr(httpserve.resource, "getrlimit", lambda which: (soft, soft))
+    assert HTTPServer(("127.0.0.1", 0), echo).max_connections == cap
+    assert HTTPServer(("127.0.0.1", 0), echo, Limits(max_connections=5)).max_connections == 5
+
+
 def test_flood_of_idle_connections_at_rlimit_128(child):
     assert child.cap == 64  # 128 - 64 left for the rest of the process
     flood = [Client(child.port) for _ in range(200)]
