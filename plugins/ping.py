@@ -277,10 +277,11 @@ def _settle(args) -> None:
         raise UsageError(
             f"{given[0]} is a server option", "give it to `ibtool ping --server`, or leave it out"
         )
-    if given and (args.cm or args.compat == "rping"):
+    bounds = [f for f in given if f != "--idle-timeout"]
+    if bounds and (args.cm or args.compat == "rping"):
         over = "--cm" if args.cm else "--compat rping"
         raise UsageError(
-            f"{given[0]} with {over}: the rdma_cm servers serve one client at a time",
+            f"{bounds[0]} with {over}: the rdma_cm servers serve one client at a time",
             "pyverbs gives no rdma_cm peer's address to match --allow or count per source; "
             "the TCP servers (no --cm, or --compat rc_pingpong) take the limits",
         )
@@ -431,7 +432,10 @@ def _rping(inv: Invocation) -> int:
     args = inv.args
     if args.server:
         serve = rping.serve
-        return _run_server(inv, lambda log: serve(args.bind, args.port, log, args.max_clients))
+        idle = _limits(args).idle_timeout
+        return _run_server(
+            inv, lambda log: serve(args.bind, args.port, log, args.max_clients, idle)
+        )
 
     def open_client(stack):
         client = rping.Client(args.host, args.port, args.size, args.timeout)
@@ -449,8 +453,8 @@ def _cm(inv: Invocation) -> int:
     args = inv.args
     if args.server:
         serve = cmping.serve
-        where = (args.bind, args.port)
-        return _run_server(inv, lambda log: serve(*where, log, args.max_clients, _path(args)))
+        where, idle = (args.bind, args.port), _limits(args).idle_timeout
+        return _run_server(inv, lambda log: serve(*where, log, args.max_clients, _path(args), idle))
 
     def open_client(stack):
         mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND

@@ -201,10 +201,17 @@ class Client(ping.Client):
 
 
 def serve(
-    bind: str, port: int, log: Log, max_clients: int | None = None, path: PathSpec = DEFAULT_PATH
+    bind: str,
+    port: int,
+    log: Log,
+    max_clients: int | None = None,
+    path: PathSpec = DEFAULT_PATH,
+    idle: float | None = None,
 ) -> None:
     """Serve clients one after another until interrupted (or `max_clients` were served), the
-    answers on the service level, traffic class and MTU cap of `path` (cm.connect_qp)."""
+    answers on the service level, traffic class and MTU cap of `path` (cm.connect_qp); a
+    client that sends no ping for `idle` seconds (--idle-timeout) is dropped, so that one
+    idle client cannot hold the server."""
     rdmacm = cm.rdmacm()
     _require_private_data(rdmacm)
     with cm.Listener(bind, port) as listener:
@@ -219,12 +226,17 @@ def serve(
             listener.request,
             max_clients,
             log,
-            lambda conn, who: _serve_client(listener, conn, log, who, path),
+            lambda conn, who: _serve_client(listener, conn, log, who, path, idle),
         )
 
 
 def _serve_client(
-    listener: cm.Listener, conn: cm.Connection, log: Log, who: str, path: PathSpec
+    listener: cm.Listener,
+    conn: cm.Connection,
+    log: Log,
+    who: str,
+    path: PathSpec,
+    idle: float | None = None,
 ) -> int:
     try:
         offer = wire.decode_cm(conn.private_data, wire.CmMessage.REQUEST, ping.MAX_PING_SIZE)
@@ -248,7 +260,7 @@ def _serve_client(
     while True:
         # _echo returns when a CM event is there: the client's disconnect, or a request of
         # another client (turned down by check_events: one client at a time).
-        _, n = ping._echo(session, listener.channel.fd)
+        _, n = ping._echo(session, listener.channel.fd, idle)
         answered += n
         try:
             conn.check_events()

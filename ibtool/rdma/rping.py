@@ -165,20 +165,25 @@ class Client:
 # -- server ------------------------------------------------------------------------------------
 
 
-def serve(bind: str, port: int, log: Log, max_clients: int | None = None) -> None:
+def serve(
+    bind: str, port: int, log: Log, max_clients: int | None = None, idle: float | None = None
+) -> None:
     """Serve rping clients one after another until interrupted (or `max_clients` were served),
-    as `rping -s -a ADDR -p PORT` does for one."""
+    as `rping -s -a ADDR -p PORT` does for one; a client that sends no ping for `idle`
+    seconds (--idle-timeout) is dropped, so that one idle client cannot hold the server."""
     with cm.Listener(bind, port) as listener:
         log(f"listening on {listener.where} (rdma_cm, rping), {listener.device}")
         cm.serve_clients(
             lambda: listener.next_request(SQ_DEPTH, RQ_DEPTH),
             max_clients,
             log,
-            lambda conn, who: _serve_client(listener, conn, log, who),
+            lambda conn, who: _serve_client(listener, conn, log, who, idle),
         )
 
 
-def _serve_client(listener: cm.Listener, conn: cm.Connection, log: Log, who: str) -> int:
+def _serve_client(
+    listener: cm.Listener, conn: cm.Connection, log: Log, who: str, idle: float | None = None
+) -> int:
     buf = conn.mr(MAX_SIZE, BUFFER_ACCESS)  # rping's rdma_buf, here as large as any -S
     recv = conn.mr(ADVERT.size, ACCESS_LOCAL_WRITE)
     go_ahead = conn.mr(ADVERT.size, 0)  # zeros, as rping's never-filled send_buf
@@ -187,10 +192,13 @@ def _serve_client(listener: cm.Listener, conn: cm.Connection, log: Log, who: str
     log(f"{who} connected on {conn.device}")
     answered = 0
     while True:
+        quiet = None if idle is None else time.monotonic() + idle
         try:
-            source = _advert(conn, recv, None, MAX_SIZE, "the ping's advertisement")
+            source = _advert(conn, recv, quiet, MAX_SIZE, "the ping's advertisement")
         except cm.Disconnected:
             return answered  # the client's way to say it is done
+        except cm.CompletionTimeout:  # cm.wait's, from completions.py
+            raise IbtoolError(f"sent nothing for {idle:g} s (--idle-timeout)") from None
         deadline = time.monotonic() + STEP_TIMEOUT
         conn.post_read(buf, source.size, source.addr, source.rkey)
         conn.wait(cm.IBV_WC_RDMA_READ, deadline, "the RDMA READ of the client's buffer")

@@ -117,7 +117,9 @@ class Flood:
 
 
 def start_server(running, *extra: str):
-    server = running("ping", "--server", *extra)
+    """A server on rxe0 listening on every address, on PORT unless `extra` says --port."""
+    port = () if "--port" in extra else ("--port", str(PORT))
+    server = running("ping", "--server", *port, *extra)
     server.wait_for_lines(lambda lines: any("listening" in line for line in lines), timeout=90)
     return server
 

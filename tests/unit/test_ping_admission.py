@@ -541,3 +541,26 @@ def test_quiet_sessions_back_off_when_others_are_served(roce, monkeypatch):
             c.close()
     # 3 x 1000 a second at most when backed off (measured ~2700); busy-polling ~38000
     assert rate < 6 / ping.BACKOFF_SLEEP, f"three idle sessions polled {rate:.0f} times a second"
+
+
+# -- the rdma_cm servers: serial, but an idle client cannot hold them ------------------------------
+
+
+def test_an_idle_rping_client_is_dropped_after_the_idle_timeout(monkeypatch):
+    from ibtool.rdma import cm, rping
+    from tests.unit import test_rping
+
+    deadlines = []
+
+    class Silent(test_rping.Peer):
+        def wait(self, opcode, deadline, what):
+            if opcode == cm.IBV_WC_RECV and not self.messages:
+                deadlines.append(deadline - time.monotonic())
+                raise cm.CompletionTimeout(f"{what}: no completion before the timeout")
+            return super().wait(opcode, deadline, what)
+
+    peer, lines = Silent([test_rping.ad(64, 0xA000, 0x11), test_rping.ad(64, 0xB000, 0x22)]), []
+    monkeypatch.setattr(cm, "Listener", lambda bind, port: test_rping.Listener(peer))
+    rping.serve("192.168.77.1", 7174, lines.append, max_clients=1, idle=120.0)
+    assert lines[-1] == "client 1 dropped: sent nothing for 120 s (--idle-timeout)"
+    assert 119 < deadlines[0] <= 120  # the wait for a ping is bounded by --idle-timeout
