@@ -564,3 +564,62 @@ def test_an_idle_rping_client_is_dropped_after_the_idle_timeout(monkeypatch):
     rping.serve("192.168.77.1", 7174, lines.append, max_clients=1, idle=120.0)
     assert lines[-1] == "client 1 dropped: sent nothing for 120 s (--idle-timeout)"
     assert 119 < deadlines[0] <= 120  # the wait for a ping is bounded by --idle-timeout
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["127.0.0.1", "--max-sessions", "3"], "--max-sessions is a server option"),
+        (
+            ["--server", "--cm", "--bind", "192.0.2.1", "--allow", "10.0.0.0/8"],
+            "--allow with --cm: the rdma_cm servers serve one client at a time",
+        ),
+        (
+            ["--server", "--compat", "rping", "--bind", "192.0.2.1", "--max-per-source", "2"],
+            "--max-per-source with --compat rping: the rdma_cm servers serve one client at a time",
+        ),
+    ],  # fmt: skip
+)
+def test_limits_where_they_do_not_apply_are_usage_errors(roce, live_roce, argv, said):
+    r = live_roce("ping", *argv)
+    assert (r.code, r.out) == (ExitCode.USAGE, "")
+    assert r.err.startswith(f"ibtool: error: {said} (hint: "), r.err
+
+
+@pytest.mark.parametrize(
+    "option, value, said",
+    [
+        (
+            "--max-memory",
+            "10K",
+            "must be 1M to 1024G (one largest ping's buffer at least), not 10K",
+        ),
+        ("--max-memory", "lots", "not a size: 'lots' (bytes, or with K, M or G)"),
+        ("--allow", "10.0.0.0/33", "not an IPv4 or IPv6 address or CIDR: '10.0.0.0/33'"),
+        ("--max-sessions", "0", "must be 1 to 65535, not 0"),
+        ("--max-rate", "0", "must be more than 0 and at most 1000000 per second, not 0"),
+    ],
+)
+def test_bad_limits_are_refused_as_the_command_line_is_parsed(live_roce, option, value, said):
+    r = live_roce("ping", "--server", option, value)
+    assert (r.code, r.out) == (ExitCode.USAGE, "")
+    assert r.err.endswith(f"ibtool ping: error: argument {option}: {said}\n"), r.err
+
+
+def test_the_limits_given_reach_the_server(roce, live_roce, monkeypatch):
+    got = {}
+    monkeypatch.setattr(ping, "serve", lambda *a, **kw: got.update(kw))
+    r = live_roce(
+        "ping", "--server", "--max-sessions", "3", "--max-memory", "2G", "--allow",
+        "10.1.2.3/16", "--allow", "fd77::/64", "--idle-timeout", "30",
+    )  # fmt: skip
+    assert r.code == ExitCode.OK, r.err
+    assert got["limits"] == Limits(
+        max_sessions=3,
+        max_memory=2 << 30,
+        idle_timeout=30.0,
+        allow=nets("10.1.0.0/16", "fd77::/64"),
+    )
