@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ibtool.httpserve import HTTPServer, Limits, Request, Response
 
@@ -344,6 +346,63 @@ def test_refused_head_request_gets_no_body(serve):
         status, headers, _ = c.response(head_only=True)
         assert status == 400 and int(headers["content-length"]) > 0
         assert c.closed() and c.buf == b""
+
+
+HEADISH = st.lists(
+    st.sampled_from(
+        [b"GET", b"HEAD", b" ", b"/", b"?a=1", b"%zz", b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0",
+         b"\r\n", b"\n", b"\r", b"Host: x", b":", b"Content-Length: 3", b"Connection: close",
+         b"Transfer-Encoding: chunked", b"\t", b"\x00", b"\xff", b"*", b"http://h/p"]
+    )
+).map(b"".join)  # fmt: skip
+
+
+REQUESTISH = st.builds(
+    lambda method, target, version, fields, end: (
+        method + b" " + target + b" " + version + end + b"".join(f + end for f in fields) + end
+    ),
+    st.sampled_from([b"GET", b"HEAD", b"OPTIONS", b"POST", b"G\xffT", b""]),
+    st.sampled_from([b"/", b"/?a=1&b", b"/%zz%C3%A9", b"*", b"http://h/p?q", b"h:1", b"/\x00"]),
+    st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0", b"HTTP/1.1 ", b"http/1.1"]),
+    st.lists(
+        st.sampled_from(
+            [b"Host: x", b"Host: y", b"Content-Length: 3", b"Content-Length: x",
+             b"Connection: close", b"Connection: keep-alive", b"Transfer-Encoding: chunked",
+             b" folded", b"Bad Name: 1", b"X: \x7f", b"X:", b"X: \xe9"]
+        ),
+        max_size=5,
+    ),
+    st.sampled_from([b"\r\n", b"\n"]),
+)  # fmt: skip
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    data=st.one_of(
+        REQUESTISH,
+        st.lists(REQUESTISH, min_size=2, max_size=3).map(b"".join),  # pipelined
+        HEADISH,
+        st.binary(max_size=200),
+    )
+)
+def test_any_bytes_get_an_answer_or_a_close_never_a_crash(serve, data):
+    # one server for every example (the fixture is set up once for them all)
+    if not hasattr(serve, "fuzzed"):
+        serve.fuzzed = serve(read_timeout=1.0)
+    server, port = serve.fuzzed
+    c = Client(port, timeout=3.0)
+    c.send(data)
+    c.sock.shutdown(socket.SHUT_WR)  # no more: the server must answer or close now
+    assert c.closed(), data
+    assert not c.buf or c.buf.startswith(b"HTTP/1.1 "), data
+    assert server.stats()["closed"]["error"] == 0
+    assert server.lines == []
+    c.close()
 
 
 def test_bare_lf_line_ends_are_accepted(serve):
