@@ -74,7 +74,7 @@ class Limits:
     write_timeout: float = 10.0
     # requests on one connection, then Connection: close
     keepalive_requests: int = 100
-    # over it: 414 (RFC 9112 3: at least 8000 octets SHOULD be supported)
+    # over it: 414 (RFC 9112 3 recommends supporting request lines of at least 8000 octets)
     max_request_line: int = 8192
     # request line and header fields; over it: 431 (RFC 6585 5)
     max_header_bytes: int = 16384
@@ -897,7 +897,7 @@ class HTTPServer:
         connection = {t.strip().lower() for t in headers.get("connection", "").split(",")}
         if version == "HTTP/1.1":  # RFC 9112 9.3: persistent unless "close"
             keep = "close" not in connection
-        else:  # RFC 9112 9.3 and 9.3.1: HTTP/1.0 only with keep-alive
+        else:  # RFC 9112 9.3 and C.2.2: HTTP/1.0 only with keep-alive
             keep = "keep-alive" in connection and "close" not in connection
         # a body is never read: the connection cannot be used after it (RFC 9112 9.6)
         has_body = "transfer-encoding" in headers or bool(length and length.strip("0"))
