@@ -859,9 +859,10 @@ def make_cert(directory: Path, name: str) -> tuple[Path, Path]:
     return cert, key
 
 
-@pytest.fixture
-def certs(tmp_path):
-    return make_cert(tmp_path, "one"), make_cert(tmp_path, "two")
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("certs")
+    return make_cert(directory, "one"), make_cert(directory, "two")
 
 
 def server_context(cert: Path, key: Path) -> ssl.SSLContext:
