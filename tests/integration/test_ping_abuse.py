@@ -27,11 +27,11 @@ from ibtool.rdma import wire
 pytestmark = pytest.mark.integration
 PORT, PINGPONG_PORT = 18700, 18715
 # The round trip under the flood, against the one measured without it in the same run: the
-# median at most FACTOR times the quiet one, and under BOUND_US whatever the quiet one was
-# (TCG emulation: a quiet median is ~100-300 us for ibtool, ~1-8 ms an iteration for
-# ibv_rc_pingpong).
+# median at most FACTOR times the quiet one (+50 us), and under BOUND_US whatever the quiet
+# one was (measured in the TCG guest: 35 us quiet, 38 us under the flood).
 FACTOR = 3.0
-BOUND_US = 20000.0
+BOUND_US = 2000.0
+STOCK_BOUND_US = 20000.0
 
 
 def res(kind: str, pid: int) -> list[dict]:
@@ -134,12 +134,19 @@ def stop_server(server) -> str:
     return out
 
 
-def native_ping(host: str, *args: str) -> tuple[dict, str]:
+def native_ping(host: str, *args: str, port: int = PORT) -> tuple[dict, str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "ibtool", "-j", "ping", host, "--port", str(PORT), *args],
+        [sys.executable, "-m", "ibtool", "-j", "ping", host, "--port", str(port), *args],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     return (json.loads(proc.stdout) if proc.stdout else {}), proc.stderr
+
+
+def compat_ping(host: str) -> tuple[dict, str]:
+    """ibtool's own ibv_rc_pingpong client against the compat server: the stock protocol,
+    with a round trip per ping (ibv_rc_pingpong reports only their mean)."""
+    return native_ping(host, "--compat", "rc_pingpong", "-s", "64", "-c", "200",
+                       port=PINGPONG_PORT)  # fmt: skip
 
 
 def stock_ping(testbed, n: int = 200) -> float:
@@ -156,30 +163,47 @@ def stock_ping(testbed, n: int = 200) -> float:
     return float(found.group(2))
 
 
+def p99(report: dict) -> float:
+    rtts = sorted(r["rtt_us"] for r in report["replies"] if "rtt_us" in r)
+    return rtts[int(0.99 * (len(rtts) - 1))]
+
+
 def test_real_clients_are_served_through_a_flood(testbed, running):
+    """The medians within FACTOR of the quiet ones (and under BOUND_US), no ping lost. The
+    stock client's figure is a mean, which the guest's two emulated CPUs (two clients and
+    two servers busy-polling, the flood beside them) lengthen through preemption: for it,
+    every iteration done and a mean under STOCK_BOUND_US."""
     native = start_server(running)
     compat = start_server(running, "--compat", "rc_pingpong", "--port", str(PINGPONG_PORT))
     host = testbed["ipv4"]
     quiet, _ = native_ping(host, "-c", "200", "-i", "0")
+    quiet_compat, _ = compat_ping(host)
     quiet_stock = stock_ping(testbed)
-    assert quiet["received"] == 200
+    assert quiet["received"] == quiet_compat["received"] == 200
     with Flood([PORT, PINGPONG_PORT]) as flood:
         loud, err = native_ping(host, "-c", "200", "-i", "0")
+        loud_compat, err_compat = compat_ping(host)
         loud_stock = stock_ping(testbed)
         counts = dict(flood.counts)
-    print(f"native median {quiet['rtt_us']['median']} -> {loud['rtt_us']['median']} us; "
-          f"rc_pingpong {quiet_stock} -> {loud_stock} us/iter; flood {counts}")  # fmt: skip
-    assert (loud["sent"], loud["received"]) == (200, 200), err
-    assert loud["rtt_us"]["median"] <= max(FACTOR * quiet["rtt_us"]["median"], 500.0)
-    assert loud["rtt_us"]["median"] < BOUND_US
-    assert loud_stock <= max(FACTOR * quiet_stock, 500.0) and loud_stock < BOUND_US * 5
+    for name, before, after in (
+        ("native", quiet, loud),
+        ("rc_pingpong", quiet_compat, loud_compat),
+    ):
+        print(f"{name}: median {before['rtt_us']['median']} -> {after['rtt_us']['median']} us, "
+              f"p99 {p99(before)} -> {p99(after)} us")  # fmt: skip
+    print(f"ibv_rc_pingpong: {quiet_stock} -> {loud_stock} us/iter; flood {counts}")
+    for report, said, before in ((loud, err, quiet), (loud_compat, err_compat, quiet_compat)):
+        assert (report["sent"], report["received"]) == (200, 200), said
+        assert report["rtt_us"]["median"] <= FACTOR * before["rtt_us"]["median"] + 50.0
+        assert report["rtt_us"]["median"] < BOUND_US
+    assert loud_stock < STOCK_BOUND_US
     assert counts["garbage"] > 50 and counts["half_open"] > 10
     for server in (native, compat):
         log = stop_server(server).splitlines()
         refused = [line for line in log if line.startswith("refused 127.0.0.1: connection ")]
         # each reason said once (the repeats' count comes a minute later)
         assert 1 <= len(refused) == len(set(refused)) <= 3, log
-        assert sum(" done: " in line for line in log) == 2, log  # both real clients served
+        assert sum(" done: " in line for line in log) == 4 - (server is native) * 2, log
         assert len(log) < 20, log  # no line per connection
 
 
