@@ -303,13 +303,15 @@ def configure_exporter(parser) -> None:
     )
 
 
-def _poller(inv: Invocation, checks: dict, config, warn):
+def _poller(inv: Invocation, checks: dict, config, warn=None):
     """What one poll gives: the health results and every collector's families. The checks keep
-    their baselines in memory, so their counter deltas are per poll interval."""
+    their baselines in memory, so their counter deltas are per poll interval. What cannot be
+    read goes to `warn` (default: the invocation's warnings), which the exporter counts."""
     from ibtool import health, healthstate, metrics
     from ibtool.host import Host
 
     saved = healthstate.Saved()
+    warn = warn or inv.warn
 
     # The running host is read anew at each poll (its caches, such as the VLAN table, would
     # go stale in a long-running process); a capture does not change.
