@@ -11,8 +11,10 @@ Both servers run with their default limits on rxe0, listening on every address. 
 2. the same while a flood comes from 127.0.0.1 at both: 200 idle connections each, half-open
    handshakes (half an ENDPOINT, then nothing) renewed 4 a second, a garbage client every
    10 ms;
-3. the same with 3 idle sessions held on the native server (each a real QP that never pings:
-   the server's polling of them backs off, ping._echo);
+3. the quiet runs again (the guest's two emulated CPUs make a run's figures move: compare
+   within a run), then the native client with 3 idle sessions held on the native server
+   (each a real QP that never pings: the server's polling of them backs off, ping._echo),
+   and the server's CPU while they stay idle;
 4. the servers' threads, open descriptors, resident memory and CPU (from /proc/PID) idle, at
    the worst of the flood and after it;
 5. a client killed with SIGKILL mid-run: how long its QP stays on the server (until `rdma res
@@ -288,16 +290,12 @@ def main() -> int:
             worst["cpu_s"] = proc_stats(pids[name])["cpu_s"] - cpu0[name]
             worst["cpu_pct"] = 100 * worst["cpu_s"] / wall
             stats[f"{name} flood (worst)"] = worst
+        rows += [("quiet again", c, r) for c, r in measure(topo, args.count)]
         held = idle_sessions(3)
-        cpu0n, t1 = proc_stats(native.pid)["cpu_s"], time.monotonic()
         rows.append(("3 idle sessions", *measure(topo, args.count)[0]))
-        busy = 100 * (proc_stats(native.pid)["cpu_s"] - cpu0n) / (time.monotonic() - t1)
-        for s in held:
-            s.close()
-        time.sleep(1)
+        time.sleep(3)  # all three quiet for long now
         cpu0n, t1 = proc_stats(native.pid)["cpu_s"], time.monotonic()
-        held = idle_sessions(3)
-        time.sleep(3)
+        time.sleep(5)
         idle_cpu = 100 * (proc_stats(native.pid)["cpu_s"] - cpu0n) / (time.monotonic() - t1)
         for s in held:
             s.close()
@@ -318,8 +316,7 @@ def main() -> int:
         cpu = f"{s['cpu_pct']:.0f}" if "cpu_pct" in s else "-"
         print(f"{name:<28} {s['threads']:>7} {s['fds']:>5} {s['rss_mib']:>8.1f} {cpu:>6}")
     print()
-    print(f"native server CPU with 3 idle sessions held (no client): {idle_cpu:.0f}%; "
-          f"with them and a client at -i 0: {busy:.0f}%")  # fmt: skip
+    print(f"native server CPU with 3 idle sessions held (no client, quiet 3-8 s): {idle_cpu:.0f}%")
     print(f"a client killed with SIGKILL: its QP gone from the server after {dead:.2f} s")
     print(f"both servers stopped: rdma res shows {res_left()} user objects")
     for name, log in logs.items():

@@ -31,7 +31,7 @@ import ipaddress
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 Clock = Callable[[], float]
@@ -360,7 +360,3 @@ class Admission:
             else:  # spent now for then: the next caller waits behind it
                 bucket.tokens -= 1.0
             return wait
-
-
-def networks(texts: Iterable[str]) -> tuple:
-    return tuple(parse_network(t) for t in texts)

@@ -4,6 +4,10 @@ The TCP connection carries the out-of-band exchange (wire.py) and stays open for
 session: the client's ENDPOINT message (re)builds the server's QP, so a QP that died (link
 down past the retry budget) is replaced without restarting either side. Both sides busy-poll
 their CQ while connected, as ibv_rc_pingpong does by default: latency, not CPU, is the point.
+
+The server faces the network: one thread reads every client's first message through a
+selector and admits it within the limits of admission.py; each admitted session runs in a
+thread of its own (the server section below says why).
 """
 
 from __future__ import annotations
@@ -246,6 +250,8 @@ def _completion_queue(ladder: Ladder, mode: wire.Mode, stamped: bool = False):
 MAX_PENDING = 64  # handshakes read at once; past it the oldest is dropped
 QUIET_AFTER = 0.05  # s without a ping before a session's polling backs off (if not alone)
 BACKOFF_SLEEP = 0.001  # s slept between two polls of a quiet session
+LONG_QUIET = 2.0  # s without a ping after which it sleeps LONG_SLEEP between polls instead
+LONG_SLEEP = 0.005
 REFUSAL_LINGER = 1.0  # s a refused client has to read why before its connection is closed
 # TCP keepalive on every accepted connection (tcp(7): TCP_KEEPIDLE, TCP_KEEPINTVL,
 # TCP_KEEPCNT): a client host that vanished is noticed within 10 + 5 * 3 s of silence.
@@ -784,9 +790,10 @@ def _echo(
 
     Several sessions in one process fight for the GIL when each busy-polls: when `crowded()`
     says another session runs, a session quiet for QUIET_AFTER polls once per BACKOFF_SLEEP
-    (time.sleep releases the GIL), and busy-polls again from its next ping on. The cost:
-    the first ping after a quiet period waits up to BACKOFF_SLEEP (1 ms) more; a session
-    alone busy-polls as before.
+    (time.sleep releases the GIL), once per LONG_SLEEP when quiet for LONG_QUIET, and
+    busy-polls again from its next ping on. The cost: the first ping after a pause waits up
+    to 1 ms more (a pause under 2 s: `-i 1`), 5 ms after a longer one; a session alone
+    busy-polls as before. An idle session wakes 200 times a second, not millions.
     """
     session.answered = answered = 0
     seen = -1
@@ -823,7 +830,7 @@ def _echo(
                 return None, answered
             if crowded is not None and now - last > QUIET_AFTER and crowded():
                 polls = BACKOFF_ROUND
-                time.sleep(BACKOFF_SLEEP)
+                time.sleep(BACKOFF_SLEEP if now - last < LONG_QUIET else LONG_SLEEP)
             continue
         if rc:
             raise poll_failed(rc)
