@@ -262,6 +262,9 @@ class Idle(IbtoolError):
     """The client sent nothing for --idle-timeout seconds."""
 
 
+REFUSED = "peer says: refused: "  # a server's refusal as its client's PeerError shows it
+
+
 class RefusedError(IbtoolError):
     """A limit refused the client's request (admission.py has logged it, once a source and
     interval): the client is told, the log says no more."""
@@ -941,6 +944,17 @@ class Client:
                 wire.send(self.conn, wire.encode_error(e.message))  # the server waits for a retry
                 raise
             wire.send(self.conn, wire.encode(wire.MessageType.READY))
+        except wire.PeerError as e:
+            session.close()
+            if e.message.startswith(REFUSED):
+                # A limit of the server turned this client away and it closes the connection:
+                # no retry can succeed, the run ends with the server's reason.
+                raise SessionEnded(
+                    e.message,
+                    f"the ping server at {self.server} limits its clients (ibtool-ping(8), "
+                    "LIMITS): try again later, or ask its operator",
+                ) from None
+            raise
         except BaseException as e:
             session.close()
             if isinstance(e, wire.ProtocolError) and e.hint is None:

@@ -393,12 +393,16 @@ def test_a_second_client_over_max_per_source_is_told_why(roce, monkeypatch, live
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as first:
             first.sendall(endpoint())
             wire.receive(first, 10, wire.MessageType.ENDPOINT)
-            r = live_roce("ping", "127.0.0.1", "--port", str(server.port), "-c", "1")
+            r = live_roce("ping", "127.0.0.1", "--port", str(server.port), "-c", "3")
         assert r.code == ExitCode.FAILED
-        assert r.err.startswith(
-            "ibtool: warning: seq=1 lost: peer says: refused: 1 connection from 127.0.0.1 "
-            "already, the most --max-per-source 1 allows\n"
-        ), r.err
+        reason = (
+            "peer says: refused: 1 connection from 127.0.0.1 already, the most "
+            "--max-per-source 1 allows"
+        )
+        assert r.err.startswith(f"ibtool: warning: seq=1 lost: {reason}\n"), r.err
+        # No retry can pass: the run ends with the server's reason, not a closed connection.
+        assert f"ibtool: error: {reason} (hint: the ping server at " in r.err, r.err
+        assert "seq=2" not in r.err and "closed" not in r.err, r.err
 
 
 def test_a_huge_ping_is_refused_before_any_memory_is_registered(roce, monkeypatch):
