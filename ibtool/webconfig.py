@@ -518,6 +518,7 @@ def _duration(r: _Reader, text: str, node: Any) -> float:
 
 
 def _load_tls(r: _Reader, config: WebConfig, node: Any, base: str) -> None:
+    """tls_server_config: every key checked, then the SSLContext built from them."""
     t = r.mapping(node, "tls_server_config", _TLS_KEYS) or {}
     config.tls = True
 
@@ -531,6 +532,62 @@ def _load_tls(r: _Reader, config: WebConfig, node: Any, base: str) -> None:
 
     cert_file, key_file, ca_file = file("cert_file"), file("key_file"), file("client_ca_file")
     cert, key, ca = s("cert"), s("key"), s("client_ca")
+    _check_sources(r, t, node, s)
+    verify_mode = _client_auth(r, t, s("client_auth_type"), bool(ca_file or ca))
+    sans = r.strings(t.get("client_allowed_sans"), "tls_server_config.client_allowed_sans")
+    if sans is not None:
+        if verify_mode != ssl.CERT_REQUIRED:
+            r.fail(
+                "tls_server_config.client_allowed_sans",
+                "needs client_auth_type RequireAndVerifyClientCert",
+                t["client_allowed_sans"],
+                "only a verified client certificate's names mean anything",
+            )
+        config.client_allowed_sans = [v for v, _ in sans]
+    versions = _versions(r, t, s)
+    ciphers = _ciphers(r, t, versions[0])
+    curves = _curves(r, t)
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.options |= ssl.OP_NO_COMPRESSION
+    # web/tls_config.go getConfig: prefer_server_cipher_suites defaults to true
+    if r.boolean(
+        t.get("prefer_server_cipher_suites"), "tls_server_config.prefer_server_cipher_suites", True
+    ):
+        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    else:
+        ctx.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+    with warnings.catch_warnings():  # TLSv1 and TLSv1_1 are deprecated names from Python 3.10
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ctx.minimum_version, ctx.maximum_version = versions
+    if ciphers:
+        try:
+            ctx.set_ciphers(":".join(ciphers))
+        except ssl.SSLError as e:
+            r.fail(
+                "tls_server_config.cipher_suites",
+                f"OpenSSL takes none of them ({_reason(e)})",
+                t["cipher_suites"],
+            )
+    if curves:
+        try:
+            ctx.set_ecdh_curve(_CURVES[curves[0]])
+        except (ssl.SSLError, ValueError) as e:
+            r.fail(
+                "tls_server_config.curve_preferences",
+                f"OpenSSL refuses {curves[0]} ({_reason(e)})",
+                t["curve_preferences"],
+            )
+    _load_chain(r, ctx, t, cert_file, key_file, cert, key)
+    ctx.verify_mode = verify_mode
+    if ca_file or ca:
+        _load_client_ca(r, ctx, t, ca_file, ca)
+    config._files = [f for f in (cert_file, key_file, ca_file) if f]
+    config._context = ctx
+
+
+def _check_sources(r: _Reader, t: dict[str, Any], node: Any, s: Callable[[str], str]) -> None:
+    """A certificate and a key, each inline or from a file, never both ways."""
     for inline, named in (
         ("cert", "cert_file"),
         ("key", "key_file"),
@@ -543,14 +600,16 @@ def _load_tls(r: _Reader, config: WebConfig, node: Any, base: str) -> None:
                 t[inline],
                 f"give the PEM text inline ({inline}) or a file ({named}), not both",
             )
-    if not cert_file and not cert:
+    if not s("cert_file") and not s("cert"):
         r.fail("tls_server_config", "cert_file is missing", node, "the server's certificate, PEM")
-    if not key_file and not key:
+    if not s("key_file") and not s("key"):
         r.fail(
             "tls_server_config", "key_file is missing", node, "the private key of cert_file, PEM"
         )
 
-    auth_name = s("client_auth_type")
+
+def _client_auth(r: _Reader, t: dict[str, Any], auth_name: str, has_ca: bool) -> ssl.VerifyMode:
+    """client_auth_type as ssl's verify mode, consistent with the client CA."""
     if auth_name in _UNVERIFIED_CLIENT_AUTH:
         r.fail(
             "tls_server_config.client_auth_type",
@@ -567,7 +626,7 @@ def _load_tls(r: _Reader, config: WebConfig, node: Any, base: str) -> None:
             "one of NoClientCert, VerifyClientCertIfGiven, RequireAndVerifyClientCert",
         )
     verify_mode = _CLIENT_AUTH[auth_name]
-    if verify_mode == ssl.CERT_NONE and (ca_file or ca):
+    if verify_mode == ssl.CERT_NONE and has_ca:
         # web/tls_config.go: "client CA's have been configured without a Client Auth Policy"
         r.fail(
             "tls_server_config.client_ca_file",
@@ -575,7 +634,7 @@ def _load_tls(r: _Reader, config: WebConfig, node: Any, base: str) -> None:
             t.get("client_ca_file") or t.get("client_ca"),
             "set client_auth_type: RequireAndVerifyClientCert (or VerifyClientCertIfGiven)",
         )
-    if verify_mode != ssl.CERT_NONE and not (ca_file or ca):
+    if verify_mode != ssl.CERT_NONE and not has_ca:
         # Go would verify against the system's roots: any publicly issued certificate would do
         r.fail(
             "tls_server_config.client_ca_file",
@@ -583,18 +642,13 @@ def _load_tls(r: _Reader, config: WebConfig, node: Any, base: str) -> None:
             " the CA that issues client certificates",
             t["client_auth_type"],
         )
+    return verify_mode
 
-    sans = r.strings(t.get("client_allowed_sans"), "tls_server_config.client_allowed_sans")
-    if sans is not None:
-        if verify_mode != ssl.CERT_REQUIRED:
-            r.fail(
-                "tls_server_config.client_allowed_sans",
-                "needs client_auth_type RequireAndVerifyClientCert",
-                t["client_allowed_sans"],
-                "only a verified client certificate's names mean anything",
-            )
-        config.client_allowed_sans = [v for v, _ in sans]
 
+def _versions(
+    r: _Reader, t: dict[str, Any], s: Callable[[str], str]
+) -> tuple[ssl.TLSVersion, ssl.TLSVersion]:
+    """min_version and max_version (default TLS12 to TLS13, as web/tls_config.go)."""
     versions = {}
     for name, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
         value = s(name) or default
@@ -612,7 +666,11 @@ def _load_tls(r: _Reader, config: WebConfig, node: Any, base: str) -> None:
             f"{versions['min_version']} is above max_version {versions['max_version']}",
             t.get("min_version") or t.get("max_version"),
         )
+    return _VERSIONS[versions["min_version"]], _VERSIONS[versions["max_version"]]
 
+
+def _ciphers(r: _Reader, t: dict[str, Any], minimum: ssl.TLSVersion) -> list[str]:
+    """cipher_suites in Go's names as OpenSSL's (TLS 1.2; TLS 1.3's are fixed, as in Go)."""
     ciphers: list[str] = []
     suites = r.strings(t.get("cipher_suites"), "tls_server_config.cipher_suites") or []
     for i, (name, item) in enumerate(suites):
@@ -625,14 +683,18 @@ def _load_tls(r: _Reader, config: WebConfig, node: Any, base: str) -> None:
                 item,
                 "Go's names of the ECDHE suites, e.g. TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
             )
-    if suites and not ciphers and _VERSIONS[versions["min_version"]] < ssl.TLSVersion.TLSv1_3:
+    if suites and not ciphers and minimum < ssl.TLSVersion.TLSv1_3:
         r.fail(
             "tls_server_config.cipher_suites",
             "names TLS 1.3 suites only, which are not configurable: TLS 1.2 would have none",
             t["cipher_suites"],
             "add TLS 1.2 suites, or set min_version: TLS13",
         )
+    return ciphers
 
+
+def _curves(r: _Reader, t: dict[str, Any]) -> list[str]:
+    """curve_preferences: one NIST curve at most, the one ssl's set_ecdh_curve takes."""
     curves = r.strings(t.get("curve_preferences"), "tls_server_config.curve_preferences") or []
     for i, (name, item) in enumerate(curves):
         if name not in _CURVES:
@@ -656,63 +718,28 @@ def _load_tls(r: _Reader, config: WebConfig, node: Any, base: str) -> None:
             t["curve_preferences"],
             "name one curve, or remove curve_preferences to let OpenSSL offer its defaults",
         )
+    return [name for name, _ in curves]
 
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.options |= ssl.OP_NO_COMPRESSION
-    # web/tls_config.go getConfig: prefer_server_cipher_suites defaults to true
-    if r.boolean(
-        t.get("prefer_server_cipher_suites"), "tls_server_config.prefer_server_cipher_suites", True
-    ):
-        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
-    else:
-        ctx.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
-    with warnings.catch_warnings():  # TLSv1 and TLSv1_1 are deprecated names from Python 3.10
-        warnings.simplefilter("ignore", DeprecationWarning)
-        ctx.minimum_version = _VERSIONS[versions["min_version"]]
-        ctx.maximum_version = _VERSIONS[versions["max_version"]]
-    if ciphers:
-        try:
-            ctx.set_ciphers(":".join(ciphers))
-        except ssl.SSLError as e:
-            r.fail(
-                "tls_server_config.cipher_suites",
-                f"OpenSSL takes none of them ({_reason(e)})",
-                t["cipher_suites"],
-            )
-    if curves:
-        try:
-            ctx.set_ecdh_curve(_CURVES[curves[0][0]])
-        except (ssl.SSLError, ValueError) as e:
-            r.fail(
-                "tls_server_config.curve_preferences",
-                f"OpenSSL refuses {curves[0][0]} ({_reason(e)})",
-                t["curve_preferences"],
-            )
 
-    _load_chain(r, ctx, t, cert_file, key_file, cert, key)
-    ctx.verify_mode = verify_mode
-    if ca_file or ca:
-        ca_name = "client_ca_file" if ca_file else "client_ca"
-        ca_desc = f"{ca_file}: " if ca_file else ""
-        try:
-            if ca_file:
-                ctx.load_verify_locations(cafile=_readable(r, ca_file, "client_ca_file", t))
-            else:
-                ctx.load_verify_locations(cadata=ca)
-        except ssl.SSLError as e:
-            r.fail(
-                f"tls_server_config.{ca_name}",
-                f"{ca_desc}no PEM certificate in it ({_reason(e)})",
-                t.get(ca_name),
-            )
-        except OSError as e:  # replaced between _readable() and here
-            r.fail(f"tls_server_config.{ca_name}", f"{ca_desc}{e.strerror or e}", t.get(ca_name))
-        if not ctx.cert_store_stats()["x509"]:  # get_ca_certs() would skip a non-CA one
-            r.fail(
-                f"tls_server_config.{ca_name}", f"{ca_desc}no PEM certificate in it", t.get(ca_name)
-            )
-    config._files = [f for f in (cert_file, key_file, ca_file) if f]
-    config._context = ctx
+def _load_client_ca(r: _Reader, ctx: ssl.SSLContext, t: dict[str, Any], ca_file: str, ca: str):
+    """The CA client certificates are verified against, from its file or inline."""
+    ca_name = "client_ca_file" if ca_file else "client_ca"
+    ca_desc = f"{ca_file}: " if ca_file else ""
+    try:
+        if ca_file:
+            ctx.load_verify_locations(cafile=_readable(r, ca_file, "client_ca_file", t))
+        else:
+            ctx.load_verify_locations(cadata=ca)
+    except ssl.SSLError as e:
+        r.fail(
+            f"tls_server_config.{ca_name}",
+            f"{ca_desc}no PEM certificate in it ({_reason(e)})",
+            t.get(ca_name),
+        )
+    except OSError as e:  # replaced between _readable() and here
+        r.fail(f"tls_server_config.{ca_name}", f"{ca_desc}{e.strerror or e}", t.get(ca_name))
+    if not ctx.cert_store_stats()["x509"]:  # get_ca_certs() would skip a non-CA one
+        r.fail(f"tls_server_config.{ca_name}", f"{ca_desc}no PEM certificate in it", t.get(ca_name))
 
 
 def _readable(r: _Reader, path: str, name: str, t: dict[str, Any]) -> str:
