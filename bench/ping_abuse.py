@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ibtool.rdma import wire  # noqa: E402
+from tests.fixtures.flood import Flood  # noqa: E402
 
 PORT, PINGPONG_PORT = 18800, 18815
 IBTOOL = [sys.executable, "-m", "ibtool"]
@@ -85,73 +86,6 @@ class Sampler(threading.Thread):
         self.done.set()
         self.join(10)
         return self.worst
-
-
-class Flood:
-    """As tests/integration/test_ping_abuse.py's: idle, half-open and garbage from 127.0.0.1."""
-
-    def __init__(self, ports, idle: int = 200, half_open: int = 20, pace: float = 0.01):
-        self.ports, self.idle, self.half_open, self.pace = ports, idle, half_open, pace
-        self.done = threading.Event()
-        self.held: list[socket.socket] = []
-        self.counts = {"idle": 0, "half_open": 0, "garbage": 0}
-        self.threads = [threading.Thread(target=f, daemon=True) for f in (self._hold, self._junk)]
-
-    def _connect(self, port: int):
-        try:
-            return socket.create_connection(("127.0.0.1", port), timeout=5)
-        except OSError:
-            return None
-
-    def _hold(self) -> None:
-        for _ in range(self.idle):
-            for port in self.ports:
-                s = self._connect(port)
-                if s is not None:
-                    self.held.append(s)
-                    self.counts["idle"] += 1
-        half = endpoint(64)[:20]
-        while not self.done.is_set():
-            for port in self.ports:
-                s = self._connect(port)
-                if s is not None:
-                    try:
-                        s.sendall(half)
-                    except OSError:
-                        pass
-                    self.held.append(s)
-                    self.counts["half_open"] += 1
-            self.done.wait(5.0 / self.half_open)
-
-    def _junk(self) -> None:
-        junk = [b"GET / HTTP/1.0\r\n\r\n", b"\x00" * 64, b"IBTP\x07\x01\x00\x08xxxxxxxx"]
-        n = 0
-        while not self.done.is_set():
-            for port in self.ports:
-                s = self._connect(port)
-                if s is not None:
-                    with s:
-                        try:
-                            s.sendall(junk[n % len(junk)])
-                        except OSError:
-                            pass
-                    self.counts["garbage"] += 1
-            n += 1
-            self.done.wait(self.pace)
-
-    def __enter__(self):
-        for t in self.threads:
-            t.start()
-        while self.counts["idle"] < self.idle * len(self.ports) // 2:
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.done.set()
-        for t in self.threads:
-            t.join(60)
-        for s in self.held:
-            s.close()
 
 
 def endpoint(size: int, qpn: int = 0x99, ipv4: str = "127.0.0.1") -> bytes:

@@ -17,12 +17,11 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
 from ibtool.rdma import wire
+from tests.fixtures.flood import Flood
 
 pytestmark = pytest.mark.integration
 PORT, PINGPONG_PORT = 18700, 18715
@@ -47,77 +46,6 @@ def res(kind: str) -> list[dict]:
 
 def leftovers() -> dict[str, int]:
     return {kind: len(res(kind)) for kind in ("qp", "cq", "mr", "pd")}
-
-
-class Flood:
-    """Idle connections held open, half-open handshakes (half an ENDPOINT, then nothing)
-    renewed as they are dropped, and garbage clients one every `pace` seconds, all from
-    127.0.0.1, at each of `ports`, until stop()."""
-
-    def __init__(self, ports, idle: int = 200, half_open: int = 20, pace: float = 0.01):
-        self.ports, self.idle, self.half_open, self.pace = ports, idle, half_open, pace
-        self.done = threading.Event()
-        self.held: list[socket.socket] = []
-        self.counts = {"idle": 0, "half_open": 0, "garbage": 0}
-        self.threads = [threading.Thread(target=f, daemon=True) for f in (self._hold, self._junk)]
-
-    def _connect(self, port: int) -> socket.socket | None:
-        try:
-            return socket.create_connection(("127.0.0.1", port), timeout=5)
-        except OSError:
-            return None
-
-    def _hold(self) -> None:
-        for _ in range(self.idle):
-            for port in self.ports:
-                s = self._connect(port)
-                if s is not None:
-                    self.held.append(s)
-                    self.counts["idle"] += 1
-        half = wire.encode_endpoint(
-            wire.Endpoint(0x99, 1, 0, 3, bytes(15) + b"\x01", 0x1000, 1, 64, wire.Mode.SEND)
-        )[:20]
-        while not self.done.is_set():
-            for port in self.ports:
-                s = self._connect(port)
-                if s is not None:
-                    try:
-                        s.sendall(half)
-                    except OSError:
-                        pass
-                    self.held.append(s)
-                    self.counts["half_open"] += 1
-            self.done.wait(5.0 / self.half_open)
-
-    def _junk(self) -> None:
-        junk = [b"GET / HTTP/1.0\r\n\r\n", b"\x00" * 64, b"IBTP\x07\x01\x00\x08xxxxxxxx"]
-        n = 0
-        while not self.done.is_set():
-            for port in self.ports:
-                s = self._connect(port)
-                if s is not None:
-                    with s:
-                        try:
-                            s.sendall(junk[n % len(junk)])
-                        except OSError:
-                            pass
-                    self.counts["garbage"] += 1
-            n += 1
-            self.done.wait(self.pace)
-
-    def __enter__(self) -> Flood:
-        for t in self.threads:
-            t.start()
-        while self.counts["idle"] < self.idle * len(self.ports) // 2:  # well under way
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.done.set()
-        for t in self.threads:
-            t.join(60)
-        for s in self.held:
-            s.close()
 
 
 def start_server(running, *extra: str):
