@@ -9,7 +9,21 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
+
+# Bytes, or with a K, M or G suffix (powers of 1024, "64M", "64MiB", "64 mb"); at most 15
+# digits, so no text turns into an integer too long to convert or to use.
+_SIZE = re.compile(r"\s*(\d{1,15})\s*([kmg]?)(i?b?)?\s*", re.IGNORECASE)
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes, with an optional K, M or G suffix (powers of 1024: 64M is 64 MiB)."""
+    found = _SIZE.fullmatch(text)
+    if not found:
+        raise ValueError(f"not a size: {text!r} (bytes, or with K, M or G)")
+    return int(found.group(1)) * SIZE_UNITS[found.group(2).upper()]
 
 
 def _show(value: float) -> str:

@@ -7,11 +7,9 @@ one."""
 from __future__ import annotations
 
 import dataclasses
-import re
 
+from ibtool.argtypes import parse_size
 from ibtool.errors import UsageError
-
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,13 +52,15 @@ def parse(settings: list[str] | None) -> Limits:
     for setting in settings or []:
         name, sep, text = setting.partition("=")
         name = name.strip().lower()
-        match = re.fullmatch(r"\s*(\d{1,15})\s*([kKmMgG]?)(i?[bB])?\s*", text)
-        if not sep or name not in NAMES or match is None:
+        try:
+            value = parse_size(text)
+        except ValueError:
+            value = None
+        if not sep or name not in NAMES or value is None:
             raise UsageError(
                 f"--snapshot-limit {setting!r}: give NAME=VALUE",
                 f"NAME is one of {', '.join(NAMES)}; a size may end in K, M or G",
             )
-        value = int(match.group(1)) * _UNITS[match.group(2).lower()]
         if value < 1:
             raise UsageError(f"--snapshot-limit {setting!r}: the limit must be 1 or more")
         values[name] = value

@@ -6,7 +6,7 @@ import argparse
 import contextlib
 
 from ibtool import hookimpl
-from ibtool.argtypes import number
+from ibtool.argtypes import number, parse_size
 from ibtool.commands import Invocation
 from ibtool.errors import CommandFailed, IbtoolError, Terminated, UsageError
 from ibtool.host import parse_selector
@@ -39,7 +39,6 @@ MEMORY = (1 << 20, 1 << 40)  # at least one largest ping's; at most 1 TiB
 
 def _bytes(text: str) -> int:
     """--max-memory: bytes, or with K, M or G (1024-based), in MEMORY."""
-    from ibtool.rdma.admission import parse_size
 
     try:
         value = parse_size(text)

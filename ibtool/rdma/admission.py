@@ -28,11 +28,12 @@ instant, a fresh burst each, no more).
 from __future__ import annotations
 
 import ipaddress
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from ibtool.argtypes import SIZE_UNITS
 
 Clock = Callable[[], float]
 Log = Callable[[str], None]
@@ -71,22 +72,10 @@ def parse_network(text: str):
         raise ValueError(f"not an IPv4 or IPv6 address or CIDR: {text!r}") from None
 
 
-_SIZE = re.compile(r"(\d+)([KMG]?)(i?B?)?", re.IGNORECASE)
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """Bytes, with an optional K, M or G suffix (powers of 1024: 64M is 64 MiB)."""
-    found = _SIZE.fullmatch(text.strip())
-    if not found:
-        raise ValueError(f"not a size: {text!r} (bytes, or with K, M or G)")
-    return int(found.group(1)) * _UNITS[found.group(2).upper()]
-
-
 def show_size(n: int) -> str:
     for unit in ("G", "M", "K"):
-        if n and n % _UNITS[unit] == 0:
-            return f"{n // _UNITS[unit]}{unit}"
+        if n and n % SIZE_UNITS[unit] == 0:
+            return f"{n // SIZE_UNITS[unit]}{unit}"
     return str(n)
 
 

@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from ibtool.argtypes import parse_size
 from ibtool.errors import ExitCode
 from ibtool.rdma import admission, ping, pingpong, wire
 from ibtool.rdma.admission import Admission, Limits, RefusalLog, Refused, TokenBucket
@@ -51,13 +52,13 @@ def nets(*texts: str) -> tuple:
     ],  # fmt: skip
 )
 def test_sizes_take_k_m_g_suffixes(text, value):
-    assert admission.parse_size(text) == value
+    assert parse_size(text) == value
 
 
 @pytest.mark.parametrize("text", ["", "M", "1.5M", "-1", "1T", "ten"])
 def test_what_is_not_a_size_is_refused(text):
     with pytest.raises(ValueError, match="not a size"):
-        admission.parse_size(text)
+        parse_size(text)
 
 
 def test_sizes_are_shown_in_their_largest_whole_unit():
