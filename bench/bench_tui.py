@@ -81,12 +81,12 @@ def mutate(dirs: list[str]) -> None:
 
 def serve(root: str, ready: str) -> None:
     """The dashboard, as `ibtool tui` runs it on a live host, on the tree."""
-    from ibtool import healthstate
-    from ibtool.feed import Feed
-    from ibtool.healthconfig import HealthConfig
-    from ibtool.hooks import health_checks
+    from ibtool.health.config import HealthConfig
+    from ibtool.health import state as healthstate
     from ibtool.host import Host
-    from ibtool.plugins import build_plugins
+    from ibtool.live.feed import Feed
+    from ibtool.plugin.hooks import health_checks
+    from ibtool.plugin.manager import build_plugins
     from ibtool.tui.app import Dashboard
 
     feed = Feed(

@@ -1,4 +1,4 @@
-"""The types of the plugin API (see ibtool.hookspecs): health results and metric families.
+"""The types of the plugin API (see ibtool.plugin.hookspecs): health results and metric families.
 
 Plain dataclasses and enums, cheap to import: a plugin module imports this at its top. Every
 constructor validates its input and raises ValueError on a bad name, unit or value; that is a
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 if TYPE_CHECKING:
-    from ibtool.feed import Feed
     from ibtool.host import Host
+    from ibtool.live.feed import Feed
 
 
 # -- health -----------------------------------------------------------------------------------
@@ -207,7 +207,7 @@ class CheckContext:
     can tell a baseline taken before a reboot; `stateful` is false when nothing is kept
     (``--no-state``, a capture). `options` is the check's own table of the
     configuration file (``[checks.NAME]``), `config` the whole parsed configuration
-    (ibtool.healthconfig.HealthConfig). `datapath` is true when the user asked for the tests
+    (ibtool.health.config.HealthConfig). `datapath` is true when the user asked for the tests
     that move data (``--datapath``), and `deadline` is the time.monotonic() by which they
     should be done.
     """
@@ -326,7 +326,7 @@ class MetricFamily:
 
 MetricCollector = Callable[["Host"], Iterable[MetricFamily]]
 
-# A panel factory gets the dashboard's ibtool.feed.Feed and returns a textual.widget.Widget;
+# A panel factory gets the dashboard's ibtool.live.feed.Feed and returns a textual.widget.Widget;
 # Any keeps textual out of this module.
 PanelFactory = Callable[["Feed"], Any]
 

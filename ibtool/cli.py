@@ -11,9 +11,10 @@ import traceback
 from collections.abc import Iterable, Sequence
 from typing import TextIO
 
-from ibtool import __version__, render
-from ibtool.commands import CommandRegistry, Invocation
+from ibtool import __version__
 from ibtool.errors import ExitCode, IbtoolError, OutputError, Terminated, UsageError
+from ibtool.plugin.commands import CommandRegistry, Invocation
+from ibtool.views import render
 
 PROG = "ibtool"
 
@@ -118,7 +119,7 @@ def _register_commands(plugins, registry: CommandRegistry, warn) -> None:
     (CommandRegistry)."""
     import io
 
-    from ibtool.plugins import fault
+    from ibtool.plugin.manager import fault
 
     registry.warn = warn
     registry.builtin = plugins.builtin
@@ -175,7 +176,7 @@ def _plugins_command(registry: CommandRegistry, plugins) -> None:
 def _snapshot_limits(settings: list[str] | None):
     if not settings:
         return None
-    from ibtool import snaplimits
+    from ibtool.snapshot import limits as snaplimits
 
     return snaplimits.parse(settings)
 
@@ -183,7 +184,7 @@ def _snapshot_limits(settings: list[str] | None):
 def _replayed_answer_unusable(e: Exception) -> IbtoolError | None:
     """A snapshot is untrusted input: what a command could not make of an answer it replayed
     is the file's damage (exit 7), not a bug of ibtool's (70)."""
-    snapshot = sys.modules.get("ibtool.snapshot")
+    snapshot = sys.modules.get("ibtool.snapshot.save")
     return None if snapshot is None else snapshot.answer_unusable(e)
 
 
@@ -281,7 +282,7 @@ def _main(argv: list[str], plugins: Iterable[object], out: _Stdout, err: TextIO)
         return ExitCode.OK
     try:
         argv, blocked = split_plugin_blocks(argv)
-        from ibtool.plugins import build_plugins
+        from ibtool.plugin.manager import build_plugins
 
         loaded = build_plugins(blocked=blocked, extra=plugins, warn=warn)
         registry = CommandRegistry()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ibtool.errors import DataError, IbtoolError, NotFoundError, NotLiveError, UsageError
-from ibtool.model import CounterSample, Device, Gid, LinkLayer, PKey, Port
+from ibtool.model.records import CounterSample, Device, Gid, LinkLayer, PKey, Port
 from ibtool.sources.sysfs import PORT_DETAILS, PORT_FIELDS, PORT_NETDEV, SysfsSource
 
 # What `ibtool port` shows without -d: state, rate, LIDs and the netdev, all from sysfs.
@@ -74,7 +74,7 @@ class Host:
         self.sysfs = sysfs or SysfsSource(root, self.warn)
         self._netlink = None
         if netlink is not None or self.live:
-            from ibtool.session import NetlinkSession, open_nldev
+            from ibtool.sources.netlink.session import NetlinkSession, open_nldev
 
             self._netlink = NetlinkSession(netlink or open_nldev, self)
         self._open_verbs = verbs if verbs is not None or not self.live else open_verbs
@@ -137,6 +137,24 @@ class Host:
                 have = ", ".join(f"{name}/{p}" for p in ports) or "none"
                 raise NotFoundError(f"{name} has no port {port}", f"ports of {name}: {have}")
         return [(name, port)]
+
+    # -- names -------------------------------------------------------------------------------
+
+    def device_names(self) -> list[str]:
+        """The RDMA devices' names, in natural order (mlx5_2 before mlx5_10)."""
+        return self.sysfs.device_names()
+
+    def port_numbers(self, device: str) -> list[int]:
+        """The port numbers of `device`, in order."""
+        return self.sysfs.port_numbers(device)
+
+    def port(self, device: str, port: int, fields: tuple[str, ...] | None = None) -> Port:
+        """One port as sysfs shows it, with `fields` only (default: every field sysfs has)."""
+        return self.sysfs.port(device, port, fields)
+
+    def vlans(self) -> dict[str, tuple[int, str]]:
+        """VLAN netdev -> (VLAN id, lower netdev), for the GID rule's VLAN match."""
+        return self.sysfs.vlans()
 
     # -- records -----------------------------------------------------------------------------
 
@@ -219,7 +237,7 @@ class Host:
     def roce_gid_index(self, device: str, port: int) -> int | None:
         """The GID index the data path uses on a RoCE port (the `gids --best` rule), or None
         for an InfiniBand port, which is addressed by LID."""
-        from ibtool.gidrule import best_gid
+        from ibtool.model.gidrule import best_gid
 
         p = self.sysfs.port(device, port, ("link_layer", "netdev"))
         if p.link_layer != LinkLayer.ETHERNET:

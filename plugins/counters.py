@@ -8,13 +8,15 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from ibtool import counterinfo, hookimpl, render
+from ibtool import hookimpl
 from ibtool.api import HealthResult, MetricFamily, Status
 from ibtool.argtypes import number
-from ibtool.commands import Invocation, selector
 from ibtool.errors import NotFoundError, UsageError
-from ibtool.model import CounterSample
-from ibtool.rates import Sampler, counter_delta, is_saturated
+from ibtool.model import counters as counterinfo
+from ibtool.model.rates import Sampler, counter_delta, is_saturated
+from ibtool.model.records import CounterSample
+from ibtool.plugin.commands import Invocation, selector
+from ibtool.views import render
 
 ACTIONS = ("optional", "enable", "disable")
 USAGE = (
@@ -150,7 +152,7 @@ def _ports(inv: Invocation, sel: str | None) -> list[tuple[str, int]]:
     return [
         (name, p)
         for name, port in inv.host.select(sel)
-        for p in ([port] if port is not None else inv.host.sysfs.port_numbers(name))
+        for p in ([port] if port is not None else inv.host.port_numbers(name))
     ]
 
 

@@ -3,9 +3,10 @@ each field under -j) and adds capabilities through verbs."""
 
 from __future__ import annotations
 
-from ibtool import hookimpl, render
-from ibtool.commands import Invocation, add_selector, selector
-from ibtool.model import Device, Protocol
+from ibtool import hookimpl
+from ibtool.model.records import Device, Protocol
+from ibtool.plugin.commands import Invocation, add_selector, selector
+from ibtool.views import render
 
 FIELDS = [
     render.Field("ifname", lambda d: d.name, label="", text=lambda v: f"{v}:"),

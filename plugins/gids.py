@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from ibtool import hookimpl, render
+from ibtool import hookimpl
 from ibtool.argtypes import number
-from ibtool.commands import Invocation, add_selector, selector
 from ibtool.errors import UsageError
-from ibtool.gidrule import as_ip, best_gid
-from ibtool.model import Gid, GidType
+from ibtool.model.gidrule import as_ip, best_gid
+from ibtool.model.records import Gid, GidType
+from ibtool.plugin.commands import Invocation, add_selector, selector
+from ibtool.views import render
 
 FIELDS = [
     render.Field("ifname", lambda g: g.device, header="DEV"),
@@ -64,7 +65,7 @@ def run(inv: Invocation) -> int | None:
         ports = {(p.device, p.port): p for p in inv.host.ports(sel, BEST_PORT_FIELDS)}
         gids = _filtered(inv.host.gids(sel), inv.args)
         iwarp = frozenset(d for d in {p.device for p in ports.values()} if inv.host.is_iwarp(d))
-        g = best_gid(gids, ports, inv.host.sysfs.vlans(), inv.args.best, iwarp)
+        g = best_gid(gids, ports, inv.host.vlans(), inv.args.best, iwarp)
         if inv.json:
             inv.emit_json(render.record_json(g, FIELDS, inv.details))
         else:

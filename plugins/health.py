@@ -12,8 +12,8 @@ import time
 from ibtool import hookimpl
 from ibtool.api import Status
 from ibtool.argtypes import number
-from ibtool.commands import Invocation
 from ibtool.errors import IbtoolError, UsageError
+from ibtool.plugin.commands import Invocation
 
 LOCK_WAIT = 30.0
 # An hour bounds both: a lock held longer is a run that hangs (cron has started 60 more), and
@@ -116,7 +116,7 @@ def _selected(checks: dict, wanted: list[str], skipped: list[str], config, warn)
 
 
 def _state_path(inv: Invocation) -> str | None:
-    from ibtool import healthstate
+    from ibtool.health import state as healthstate
 
     if inv.args.no_state:
         return None
@@ -128,7 +128,8 @@ def _state_path(inv: Invocation) -> str | None:
 
 
 def _report(inv: Invocation, checks: dict, config):
-    from ibtool import health, healthstate
+    from ibtool.health import run as health
+    from ibtool.health import state as healthstate
 
     host = inv.host
     path = _state_path(inv)
@@ -158,7 +159,7 @@ def _counter_names(inv: Invocation):
 
 
 def _load_config(inv: Invocation):
-    from ibtool import healthconfig
+    from ibtool.health import config as healthconfig
 
     explicit = inv.args.config is not None
     return healthconfig.load(
@@ -181,8 +182,8 @@ def _list(inv: Invocation, checks: dict) -> None:
 
 
 def run(inv: Invocation) -> int:
-    from ibtool import health
-    from ibtool.hooks import health_checks
+    from ibtool.health import run as health
+    from ibtool.plugin.hooks import health_checks
 
     if inv.args.print_nhc:
         from importlib import resources
@@ -230,7 +231,7 @@ def run(inv: Invocation) -> int:
 def _slurm(report) -> None:
     """Drains this node when CRITICAL, resumes it when OK or WARNING if ibtool drained it;
     what it did is a note, a failure a fault of the run."""
-    from ibtool import slurm
+    from ibtool.health import slurm
 
     if report.status == Status.UNKNOWN:
         return  # a run that could not decide neither drains nor resumes
@@ -249,7 +250,8 @@ def _textfile(inv: Invocation, report, collect: bool = True) -> None:
     UNKNOWN note of the report, whose results are still printed. A run that failed before its
     checks (`collect` false) writes its UNKNOWN status and why, without the host's metrics:
     node_exporter would otherwise serve the last good run's status as this run's."""
-    from ibtool import health, metrics
+    from ibtool.health import run as health
+    from ibtool.health import textfile as metrics
 
     try:
         families = health.status_families(report)
@@ -268,7 +270,7 @@ def _textfile(inv: Invocation, report, collect: bool = True) -> None:
 
 
 def configure_exporter(parser) -> None:
-    from ibtool.exporter import DEFAULT_PORT, MAX_REQUESTS, MAX_REQUESTS_MAX
+    from ibtool.live.exporter import DEFAULT_PORT, MAX_REQUESTS, MAX_REQUESTS_MAX
 
     parser.add_argument(
         "--listen",
@@ -307,7 +309,9 @@ def _poller(inv: Invocation, checks: dict, config, warn=None):
     """What one poll gives: the health results and every collector's families. The checks keep
     their baselines in memory, so their counter deltas are per poll interval. What cannot be
     read goes to `warn` (default: the invocation's warnings), which the exporter counts."""
-    from ibtool import health, healthstate, metrics
+    from ibtool.health import run as health
+    from ibtool.health import state as healthstate
+    from ibtool.health import textfile as metrics
     from ibtool.host import Host
 
     saved = healthstate.Saved()
@@ -333,13 +337,13 @@ def _poller(inv: Invocation, checks: dict, config, warn=None):
 
 
 def run_exporter(inv: Invocation) -> None:
-    from ibtool import exporter
-    from ibtool.hooks import health_checks
+    from ibtool.live import exporter
+    from ibtool.plugin.hooks import health_checks
 
     listen = exporter.parse_listen(inv.args.listen)
     web = None
     if inv.args.web_config_file is not None:
-        from ibtool import webconfig
+        from ibtool.web import config as webconfig
 
         web = webconfig.Watcher(inv.args.web_config_file, inv.warn)
     config = _load_config(inv)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import ipaddress
 
-from ibtool import hookimpl, render
+from ibtool import hookimpl
 from ibtool.argtypes import number
-from ibtool.commands import Invocation, selector
 from ibtool.errors import CommandFailed, IbtoolError, UsageError
 from ibtool.host import parse_selector
-from ibtool.model import PortState
+from ibtool.model.records import PortState
+from ibtool.plugin.commands import Invocation, selector
+from ibtool.views import render
 
 # The ranges of the numbers the command line takes, each where it comes from:
 # - IBTA caps a message at 2^31 bytes (a port's max_msg_sz, struct ibv_port_attr, is at most
@@ -117,7 +118,7 @@ def _mcast_source(host, device: str, port: int, gid_index: int | None) -> str | 
             if g.index == gid_index and g.ip:
                 return None if ipaddress.ip_address(g.ip).is_link_local else g.ip
         return None
-    netdev = host.sysfs.port(device, port, ("netdev",)).netdev
+    netdev = host.port(device, port, ("netdev",)).netdev
     return _ipv4_of(netdev) if netdev else None
 
 
@@ -163,8 +164,8 @@ def run(inv: Invocation) -> int:
     pairs = inv.host.select(sel)
     device = pairs[0][0]
     port = parse_selector(sel)[1] if sel else None
-    port = port or inv.host.sysfs.port_numbers(device)[0]
-    state = inv.host.sysfs.port(device, port)
+    port = port or inv.host.port_numbers(device)[0]
+    state = inv.host.port(device, port)
     if state.state is not None and state.state != PortState.ACTIVE:
         phys = state.physical_state.name if state.physical_state is not None else "unknown"
         raise CommandFailed(

@@ -1,7 +1,7 @@
 """`ibtool monitor`: RDMA devices and ports as they change, one line (or JSON object) per event.
 
 The events, and how they are seen (the kernel's monitor events where it sends them, polling
-netlink or sysfs for the rest), are the core's: ibtool.changes and ibtool.watch.
+netlink or sysfs for the rest), are the core's: ibtool.model.events and ibtool.live.watch.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 from ibtool import hookimpl
 from ibtool.argtypes import number
-from ibtool.commands import Invocation
 from ibtool.errors import UsageError
+from ibtool.plugin.commands import Invocation
 
 if TYPE_CHECKING:
-    from ibtool.changes import Event
+    from ibtool.model.events import Event
 
 DEFAULT_INTERVAL = 1.0
 
@@ -60,8 +60,8 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(inv: Invocation) -> None:
-    from ibtool.changes import event_json, event_line
-    from ibtool.watch import watching
+    from ibtool.live.watch import watching
+    from ibtool.views.events import event_json, event_line
 
     args = inv.args
     if inv.snapshot is not None:

@@ -7,10 +7,10 @@ import contextlib
 
 from ibtool import hookimpl
 from ibtool.argtypes import number, parse_size
-from ibtool.commands import Invocation
 from ibtool.errors import CommandFailed, IbtoolError, Terminated, UsageError
 from ibtool.host import parse_selector
-from ibtool.model import PortState
+from ibtool.model.records import PortState
+from ibtool.plugin.commands import Invocation
 
 COMPAT_TOOLS = ("rc_pingpong", "rping")
 MTUS = (256, 512, 1024, 2048, 4096)
@@ -210,7 +210,7 @@ def _pick_port(inv: Invocation) -> tuple[str, int]:
     if inv.args.dev:
         name, port = parse_selector(inv.args.dev)
         inv.host.select(inv.args.dev)
-        return name, port or inv.host.sysfs.port_numbers(name)[0]
+        return name, port or inv.host.port_numbers(name)[0]
     ports = inv.host.ports()
     active = [p for p in ports if p.state == PortState.ACTIVE]
     if not active:

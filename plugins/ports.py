@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from ibtool import hookimpl, links, render
+from ibtool import hookimpl
 from ibtool.api import CheckContext, HealthResult, MetricFamily, Perfdata, Status
-from ibtool.commands import Invocation, add_selector, selector
 from ibtool.errors import CommandFailed, NoDevicesError, UsageError
 from ibtool.host import PORT_SHOWN, Host
-from ibtool.model import VL_CAP, Bond, LinkLayer, PhysState, PKey, Port, PortState
+from ibtool.model.records import VL_CAP, Bond, LinkLayer, PhysState, PKey, Port, PortState
+from ibtool.plugin.commands import Invocation, add_selector, selector
+from ibtool.sources import links
+from ibtool.views import render
 
 # IB PortInfo CapabilityMask bit positions (sysfs cap_mask holds the low 32 bits).
 PORT_CAP_FLAGS = {
@@ -358,9 +360,9 @@ class _PortCheck:
     def roce_gid(self, target: str, device: str | None = None):
         """The RoCE v2 GID of a netdev or address, on `device` or any (CommandFailed saying
         why there is none)."""
-        from ibtool.gidrule import best_gid
+        from ibtool.model.gidrule import best_gid
 
-        return best_gid(self.gids_of(device), self.by_key, self.host.sysfs.vlans(), target)
+        return best_gid(self.gids_of(device), self.by_key, self.host.vlans(), target)
 
     def live(self, p: Port, expect, best: float | None) -> list[tuple[Status, str]]:
         """What is wrong with an ACTIVE port: its rate, its LIDs, its RoCE GID."""
@@ -403,7 +405,7 @@ class _PortCheck:
     def since_last_run(self, p: Port, was: dict) -> tuple[list[tuple[Status, str]], list[str]]:
         """The change engine's events between the port at the last run and now: a LID the
         subnet manager moved (WARNING), a port up again (a note)."""
-        from ibtool.changes import Seen, diff
+        from ibtool.model.events import Seen, diff
 
         then = _was(was, p) if was and self.ctx.same_boot else None
         if then is None:
@@ -454,7 +456,7 @@ class _PortCheck:
         """The devices, ports and RoCE netdevs or addresses the configuration names."""
         if self.ctx.config.devices:
             try:
-                present = set(self.host.sysfs.device_names())
+                present = set(self.host.device_names())
             except NoDevicesError:
                 present = set()
             for device in self.ctx.config.devices:

@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ibtool import hookimpl, render
-from ibtool.commands import Invocation
+from ibtool import hookimpl
 from ibtool.errors import NotFoundError
-from ibtool.resfilter import parse_words
-from ibtool.resources import COUNTED_SINCE, FIELDS_OF, SUMMARY_FIELDS, Owners, Row, count_field
+from ibtool.plugin.commands import Invocation
+from ibtool.views import render
+from ibtool.views.res import COUNTED_SINCE, FIELDS_OF, SUMMARY_FIELDS, Owners, Row, count_field
+from ibtool.views.resfilter import parse_words
 
 
 def _configure(parser) -> None:

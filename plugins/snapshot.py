@@ -12,9 +12,11 @@ import time
 from datetime import datetime
 from typing import Any
 
-from ibtool import __version__, counterinfo, hookimpl, render
-from ibtool.commands import Invocation
+from ibtool import __version__, hookimpl
 from ibtool.errors import UsageError
+from ibtool.model import counters as counterinfo
+from ibtool.plugin.commands import Invocation
+from ibtool.views import render
 
 USAGE = "ibtool snapshot save FILE | show FILE | diff A B"
 SHOWN_DEVICES = 8  # device names on show's text line; -j lists them all
@@ -40,7 +42,7 @@ def _when(t: Any) -> str:
 
 
 def _save(inv: Invocation, path: str) -> None:
-    from ibtool import snapshot
+    from ibtool.snapshot import save as snapshot
 
     inv.host.require_live("snapshot save captures the running host")
     started = time.monotonic()
@@ -64,7 +66,7 @@ def _save(inv: Invocation, path: str) -> None:
 
 
 def _show(inv: Invocation, path: str) -> None:
-    from ibtool import snapshot
+    from ibtool.snapshot import save as snapshot
 
     data = snapshot.load(path, **inv.snapshot_kwargs())
     info = snapshot.summary(data)
@@ -137,9 +139,9 @@ def _meta(data: dict[str, Any], path: str) -> dict[str, Any]:
 
 
 def _diff(inv: Invocation, a_path: str, b_path: str) -> None:
-    from ibtool.changes import event_json, event_line
-    from ibtool.snapdiff import compare
-    from ibtool.snapshot import SnapshotHost
+    from ibtool.snapshot.diff import compare
+    from ibtool.snapshot.save import SnapshotHost
+    from ibtool.views.events import event_json, event_line
 
     a = SnapshotHost(a_path, inv.warn, False, **inv.snapshot_kwargs())
     try:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 
-from ibtool import hookimpl, render
+from ibtool import hookimpl
 from ibtool.api import HealthResult, Status
-from ibtool.commands import Invocation
 from ibtool.errors import NoDevicesError, UsageError
+from ibtool.plugin.commands import Invocation
+from ibtool.views import render
 
 
 def _on_off(value: bool) -> str:
@@ -136,7 +137,7 @@ def check_system(ctx):
     host, config = ctx.host, ctx.config
     root = host.root
     try:
-        names = host.sysfs.device_names()
+        names = host.device_names()
     except NoDevicesError as e:
         names = []
         yield HealthResult(Status.CRITICAL, "", e.message)

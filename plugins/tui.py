@@ -7,8 +7,8 @@ import sys
 
 from ibtool import hookimpl
 from ibtool.argtypes import number
-from ibtool.commands import Invocation
 from ibtool.errors import UnsupportedError, UsageError
+from ibtool.plugin.commands import Invocation
 
 INTERVAL = (0.2, 10.0)  # as rdmatop's refresh bounds
 # The checks run at a poll: more often than every second is every poll at the default
@@ -35,10 +35,11 @@ def configure(parser) -> None:
 
 
 def _feed(inv: Invocation, closing: list):
-    from ibtool import healthconfig, healthstate
-    from ibtool.feed import Feed
-    from ibtool.hooks import health_checks
+    from ibtool.health import config as healthconfig
+    from ibtool.health import state as healthstate
     from ibtool.host import Host
+    from ibtool.live.feed import Feed
+    from ibtool.plugin.hooks import health_checks
 
     checks = health_checks(inv.plugins, inv.warn)
     live = inv.root == "/" and inv.snapshot is None
@@ -54,7 +55,7 @@ def _feed(inv: Invocation, closing: list):
 
         source = "this host"
     elif inv.snapshot is not None:
-        from ibtool.snapshot import SnapshotHost
+        from ibtool.snapshot.save import SnapshotHost
 
         capture = SnapshotHost(inv.snapshot, note, False, **inv.snapshot_kwargs())
         closing.append(capture.close)
@@ -105,8 +106,8 @@ def run(inv: Invocation) -> int:
         raise UnsupportedError(
             f"ibtool tui needs the textual package ({e})", "pip install textual"
         ) from None
-    from ibtool.hooks import panel_factories
     from ibtool.host import Host
+    from ibtool.plugin.hooks import panel_factories
 
     closing: list = []
     try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from errno import EINVAL
 
 from ibtool.errors import IbtoolError
-from ibtool.model import LinkLayer
+from ibtool.model.records import LinkLayer
 
 # enum ibv_qp_attr_mask, enum ibv_mig_state (libibverbs/verbs.h)
 IBV_QP_ALT_PATH = 1 << 14

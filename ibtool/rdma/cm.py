@@ -43,7 +43,7 @@ import time
 from typing import NamedTuple
 
 from ibtool.errors import IbtoolError, UsageError
-from ibtool.model import LinkLayer
+from ibtool.model.records import LinkLayer
 from ibtool.rdma import wire
 from ibtool.rdma.completions import CompletionError, CompletionTimeout
 from ibtool.rdma.ladder import DEFAULT_PATH, PathSpec

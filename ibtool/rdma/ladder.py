@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from errno import ETIMEDOUT
 
 from ibtool.errors import IbtoolError, PermissionDeniedError
-from ibtool.model import LinkLayer
+from ibtool.model.records import LinkLayer
 from ibtool.sources.verbs import IBV_MTU_BYTES, pyverbs
 
 GRH_SIZE = 40  # UD receives carry the GRH (or, for RoCE v2 over IPv4, the IP header) first

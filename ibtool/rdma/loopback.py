@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ibtool.errors import IbtoolError, PermissionDeniedError
-from ibtool.model import LinkLayer
+from ibtool.model.records import LinkLayer
 from ibtool.rdma import apm
 from ibtool.rdma.completions import CompletionError, CompletionTimeout, poll
 from ibtool.rdma.ladder import (

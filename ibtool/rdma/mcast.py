@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 
 from ibtool.errors import IbtoolError
-from ibtool.model import LinkLayer
+from ibtool.model.records import LinkLayer
 from ibtool.rdma import cm
 from ibtool.rdma.completions import poll
 from ibtool.rdma.ladder import GRH_SIZE, new_psn

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from errno import ENOENT
 
 from ibtool.errors import IbtoolError, PermissionDeniedError, UsageError
-from ibtool.model import PKey
+from ibtool.model.records import PKey
 from ibtool.rdma import wire
 from ibtool.rdma.admission import Admission, Limits, Refused, Ticket
 from ibtool.rdma.completions import CompletionError, CompletionTimeout, in_place, poll_failed

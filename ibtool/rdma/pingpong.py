@@ -18,7 +18,7 @@ import socket
 import time
 
 from ibtool.errors import IbtoolError
-from ibtool.model import PKey
+from ibtool.model.records import PKey
 from ibtool.rdma import wire
 from ibtool.rdma.admission import Limits
 from ibtool.rdma.completions import CompletionError, CompletionTimeout

@@ -1,1 +1,1 @@
-"""Where facts come from. Each source returns ibtool.model records, never its library's objects."""
+"""Where facts come from. Each source returns ibtool.model.records records, never its library's objects."""

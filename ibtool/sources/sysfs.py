@@ -16,9 +16,10 @@ import os
 import re
 from collections.abc import Callable, Collection, Iterator
 
-from ibtool import counterinfo
 from ibtool.errors import DataError, NoDevicesError, PermissionDeniedError
-from ibtool.model import (
+from ibtool.model import counters as counterinfo
+from ibtool.model.names import natural_key
+from ibtool.model.records import (
     Bond,
     BondSlave,
     CounterSample,
@@ -92,11 +93,6 @@ def _shown(text: str) -> str:
 def _is_number(text: str) -> bool:
     # ASCII digits only: not int()'s grammar (no sign, "_", or non-ASCII digits)
     return text.isascii() and text.isdigit()
-
-
-def natural_key(name: str) -> list:
-    """mlx5_2 sorts before mlx5_10."""
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
 def parse_enum_line(text: str) -> int:

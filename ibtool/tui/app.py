@@ -20,7 +20,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from ibtool.api import Status
 from ibtool.errors import IbtoolError
-from ibtool.feed import Feed, Frame
+from ibtool.live.feed import Feed, Frame
 from ibtool.tui import format
 from ibtool.tui.messages import Polled
 from ibtool.tui.screens.detail import PortScreen

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from ibtool.feed import Frame
+from ibtool.live.feed import Frame
 
 
 @dataclass

@@ -23,7 +23,7 @@ import pytest
 
 from ibtool.cli import main
 from ibtool.errors import ExitCode, IbtoolError
-from ibtool.model import PhysState
+from ibtool.model.records import PhysState
 from ibtool.sources.netlink import NldevClient
 from tests.integration import faults
 

@@ -19,7 +19,7 @@ import pytest
 
 from ibtool.cli import main
 from ibtool.errors import ExitCode, UnsupportedError
-from ibtool.model import PhysState
+from ibtool.model.records import PhysState
 from ibtool.sources.netlink import AsyncNldevClient, NldevClient, records
 
 pytestmark = pytest.mark.integration

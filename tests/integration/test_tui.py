@@ -19,12 +19,12 @@ pytestmark = pytest.mark.integration
 
 def live_dashboard():
     """The dashboard as `ibtool tui` builds it on this host, its own checks and loopback."""
-    from ibtool import healthstate
-    from ibtool.feed import Feed
-    from ibtool.healthconfig import HealthConfig
-    from ibtool.hooks import health_checks
+    from ibtool.health import state as healthstate
+    from ibtool.health.config import HealthConfig
     from ibtool.host import Host
-    from ibtool.plugins import build_plugins
+    from ibtool.live.feed import Feed
+    from ibtool.plugin.hooks import health_checks
+    from ibtool.plugin.manager import build_plugins
     from ibtool.tui.app import Dashboard
     from ibtool.tui.screens.loopback import run_loopback
 

@@ -50,9 +50,9 @@ class Node:
         checks=None,
         netlink=None,
     ):
-        from ibtool.feed import Feed
-        from ibtool.healthconfig import HealthConfig
+        from ibtool.health.config import HealthConfig
         from ibtool.host import Host
+        from ibtool.live.feed import Feed
 
         self.root = sysfs_trees.build(tree, tmp_path / "root")
         names = sorted(os.listdir(self.root / "sys/class/infiniband"))
@@ -102,8 +102,8 @@ class Node:
 
 def default_checks():
     """ibtool health's own checks, as the command gets them."""
-    from ibtool.hooks import health_checks
-    from ibtool.plugins import build_plugins
+    from ibtool.plugin.hooks import health_checks
+    from ibtool.plugin.manager import build_plugins
 
     return health_checks(build_plugins(), lambda m: None)
 

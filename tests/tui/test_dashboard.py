@@ -564,8 +564,8 @@ async def test_a_terminal_smaller_than_80x24_is_cramped_but_works(node):
 async def test_a_snapshot_from_the_testbed_is_shown_as_captured(tmp_path):
     from pathlib import Path
 
-    from ibtool.feed import Feed
-    from ibtool.snapshot import SnapshotHost
+    from ibtool.live.feed import Feed
+    from ibtool.snapshot.save import SnapshotHost
     from tests.tui.conftest import default_checks
 
     path = Path(__file__).resolve().parents[1] / "fixtures/captured/snapshot/host.json.gz"

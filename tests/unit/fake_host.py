@@ -20,8 +20,8 @@ def read_sysfs_from(monkeypatch, root: Path) -> None:
     """The live host (no --root) reads its sysfs from `root`, for the commands that refuse
     --root because they open the host's verbs devices (loopback, ping; pyverbs_fakes fakes
     those)."""
-    from ibtool.commands import Invocation
     from ibtool.host import Host
+    from ibtool.plugin.commands import Invocation
     from ibtool.sources.sysfs import SysfsSource
 
     original = Invocation.host
@@ -48,7 +48,7 @@ def counters_cli(host, *words, json=False, details=False):
     args = argparse.Namespace(
         words=list(words), explain=None, rate=False, watch=None, interval=1.0, errors=False
     )
-    from ibtool.commands import Invocation
+    from ibtool.plugin.commands import Invocation
 
     inv = Invocation(
         args=args, json=json, details=details, out=out, warn=warnings.append, _host=host

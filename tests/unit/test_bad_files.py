@@ -28,8 +28,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ibtool import cli, plugins
+from ibtool import cli
 from ibtool.errors import ExitCode
+from ibtool.plugin import manager as plugins
 from tests.fixtures import sysfs_trees
 from tests.unit.conftest import Result, run_cli
 

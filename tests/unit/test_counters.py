@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ibtool import counterinfo
 from ibtool.errors import ExitCode
-from ibtool.model import CounterSample
-from ibtool.rates import counter_rate, is_saturated
+from ibtool.model import counters as counterinfo
+from ibtool.model.rates import counter_rate, is_saturated
+from ibtool.model.records import CounterSample
 from ibtool.sources.sysfs import SysfsSource
 from tests.fixtures import captured_kernel
 from tests.fixtures.sysfs_trees import require_capture

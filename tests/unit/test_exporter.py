@@ -16,7 +16,7 @@ import pytest
 
 from ibtool.api import MetricFamily, exposition
 from ibtool.errors import UsageError
-from ibtool.exporter import parse_listen, serve
+from ibtool.live.exporter import parse_listen, serve
 from tests.fixtures import sysfs_trees
 
 REPO = Path(__file__).resolve().parents[2]
@@ -261,7 +261,7 @@ def test_gzip_and_openmetrics_as_the_scraper_asks(served):
 def test_every_kind_of_poll_failure_is_counted(tmp_path):
     """A poll that raises (EMFILE when the process is out of descriptors) and one that could not
     read part of the host (each thing a warning) both count as poll errors."""
-    from ibtool.exporter import Faults
+    from ibtool.live.exporter import Faults
 
     warnings: list[str] = []
     faults = Faults(warnings.append)

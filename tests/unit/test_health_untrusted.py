@@ -46,7 +46,7 @@ def write(root: Path, relative: str, value: object) -> None:
 @pytest.fixture
 def scontrol(monkeypatch):
     """Every scontrol ibtool would run, recorded instead of run."""
-    from ibtool import slurm
+    from ibtool.health import slurm
 
     ran: list[list[str]] = []
 
@@ -110,10 +110,10 @@ def test_a_boot_id_read_at_one_run_only_is_unknown_not_a_reboot(tmp_path):
 def test_the_exporter_over_a_capture_sees_a_counter_move_between_polls(tmp_path):
     """The exporter's poller keeps its baselines in memory, with the capture's (absent) boot
     id: symbol_error 0 -> 1000 between two polls is a WARNING on the second."""
-    from ibtool.commands import Invocation
-    from ibtool.healthconfig import HealthConfig
-    from ibtool.hooks import health_checks
-    from ibtool.plugins import build_plugins
+    from ibtool.health.config import HealthConfig
+    from ibtool.plugin.commands import Invocation
+    from ibtool.plugin.hooks import health_checks
+    from ibtool.plugin.manager import build_plugins
     from plugins.health import _poller
 
     root = tree(tmp_path)
@@ -259,8 +259,8 @@ def test_a_pipe_in_a_device_name_does_not_split_the_perfdata(tmp_path):
 
 
 def test_perfdata_labels_lose_the_characters_the_guidelines_reserve():
-    from ibtool import health
     from ibtool.api import HealthResult, Perfdata, Status
+    from ibtool.health import run as health
 
     result = HealthResult(Status.OK, "x", "fine", (Perfdata("a=b'c|d", 1),), check="c")
     report = health.Report([result], Status.OK, 0.0)
@@ -279,8 +279,8 @@ def test_a_host_of_500_vfs_has_a_bounded_first_line_and_lists_the_problems(sriov
 
 
 def test_many_problems_are_counted_on_the_first_line(tmp_path):
-    from ibtool import health
     from ibtool.api import HealthResult, Status
+    from ibtool.health import run as health
 
     results = [
         HealthResult(
@@ -365,7 +365,7 @@ def test_the_json_keys_of_the_man_page_read_as_a_list():
 
 @pytest.mark.parametrize("planted", ["fifo", "link"])
 def test_a_capture_s_boot_id_that_is_a_fifo_or_a_link_is_unknown(tmp_path, planted):
-    from ibtool import healthstate
+    from ibtool.health import state as healthstate
 
     root = tmp_path / "root"
     where = root / "proc/sys/kernel/random"

@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-from ibtool import healthstate
 from ibtool.errors import PermissionDeniedError
-from ibtool.healthstate import StateFile, StateLocked
+from ibtool.health import state as healthstate
+from ibtool.health.state import StateFile, StateLocked
 
 
 def test_root_keeps_it_in_var_lib_and_others_in_their_state_home(monkeypatch):

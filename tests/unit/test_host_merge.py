@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from ibtool.host import Host
-from ibtool.model import PortState
+from ibtool.model.records import PortState
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, messages
 from ibtool.sources.sysfs import SysfsSource

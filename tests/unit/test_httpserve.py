@@ -1,4 +1,4 @@
-"""ibtool.httpserve against hostile clients: every limit is crossed and seen to hold.
+"""ibtool.web.server against hostile clients: every limit is crossed and seen to hold.
 
 Timeouts are small (a fraction of a second) so the file runs fast; nothing sleeps to wait for
 the server: a test polls a condition with a deadline, or blocks on a socket with a timeout.
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ibtool.httpserve import HTTPServer, Limits, Request, Response
+from ibtool.web.server import HTTPServer, Limits, Request, Response
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -639,7 +639,7 @@ def test_at_the_cap_with_every_connection_busy_new_ones_wait(serve):
 
 
 def test_idle_handler_threads_exit(serve, monkeypatch):
-    from ibtool import httpserve
+    from ibtool.web import server as httpserve
 
     monkeypatch.setattr(httpserve, "_WORKER_IDLE", 0.2)
     before = threading.active_count()
@@ -709,7 +709,7 @@ def test_bad_response_headers_are_a_500(serve):
 CHILD = r"""
 import json, os, resource, sys, threading
 resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
-from ibtool.httpserve import HTTPServer, Limits, Response
+from ibtool.web.server import HTTPServer, Limits, Response
 logs = []
 server = HTTPServer(("127.0.0.1", 0), lambda r: Response(200, [], b"ok\n"),
                     Limits(read_timeout=30, idle_timeout=30), log=logs.append)
@@ -792,7 +792,7 @@ def child():
 def test_connection_cap_from_rlimit_nofile(monkeypatch, soft, cap):
     import resource
 
-    from ibtool import httpserve
+    from ibtool.web import server as httpserve
 
     if soft == -1:
         soft = resource.RLIM_INFINITY

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from ibtool.errors import IbtoolError
-from ibtool.model import LinkLayer
+from ibtool.model.records import LinkLayer
 from ibtool.rdma import ladder
 from ibtool.rdma.ladder import Ladder, Peer
 

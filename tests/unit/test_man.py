@@ -33,11 +33,11 @@ from pathlib import Path
 
 import pytest
 
-from ibtool import render
 from ibtool.cli import _plugins_command, _register_commands, build_parser, main
-from ibtool.commands import CommandRegistry
 from ibtool.errors import ExitCode
-from ibtool.plugins import ENV_DISABLE_AUTOLOAD, build_plugins
+from ibtool.plugin.commands import CommandRegistry
+from ibtool.plugin.manager import ENV_DISABLE_AUTOLOAD, build_plugins
+from ibtool.views import render
 from tests.fixtures import sysfs_trees
 
 MAN = Path(__file__).resolve().parents[2] / "man"

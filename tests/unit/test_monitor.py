@@ -17,12 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from ibtool.changes import Event, Seen, diff, event_json, event_line, kernel_event
 from ibtool.errors import DataError, ExitCode, PermissionDeniedError
-from ibtool.model import PhysState, Port, PortState
+from ibtool.model.events import Event, Seen, diff
+from ibtool.model.records import PhysState, Port, PortState
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, events, messages
 from ibtool.sources.netlink.events import EventListener
+from ibtool.sources.netlink.monitor import kernel_event
+from ibtool.views.events import event_json, event_line
 from tests.fixtures import captured_kernel, sysfs_trees
 from tests.fixtures.netlink import FakeKernel, ack, done, reply, string, u8, u32
 

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from ibtool.model import CounterSample, NetnsMode, NodeType, PhysState, PortState, Protocol
+from ibtool.model.records import CounterSample, NetnsMode, NodeType, PhysState, PortState, Protocol
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import messages, records
 from ibtool.sources.netlink.client import NldevClient

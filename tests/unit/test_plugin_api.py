@@ -24,16 +24,16 @@ from ibtool.api import (
 )
 from ibtool.cli import main
 from ibtool.errors import NotFoundError
-from ibtool.hooks import (
+from ibtool.host import Host
+from ibtool.model.records import PortState
+from ibtool.plugin.hooks import (
     collect_metrics,
     health_checks,
     metric_collectors,
     panel_factories,
     run_health_checks,
 )
-from ibtool.host import Host
-from ibtool.model import PortState
-from ibtool.plugins import build_plugins
+from ibtool.plugin.manager import build_plugins
 from tests.conftest import under_ci
 from tests.fixtures import sysfs_trees
 
@@ -145,7 +145,7 @@ def test_the_core_collects_what_every_hook_registers(host):
         "metrics": ["api_port"],
         "panels": ["ports"],
     }
-    from ibtool.feed import Feed
+    from ibtool.live.feed import Feed
 
     feed = Feed(lambda: host, live=False, source="test")
     panel = found["panels"]["ports"](feed)

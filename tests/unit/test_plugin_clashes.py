@@ -17,9 +17,9 @@ from ibtool import hookimpl
 from ibtool.api import HealthResult, MetricFamily, Status
 from ibtool.cli import main
 from ibtool.errors import ExitCode
-from ibtool.hooks import collect_metrics, health_checks, metric_collectors
 from ibtool.host import Host
-from ibtool.plugins import build_plugins
+from ibtool.plugin.hooks import collect_metrics, health_checks, metric_collectors
+from ibtool.plugin.manager import build_plugins
 from tests.fixtures import sysfs_trees
 
 
@@ -347,7 +347,7 @@ def test_a_hook_that_exits_at_registration_costs_its_plugin_only(root):
 def test_a_check_or_collector_that_exits_is_its_own_failure(tmp_path):
     host = Host(root=str(sysfs_trees.build("broken_device", tmp_path)))
     from ibtool.api import CheckContext
-    from ibtool.hooks import run_health_checks
+    from ibtool.plugin.hooks import run_health_checks
 
     def exits(_):
         sys.exit(5)

@@ -11,7 +11,7 @@ import pytest
 from ibtool import hookimpl
 from ibtool.cli import main, split_plugin_blocks
 from ibtool.errors import ExitCode
-from ibtool.plugins import ESSENTIAL, build_plugins
+from ibtool.plugin.manager import ESSENTIAL, build_plugins
 
 
 def run(argv, plugins=(), monkeypatch=None):

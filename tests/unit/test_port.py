@@ -459,7 +459,7 @@ def test_a_garbled_bond_file_is_warned_about_and_the_rest_shown(mlx5_roce_lag, f
 
 def test_a_snapshot_keeps_the_bond(mlx5_roce_lag, cli, tmp_path):
     """What a snapshot holds of the sysfs tree, built back: the same bond."""
-    from ibtool import snaptree
+    from ibtool.snapshot import tree as snaptree
 
     entries = snaptree.capture_tree(str(mlx5_roce_lag.root))
     assert any(e["path"] == "sys/class/net/enp3s0f0np0/bonding_slave/mii_status" for e in entries)

@@ -10,7 +10,7 @@ from ibtool_plugins import ports
 
 from ibtool.errors import DataError, ExitCode, NotFoundError
 from ibtool.host import Host
-from ibtool.model import PKey
+from ibtool.model.records import PKey
 from ibtool.sources.sysfs import SysfsSource
 from tests.fixtures import sysfs_trees
 from tests.unit.conftest import run_cli
@@ -206,7 +206,7 @@ def test_a_snapshot_saved_before_the_vls_were_read_shows_none(tmp_path):
 
 
 def test_netlinks_device_capabilities_say_whether_a_port_can_migrate(tmp_path):
-    from ibtool.merging import Merger
+    from ibtool.sources.netlink.merging import Merger
 
     class Session:
         def device_replies(self):

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from ibtool import slurm
 from ibtool.errors import IbtoolError, UnsupportedError
+from ibtool.health import slurm
 from tests.fixtures import slurm_nodes
 
 

@@ -13,8 +13,9 @@ import shutil
 import pytest
 
 from ibtool import host as host_module
-from ibtool import replay, snapshot
 from ibtool.errors import ExitCode, IbtoolError
+from ibtool.snapshot import replay
+from ibtool.snapshot import save as snapshot
 from ibtool.sources.netlink import client
 from tests.fixtures import captured_kernel
 from tests.fixtures.netlink import FakeKernel

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from ibtool import snapshot
 from ibtool.errors import ExitCode
+from ibtool.snapshot import save as snapshot
 from tests.fixtures import captured_kernel
 from tests.fixtures.peak import PEAK
 from tests.fixtures.sysfs_trees import require_capture

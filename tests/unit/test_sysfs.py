@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ibtool.model import NodeType, PhysState, PortState
+from ibtool.model.records import NodeType, PhysState, PortState
 from ibtool.sources.sysfs import (
     gid_ip,
     iwarp_hardware,

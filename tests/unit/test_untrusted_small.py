@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ibtool.changes import Event, event_line
+from ibtool.model.events import Event
+from ibtool.views.events import event_line
 
 REPO = Path(__file__).resolve().parents[2]
 

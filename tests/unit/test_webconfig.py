@@ -1,4 +1,4 @@
-"""ibtool.webconfig: exporter-toolkit's web configuration file, checked strictly; its TLS context
+"""ibtool.web.config: exporter-toolkit's web configuration file, checked strictly; its TLS context
 tried in real handshakes over socketpairs; bcrypt basic auth and its cache; the Watcher."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ibtool import webconfig
 from ibtool.errors import DataError, ExitCode, UnsupportedError
-from ibtool.webconfig import Watcher, WebConfigError, load
+from ibtool.web import config as webconfig
+from ibtool.web.config import Watcher, WebConfigError, load
 
 bcrypt = pytest.importorskip("bcrypt")
 pytest.importorskip("yaml")

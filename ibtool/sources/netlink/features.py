@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ibtool.errors import IbtoolError
-from ibtool.model import NetlinkFeature
+from ibtool.model.records import NetlinkFeature
 from ibtool.sources.netlink import attrs as A
 
 NOBODY = 65534

@@ -11,7 +11,7 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ibtool.model import (
+from ibtool.model.records import (
     CmIdResource,
     CmState,
     CounterSample,

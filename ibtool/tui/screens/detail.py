@@ -9,7 +9,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 
 from ibtool.api import Status
-from ibtool.feed import Frame, PortKey
+from ibtool.live.feed import Frame, PortKey
 from ibtool.tui import format
 from ibtool.tui.widgets.counters import CounterTable, explain
 from ibtool.tui.widgets.gids import GidTable

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from ibtool import counterinfo
-from ibtool.feed import HISTORY, Frame, PortKey, counter_key
-from ibtool.rates import Rated, is_saturated
+from ibtool.live.feed import HISTORY, Frame, PortKey, counter_key
+from ibtool.model import counters as counterinfo
+from ibtool.model.rates import Rated, is_saturated
 from ibtool.tui import format
 from ibtool.tui.widgets.tables import KeyedTable
 

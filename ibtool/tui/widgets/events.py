@@ -8,7 +8,8 @@ from collections.abc import Iterable
 from rich.text import Text
 from textual.widgets import Static
 
-from ibtool.changes import Event, event_line
+from ibtool.model.events import Event
+from ibtool.views.events import event_line
 
 KEPT = 500
 ALARMING = {"unregister", "netdev_detach", "counter_reset"}

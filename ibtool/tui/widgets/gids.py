@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from ibtool.feed import Focus
+from ibtool.live.feed import Focus
 from ibtool.tui.widgets.tables import WholeTable
 
 COLUMNS = ("", "INDEX", "GID", "TYPE", "NETDEV", "VLAN", "IP")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ibtool.feed import Focus
+from ibtool.live.feed import Focus
 from ibtool.tui.widgets.tables import WholeTable
 
 COLUMNS = ("PID", "COMMAND", "QPs", "CQs", "MRs")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from ibtool.feed import Frame, PortKey, PortRow
-from ibtool.model import LinkLayer, PhysState, PortState
+from ibtool.live.feed import Frame, PortKey, PortRow
+from ibtool.model.records import LinkLayer, PhysState, PortState
 from ibtool.tui import format
 from ibtool.tui.widgets.tables import KeyedTable
 

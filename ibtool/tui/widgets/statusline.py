@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from ibtool.api import Status
-from ibtool.feed import Frame
+from ibtool.live.feed import Frame
 from ibtool.tui import format
 
 

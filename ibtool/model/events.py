@@ -1,10 +1,11 @@
 """Changes to RDMA devices and ports, as events: the one change engine.
 
 What was seen at one moment is a `Seen` (device name -> index, and the Port records); `diff`
-turns two of them into the events between, and `kernel_event` turns the kernel's own monitor
-events (RDMA_NLDEV_CMD_MONITOR, Linux 6.12) into the same Event. `ibtool monitor` prints them,
-`ibtool snapshot diff` compares two snapshots with them, and a health check or a dashboard
-consumes the same events.
+turns two of them into the events between. The kernel's own monitor events
+(RDMA_NLDEV_CMD_MONITOR, Linux 6.12) become the same Event in
+ibtool.sources.netlink.monitor; ibtool.views.events writes them as text and JSON. `ibtool
+monitor` prints them, `ibtool snapshot diff` compares two snapshots with them, and the
+dashboard consumes the same events.
 
 Event names: register, unregister, rename (devices); netdev_attach, netdev_detach,
 netdev_rename (a port's netdev); port_state (state or physical state); lid (LID, SM LID, LMC);
@@ -18,9 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ibtool import render
-from ibtool.model import Port
-from ibtool.sources.netlink.attrs import EVENT_TYPES
+from ibtool.model.names import natural_key
+from ibtool.model.records import Port
 
 
 @dataclass(frozen=True)
@@ -57,106 +57,6 @@ class Seen:
         return cls(dict(devices), {(p.device, p.port): p for p in ports})
 
 
-# -- as text and JSON ---------------------------------------------------------------------------
-
-
-def _change(key: str) -> list[render.Field]:
-    return [
-        render.Field(key, lambda e: e.now(key)),
-        render.Field(f"old_{key}", lambda e: e.before(key)),
-    ]
-
-
-# JSON keys; time, event, ifname, port and source are in every object, the others only when
-# the event has them.
-FIELDS = [
-    render.Field("time", lambda e: e.time),
-    render.Field("event", lambda e: e.event),
-    render.Field("ifname", lambda e: e.device),
-    render.Field("port", lambda e: e.port),
-    render.Field("dev_index", lambda e: e.device_index),
-    render.Field("netdev", lambda e: e.now("netdev") or e.netdev),
-    render.Field("netdev_index", lambda e: e.netdev_index),
-    render.Field("event_type", lambda e: e.event_type),
-    render.Field("old_ifname", lambda e: e.before("ifname")),
-    render.Field("old_netdev", lambda e: e.before("netdev")),
-    *_change("state"),
-    *_change("physical_state"),
-    *_change("lid"),
-    *_change("sm_lid"),
-    *_change("lmc"),
-    render.Field("source", lambda e: e.source),
-]
-ALWAYS = {"time", "event", "ifname", "port", "source"}
-
-
-def event_json(e: Event) -> dict[str, Any]:
-    row = render.record_json(e, FIELDS, True)
-    return {k: v for k, v in row.items() if k in ALWAYS or v is not None}
-
-
-def event_line(e: Event) -> str:
-    where = (e.device or "-") + (f"/{e.port}" if e.port is not None else "")
-    parts = [e.time or "-", e.event, where]
-    if e.event == "unknown":
-        parts.append(f"event_type {e.event_type}")
-    shown = set()
-    for key, old, new in e.changes:
-        shown.add(key)
-        if key == "ifname":
-            parts.append(f"(was {old})")
-            continue
-        parts.append(f"{key} {_text(new)}")
-        if old is not None and old != new:
-            parts.append(f"(was {_text(old)})")
-    if e.netdev and "netdev" not in shown and e.event.startswith("netdev"):
-        parts.append(f"netdev {e.netdev}")
-    if e.netdev_index is not None and e.event.startswith("netdev"):
-        parts.append(f"ifindex {e.netdev_index}")
-    return " ".join(parts)
-
-
-def _text(value: Any) -> str:
-    # None: the value could not be read at that moment (the port went away mid-read, a file
-    # the driver failed), not a state of its own.
-    return "unknown" if value is None else str(value)
-
-
-# -- kernel events ------------------------------------------------------------------------------
-
-
-def kernel_event(reply: dict[str, Any], last: Seen | None = None) -> Event:
-    """A decoded RDMA_NLDEV_CMD_MONITOR message as an Event. `last` (the latest poll) names
-    what the kernel leaves out: a renamed device's old name, a renamed netdev's port."""
-    kind = reply["RDMA_NLDEV_ATTR_EVENT_TYPE"]
-    name = EVENT_TYPES.get(kind)
-    event = Event(
-        event=name.lower() if name else "unknown",
-        device=reply.get("RDMA_NLDEV_ATTR_DEV_NAME"),
-        port=reply.get("RDMA_NLDEV_ATTR_PORT_INDEX"),
-        device_index=reply.get("RDMA_NLDEV_ATTR_DEV_INDEX"),
-        netdev=reply.get("RDMA_NLDEV_ATTR_NDEV_NAME"),
-        netdev_index=reply.get("RDMA_NLDEV_ATTR_NDEV_INDEX"),
-        event_type=kind,
-    )
-    if last is None:
-        return event
-    if event.event == "rename" and event.device_index is not None:
-        old = next((n for n, i in last.devices.items() if i == event.device_index), None)
-        if old is not None and old != event.device:
-            event = dataclasses.replace(event, changes=(("ifname", old, event.device),))
-    if event.event == "netdev_rename" and event.netdev_index is not None:
-        for (device, port), p in sorted(last.ports.items()):
-            if p.netdev_index == event.netdev_index:
-                return dataclasses.replace(
-                    event,
-                    device=event.device or device,
-                    port=event.port or port,
-                    changes=(("netdev", p.netdev, event.netdev),),
-                )
-    return event
-
-
 # -- what changed between two polls --------------------------------------------------------------
 
 
@@ -165,8 +65,6 @@ def _name(value) -> str | None:
 
 
 def _natural(key: tuple[str, int] | str):
-    from ibtool.sources.sysfs import natural_key
-
     return (natural_key(key[0]), key[1]) if isinstance(key, tuple) else (natural_key(key), 0)
 
 

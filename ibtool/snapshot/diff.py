@@ -8,10 +8,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from ibtool.changes import Event, Seen, diff
 from ibtool.errors import IbtoolError
-from ibtool.model import CounterSample, Gid
-from ibtool.rates import counter_delta, paired
+from ibtool.model.events import Event, Seen, diff
+from ibtool.model.rates import counter_delta, paired
+from ibtool.model.records import CounterSample, Gid
 
 # The attribute that names an object of each kind (rdma res show's id column).
 OBJECT_ID = {

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ibtool import counterinfo
 from ibtool.api import HealthResult, Status
-from ibtool.changes import Event, Seen, diff
 from ibtool.errors import IbtoolError, NoDevicesError
-from ibtool.model import CounterSample, Gid, Port
-from ibtool.rates import Rated, Sampler
+from ibtool.model import counters as counterinfo
+from ibtool.model.events import Event, Seen, diff
+from ibtool.model.rates import Rated, Sampler
+from ibtool.model.records import CounterSample, Gid, Port
 
 HISTORY = 60  # rates kept per counter: a minute at the default refresh, as rdmatop keeps
 PortKey = tuple[str, int]
@@ -317,9 +317,9 @@ class Feed:
         timed = self.live and now - (self._health_at or 0.0) >= self.health_every
         due = self._health_at is None or changed or timed
         if self.checks and due:
-            from ibtool import health
-            from ibtool.healthconfig import HealthConfig
-            from ibtool.healthstate import Saved
+            from ibtool.health import run as health
+            from ibtool.health.config import HealthConfig
+            from ibtool.health.state import Saved
 
             saved = self._saved if self._saved is not None else Saved()
             config = self.config if self.config is not None else HealthConfig()
@@ -349,7 +349,7 @@ class Feed:
 
 def _owners(host, device: str, port: int) -> tuple[tuple[Owned, ...], str | None]:
     """QPs (of this port), CQs and MRs (of its device) per holder, or why they are not known."""
-    from ibtool.resources import Owners
+    from ibtool.views.res import Owners
 
     try:
         netlink = host.netlink("resources are read from the running kernel over netlink")

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from ibtool import counterinfo
-from ibtool.counterinfo import WRAPS_AT_32
-from ibtool.model import CounterSample
+from ibtool.model import counters as counterinfo
+from ibtool.model.counters import WRAPS_AT_32
+from ibtool.model.records import CounterSample
 
 _WRAP = 1 << 32
 

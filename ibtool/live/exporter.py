@@ -1,7 +1,7 @@
 """`ibtool exporter`'s engine: one poller, and an HTTP endpoint serving its latest result.
 
 A scrape never waits for the kernel: the poller (the main thread) reads the host every interval
-and replaces one cached list of families; the HTTP server (ibtool.httpserve: one event loop for
+and replaces one cached list of families; the HTTP server (ibtool.web.server: one event loop for
 every connection, a bounded pool of workers for the answers) hands out whatever is cached. A
 device that hangs a read delays the next poll, never a scrape, and the poll's age is itself a
 metric. What faces the network is bounded as node_exporter's exporter-toolkit bounds it
@@ -213,7 +213,7 @@ class Endpoint:
         self.info = _build_info()
 
     def __call__(self, request):
-        from ibtool.httpserve import Response
+        from ibtool.web.server import Response
 
         config = self.web.current() if self.web is not None else None
         if config is not None:
@@ -271,7 +271,7 @@ class Endpoint:
         return headers
 
     def _plain(self, status: int, text: str, config):
-        from ibtool.httpserve import Response
+        from ibtool.web.server import Response
 
         return Response(status, self._headers(config, "text/plain; charset=utf-8"), text.encode())
 
@@ -303,7 +303,7 @@ def serve(
             "ibtool exporter needs the prometheus_client package",
             "pip install prometheus_client (Debian: python3-prometheus-client)",
         ) from None
-    from ibtool import httpserve
+    from ibtool.web import server as httpserve
 
     limits = limits or httpserve.Limits(max_requests=max_requests)
     latest = Latest()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ibtool.errors import UsageError
-from ibtool.resources import OBJECTS, PER_PORT, Row, attr, enum_word, port_space
+from ibtool.views.res import OBJECTS, PER_PORT, Row, attr, enum_word, port_space
 
 USAGE = (
     "ibtool res [show] [DEV] | ibtool res [show] OBJECT [DEV[/PORT]] [KEY VALUE]... "

@@ -18,7 +18,7 @@ from ibtool.errors import IbtoolError, PermissionDeniedError, UsageError
 
 def collected(plugins, host, warn: Callable[[str], None]) -> list[MetricFamily]:
     """What the ibtool_metrics collectors of `plugins` give for `host`."""
-    from ibtool.hooks import collect_metrics, metric_collectors
+    from ibtool.plugin.hooks import collect_metrics, metric_collectors
 
     return collect_metrics(metric_collectors(plugins, warn), host, warn)
 

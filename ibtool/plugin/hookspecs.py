@@ -24,7 +24,7 @@ callable, is one warning, and nothing it registered through that hook is kept. A
 taken (a command, an alias, a check, a collector, a metric family) stays with ibtool's own
 plugin, else with the plugin loaded first: the newcomer's is left out with one warning naming
 it, and the rest of what it registered is kept (ibtool-plugins(8), "Name clashes and failures").
-``ibtool.hooks`` calls these hooks and runs what they register.
+``ibtool.plugin.hooks`` calls these hooks and runs what they register.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ hookimpl = pluggy.HookimplMarker("ibtool")
 def ibtool_register_commands(cli):
     """Add subcommands.
 
-    ``cli`` is an :class:`ibtool.commands.CommandRegistry`; call
+    ``cli`` is an :class:`ibtool.plugin.commands.CommandRegistry`; call
     ``cli.add(name, run, help=..., configure=..., aliases=...)`` once per subcommand, where
     ``configure(parser)`` adds the command's arguments to an ``argparse`` parser and
-    ``run(inv)`` receives an :class:`ibtool.commands.Invocation` (parsed arguments, output
+    ``run(inv)`` receives an :class:`ibtool.plugin.commands.Invocation` (parsed arguments, output
     options, the host facade, stdout) and returns an exit code or None for success.
     """
 
@@ -63,7 +63,8 @@ def ibtool_health_checks(register):
     the host), a one-line summary and optional :class:`ibtool.api.Perfdata` items. No result
     means nothing to report. The core fills in each result's ``check`` with ``name``; a check
     that raises, or returns anything else, is reported as one UNKNOWN result
-    (:func:`ibtool.hooks.run_health_checks`). Checks must not change kernel state and, without
+    (:func:`ibtool.plugin.hooks.run_health_checks`). Checks must not change kernel state and,
+    without
     ``--datapath``, must finish within a second: cron runs them every minute on every node.
     """
 
@@ -73,12 +74,12 @@ def ibtool_tui_panels(register):
     """Contribute a panel to the ``ibtool tui`` dashboard.
 
     Call ``register(name, factory)`` once per panel. ``factory(feed)`` receives the
-    dashboard's one :class:`ibtool.feed.Feed`, the same for every panel (its last frame is
+    dashboard's one :class:`ibtool.live.feed.Feed`, the same for every panel (its last frame is
     ``feed.latest``), and returns a ``textual.widget.Widget``; after each poll the widget
     receives an ``ibtool.tui.messages.Polled`` message whose ``frame`` is the new
-    :class:`ibtool.feed.Frame`. One poller serves every panel: a panel never reads the kernel
+    :class:`ibtool.live.feed.Frame`. One poller serves every panel: a panel never reads the kernel
     itself. Import textual inside the factory: this hook is called by ``ibtool tui`` only, and
-    the core only collects the factories (:func:`ibtool.hooks.panel_factories`).
+    the core only collects the factories (:func:`ibtool.plugin.hooks.panel_factories`).
     """
 
 

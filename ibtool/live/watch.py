@@ -7,7 +7,7 @@ Two ways of seeing changes, and both are used where they exist:
 - polling every `interval` seconds: netlink GET and PORT_GET dumps where the host has RDMA
   netlink, sysfs without it or under --root. Polling finds what no kernel event reports (port
   state, physical state, LID, SM LID and LMC changes) and, without kernel events, the device
-  and netdev changes too, as the same events (ibtool.changes).
+  and netdev changes too, as the same events (ibtool.model.events).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ibtool.changes import Event, Seen, diff, kernel_event
 from ibtool.errors import IbtoolError, NoDevicesError, UnsupportedError
+from ibtool.model.events import Event, Seen, diff
+from ibtool.sources.netlink.monitor import kernel_event
 
 
 class NetlinkPoller:

@@ -94,7 +94,7 @@ class HealthConfig:
         warning of an error counter, else none."""
         if name in self.thresholds:
             return self.thresholds[name]
-        from ibtool import counterinfo
+        from ibtool.model import counters as counterinfo
 
         if source == "pma" and name in PMA_THRESHOLDS:
             return Thresholds(Range.parse(PMA_THRESHOLDS[name]))
@@ -185,7 +185,7 @@ def _nearest(name: str, known: Iterable[str]) -> str:
 def _known_counters() -> set[str]:
     """The counter names ibtool describes: PMA (with the _64 names of counters_ext) and the
     drivers' hw_counters it knows."""
-    from ibtool import counterinfo
+    from ibtool.model import counters as counterinfo
 
     return set(counterinfo.PMA) | set(counterinfo.COUNTERS_EXT) | set(counterinfo.HW)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ibtool.errors import IbtoolError, NotFoundError, UnsupportedError
-from ibtool.model import NetlinkFeature, Port, RdmaSystem
+from ibtool.model.records import NetlinkFeature, Port, RdmaSystem
 
 # What each resource dump lists, for the line saying the kernel lacks it.
 LISTED = {
@@ -153,8 +153,8 @@ class NetlinkSession:
         return events.EventListener()
 
     def merger(self):
-        """Devices and ports merged with what netlink says (ibtool.merging)."""
-        from ibtool.merging import Merger
+        """Devices and ports merged with what netlink says (ibtool.sources.netlink.merging)."""
+        from ibtool.sources.netlink.merging import Merger
 
         return Merger(self)
 
@@ -231,8 +231,8 @@ class NetlinkSession:
         self.client.set_optional_counters(index, port, enabled)
 
     def counter_reader(self):
-        """Driver counters netlink has and sysfs lacks (ibtool.merging)."""
-        from ibtool.merging import CounterReader
+        """Driver counters netlink has and sysfs lacks (ibtool.sources.netlink.merging)."""
+        from ibtool.sources.netlink.merging import CounterReader
 
         return CounterReader(self)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ibtool.errors import IbtoolError, UnsupportedError
-from ibtool.model import CounterSample, Device, Port
+from ibtool.model.records import CounterSample, Device, Port
 
 # Model fields and the NLDEV attributes that answer them (GET for devices, PORT_GET for ports).
 DEVICE_ATTRS = {

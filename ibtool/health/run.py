@@ -18,8 +18,8 @@ from ibtool.api import (
     MetricFamily,
     Status,
 )
-from ibtool.healthstate import Saved
-from ibtool.hooks import run_health_checks
+from ibtool.health.state import Saved
+from ibtool.plugin.hooks import run_health_checks
 
 # Worst first, then in check order: what a person reading the long output looks at first.
 _ORDER = {Status.CRITICAL: 0, Status.WARNING: 1, Status.UNKNOWN: 2, Status.OK: 3}

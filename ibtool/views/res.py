@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ibtool import render
-from ibtool.model import Owner
+from ibtool.model.records import Owner
+from ibtool.views import render
 
 OBJECTS = ("qp", "cm_id", "cq", "mr", "pd", "ctx", "srq")
 PER_PORT = ("qp", "cm_id")  # the others belong to a device, not a port

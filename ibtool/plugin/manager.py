@@ -16,8 +16,8 @@ from typing import Any
 
 import pluggy
 
-from ibtool import hookspecs
 from ibtool.errors import UsageError
+from ibtool.plugin import hookspecs
 
 GROUP = "ibtool"
 # The foundation commands; blocking them would leave no tool to speak of.

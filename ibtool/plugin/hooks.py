@@ -1,4 +1,5 @@
-"""The registering hooks of ibtool.hookspecs, called for the faces that use them, and the runs of
+"""The registering hooks of ibtool.plugin.hookspecs, called for the faces that use them, and the
+runs of
 what they register: health checks and metric collectors.
 
 One plugin's fault costs that plugin only. A hook implementation that raises (SystemExit too),
@@ -28,7 +29,7 @@ from ibtool.errors import IbtoolError
 
 if TYPE_CHECKING:
     from ibtool.host import Host
-    from ibtool.plugins import Plugins
+    from ibtool.plugin.manager import Plugins
 
 Warn = Callable[[str], None]
 _NAME = re.compile(r"\S+")
@@ -70,7 +71,7 @@ def _collect(plugins: Plugins, hook: str, what: str, warn: Warn) -> Registered:
     """What the plugins registered through `hook`. A name stays with ibtool's own plugin, else
     with the first loaded (Plugins.hookimpls); the other is named in one warning and keeps the
     rest of what it registered."""
-    from ibtool.plugins import fault
+    from ibtool.plugin.manager import fault
 
     owners: dict[str, str] = {}
     found: dict[str, Callable[..., Any]] = {}

@@ -10,7 +10,7 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 
 from ibtool.errors import CommandFailed
-from ibtool.model import Gid, GidType, LinkLayer, Port, PortState
+from ibtool.model.records import Gid, GidType, LinkLayer, Port, PortState
 
 
 def _family_rank(g: Gid) -> int:

@@ -8,9 +8,10 @@ RDMA objects, and the kernel release, ibtool version, host name and time. `Snaps
 gives a Host whose sources answer from the file: every read-only command then prints what it printed
 live at that moment.
 
-The answers are recorded where the host asks its sources (ibtool.replay: method, arguments ->
+The answers are recorded where the host asks its sources (ibtool.snapshot.replay:
+method, arguments ->
 value or error), so a replayed command takes the same path as the live one did; the tree is
-ibtool.snaptree's. The file is JSON
+ibtool.snapshot.tree's. The file is JSON
 (gzip-compressed when its name ends in .gz) with a format name and version: a file from a
 newer ibtool, or a damaged one, is one clear error.
 """
@@ -34,9 +35,9 @@ from typing import Any
 
 from ibtool import errors
 from ibtool.errors import IbtoolError, UsageError
-from ibtool.replay import SnapshotError, recording, replaying
-from ibtool.snaplimits import DEFAULT, Limits, hint, shown
-from ibtool.snaptree import Tree, capture_tree
+from ibtool.snapshot.limits import DEFAULT, Limits, hint, shown
+from ibtool.snapshot.replay import SnapshotError, recording, replaying
+from ibtool.snapshot.tree import Tree, capture_tree
 
 FORMAT = "ibtool-snapshot"
 VERSION = 1
@@ -58,7 +59,7 @@ def save(
     """Capture the host into `path` and return what was saved. `root`, `open_netlink` and
     `open_verbs` are the running host's unless given (tests give a tree and a fake kernel)."""
     from ibtool import host as hosts
-    from ibtool.session import open_nldev
+    from ibtool.sources.netlink.session import open_nldev
     from ibtool.sources.sysfs import SysfsSource
 
     if os.path.isdir(path):
@@ -338,7 +339,7 @@ def _answer(answer: Any) -> bool:
 def _feature_fields() -> set[str]:
     import dataclasses
 
-    from ibtool.model import NetlinkFeature
+    from ibtool.model.records import NetlinkFeature
 
     return {f.name for f in dataclasses.fields(NetlinkFeature)}
 
@@ -453,7 +454,7 @@ class SnapshotHost:
         limits: Limits = DEFAULT,
     ):
         from ibtool.host import Host
-        from ibtool.model import NetlinkFeature
+        from ibtool.model.records import NetlinkFeature
         from ibtool.sources.sysfs import SysfsSource
 
         self.path = path
@@ -499,7 +500,7 @@ class SnapshotHost:
 
 def summary(data: dict[str, Any]) -> dict[str, Any]:
     """What a loaded snapshot holds, counted, without building anything: `snapshot show`."""
-    from ibtool.sources.sysfs import natural_key
+    from ibtool.model.names import natural_key
 
     devices = []
     for entry in data["sysfs"]:

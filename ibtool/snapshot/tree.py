@@ -9,8 +9,8 @@ import errno as errnos
 import os
 from typing import Any
 
-from ibtool.replay import SnapshotError
-from ibtool.snaplimits import DEFAULT, Limits, hint, shown
+from ibtool.snapshot.limits import DEFAULT, Limits, hint, shown
+from ibtool.snapshot.replay import SnapshotError
 from ibtool.sources.sysfs import BOND_FILES, BOND_SLAVE_FILES, valid_netdev_name
 
 _SKIP_DIRS = {"power"}  # runtime PM attributes: not RDMA state, and reading them wakes devices

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ibtool import render
+from ibtool.views import render
 
 Run = Callable[["Invocation"], "int | None"]
 Configure = Callable[[argparse.ArgumentParser], None]
@@ -142,7 +142,7 @@ class Invocation:
         """The facade over the host's sources (or a snapshot's), built on first use."""
         if self._host is None:
             if self.snapshot is not None:
-                from ibtool.snapshot import SnapshotHost
+                from ibtool.snapshot.save import SnapshotHost
 
                 self._snapshot = SnapshotHost(
                     self.snapshot, self.warn, self.details, **self.snapshot_kwargs()
@@ -167,7 +167,7 @@ class Invocation:
             elif self._host is not None:
                 self._host.close()
         finally:
-            snapshot = sys.modules.get("ibtool.snapshot")
+            snapshot = sys.modules.get("ibtool.snapshot.save")
             if snapshot is not None:
                 snapshot.remove_trees()
 
