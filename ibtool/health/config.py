@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ibtool.api import Range
 from ibtool.errors import DataError, UnsupportedError
+from ibtool.model.health import Range
 
 DEFAULT_PATH = "/etc/ibtool/health.toml"
 

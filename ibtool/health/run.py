@@ -11,15 +11,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ibtool.api import (
-    CheckContext,
-    HealthCheck,
-    HealthResult,
-    MetricFamily,
-    Status,
-)
 from ibtool.health.state import Saved
+from ibtool.model.health import HealthResult, Status
+from ibtool.plugin.context import CheckContext, HealthCheck
 from ibtool.plugin.hooks import run_health_checks
+from ibtool.views.prometheus import MetricFamily
 
 # Worst first, then in check order: what a person reading the long output looks at first.
 _ORDER = {Status.CRITICAL: 0, Status.WARNING: 1, Status.UNKNOWN: 2, Status.OK: 3}

@@ -12,8 +12,8 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable
 
-from ibtool.api import MetricFamily, exposition
 from ibtool.errors import IbtoolError, PermissionDeniedError, UsageError
+from ibtool.views.prometheus import MetricFamily, exposition
 
 
 def collected(plugins, host, warn: Callable[[str], None]) -> list[MetricFamily]:

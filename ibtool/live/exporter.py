@@ -17,8 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from ibtool.api import MetricFamily
 from ibtool.errors import UnsupportedError, UsageError
+from ibtool.views.prometheus import MetricFamily
 
 DEFAULT_PORT = 9877
 # exporter-toolkit's --web.max-requests default (node_exporter). Each answer is built from the

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ibtool.api import HealthResult, Status
 from ibtool.errors import IbtoolError, NoDevicesError
 from ibtool.model import counters as counterinfo
 from ibtool.model.events import Event, Seen, diff
+from ibtool.model.health import HealthResult, Status
 from ibtool.model.rates import Rated, Sampler
 from ibtool.model.records import CounterSample, Gid, Port
 

@@ -16,16 +16,10 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ibtool.api import (
-    CheckContext,
-    HealthCheck,
-    HealthResult,
-    MetricCollector,
-    MetricFamily,
-    PanelFactory,
-    Status,
-)
 from ibtool.errors import IbtoolError
+from ibtool.model.health import HealthResult, Status
+from ibtool.plugin.context import CheckContext, HealthCheck, MetricCollector, PanelFactory
+from ibtool.views.prometheus import MetricFamily
 
 if TYPE_CHECKING:
     from ibtool.host import Host

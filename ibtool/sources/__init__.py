@@ -1,1 +1,2 @@
-"""Where facts come from. Each source returns ibtool.model.records records, never its library's objects."""
+"""Where facts come from: sysfs, RDMA netlink, verbs, kernel links. Each source returns
+ibtool.model records, never its library's objects."""

@@ -18,9 +18,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Footer, Input, Static
 
-from ibtool.api import Status
 from ibtool.errors import IbtoolError
 from ibtool.live.feed import Feed, Frame
+from ibtool.model.health import Status
 from ibtool.tui import format
 from ibtool.tui.messages import Polled
 from ibtool.tui.screens.detail import PortScreen

@@ -544,4 +544,14 @@ def test_ibtool_api_imports_no_plugin_machinery_nor_the_host():
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout
-    assert json.loads(out) == ["ibtool", "ibtool.api"]
+    # the types' homes, and nothing else: no pluggy, no Host, no Textual
+    assert json.loads(out) == [
+        "ibtool",
+        "ibtool.api",
+        "ibtool.model",
+        "ibtool.model.health",
+        "ibtool.plugin",
+        "ibtool.plugin.context",
+        "ibtool.views",
+        "ibtool.views.prometheus",
+    ]

@@ -8,8 +8,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 
-from ibtool.api import Status
 from ibtool.live.feed import Frame, PortKey
+from ibtool.model.health import Status
 from ibtool.tui import format
 from ibtool.tui.widgets.counters import CounterTable, explain
 from ibtool.tui.widgets.gids import GidTable

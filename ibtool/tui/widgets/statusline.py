@@ -7,8 +7,8 @@ from datetime import datetime
 from rich.text import Text
 from textual.widget import Widget
 
-from ibtool.api import Status
 from ibtool.live.feed import Frame
+from ibtool.model.health import Status
 from ibtool.tui import format
 
 
