@@ -1,22 +1,30 @@
-"""Plugin manager factory: entry points, blocking (-p no:NAME), IBTOOL_* environment.
+"""Plugin manager factory: ibtool's own plugins by name, others by entry point, blocking
+(-p no:NAME), IBTOOL_* environment.
 
-Built by ``cli.main()`` for each invocation, never at import time, so tests build their own
-managers without reloading modules.
+ibtool's own plugins are registered by name, as pytest registers its own (``default_plugins``
+in pytest's ``_pytest/config/__init__.py``): they are the modules of the package
+``ibtool_plugins``, which is plugins/ in a clone and needs no installing, so a checkout runs as
+``PYTHONPATH=. python3 -m ibtool``. Third-party plugins come from the ``ibtool`` entry-point
+group. Built by ``cli.main()`` for each invocation, never at import time, so tests build their
+own managers without reloading modules.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pluggy
 
-from ibtool.errors import UsageError
+from ibtool.errors import IbtoolError, UsageError
 from ibtool.plugin import hookspecs
 
 GROUP = "ibtool"
@@ -28,6 +36,25 @@ ENV_PLUGINS = "IBTOOL_PLUGINS"
 # plugins command): both are built-ins, whose names no other plugin takes.
 BUILTIN_PACKAGE = "ibtool_plugins"
 CORE = "core"
+# ibtool's own plugins, in the order they are registered (the first keeps a name two take).
+BUILTIN = (
+    "counters",
+    "devices",
+    "gids",
+    "health",
+    "loopback",
+    "monitor",
+    "ping",
+    "ports",
+    "res",
+    "snapshot",
+    "system",
+    "tui",
+)
+REINSTALL = (
+    "reinstall ibtool (pip install ./ibtool, or the distribution's package); "
+    "from a clone, run it as PYTHONPATH=<the clone> python3 -m ibtool"
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +83,49 @@ def _entry_points() -> Iterator[tuple[metadata.EntryPoint, metadata.Distribution
 
 def _is_first_party(dist: metadata.Distribution) -> bool:
     return dist.metadata["Name"] == "ibtool"
+
+
+def _own_distribution() -> metadata.Distribution | None:
+    """ibtool's installed distribution (its version for `ibtool plugins`); None in a clone."""
+    try:
+        return metadata.distribution("ibtool")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def builtin_package() -> Any:
+    """The package of ibtool's own plugins: installed as ibtool_plugins, or plugins/ beside
+    this ibtool package in a clone (setuptools installs that folder under the package's name,
+    which a checkout on PYTHONPATH does not have)."""
+    try:
+        return importlib.import_module(BUILTIN_PACKAGE)
+    except ModuleNotFoundError as e:
+        if e.name != BUILTIN_PACKAGE:
+            raise
+    folder = Path(__file__).resolve().parents[2] / "plugins"
+    spec = importlib.util.spec_from_file_location(
+        BUILTIN_PACKAGE, folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    if spec is None or spec.loader is None or not (folder / "__init__.py").is_file():
+        raise IbtoolError(f"ibtool's own plugins ({BUILTIN_PACKAGE}) are not installed", REINSTALL)
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[BUILTIN_PACKAGE] = package
+    spec.loader.exec_module(package)
+    return package
+
+
+def _load_builtin(name: str) -> object:
+    """Built-in plugin `name`'s module; an IbtoolError saying how to install when it fails
+    to import (a broken install, not a plugin's fault the rest of the tool can do without)."""
+    builtin_package()
+    try:
+        return importlib.import_module(f"{BUILTIN_PACKAGE}.{name}")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        raise IbtoolError(
+            f"ibtool's own plugin {name} failed to load: {fault(e)}", REINSTALL
+        ) from None
 
 
 def fault(e: BaseException) -> str:
@@ -111,7 +181,7 @@ class Plugins:
             return
         try:
             plugin = load()
-        except KeyboardInterrupt:  # the user's Ctrl-C (or SIGTERM: Terminated) while it loads
+        except (KeyboardInterrupt, IbtoolError):  # the user's Ctrl-C; a built-in's failure
             raise
         except BaseException as e:  # SystemExit too: a plugin never decides the exit status
             warn(f"plugin {name or '?'} not loaded: {fault(e)}")
@@ -187,19 +257,24 @@ def build_plugins(
             )
         pm.set_blocked(name)
 
-    autoload = not env.get(ENV_DISABLE_AUTOLOAD)
     # ibtool's own first, then the others by name: which of two plugins is loaded first, and so
     # keeps a name both register, is the same on every host, whatever the order of sys.path and
     # of the files in its directories (importlib.metadata lists them as the file system does).
-    found = sorted(_entry_points(), key=lambda e: (not _is_first_party(e[1]), e[0].name))
     blocked_modules = set()
-    for ep, dist in found:
-        if pm.is_blocked(ep.name):
-            blocked_modules.add(ep.module)
+    own = _own_distribution()
+    for name in BUILTIN:
+        if pm.is_blocked(name):
+            blocked_modules.add(f"{BUILTIN_PACKAGE}.{name}")
             continue
-        if not autoload and not _is_first_party(dist):
-            continue
-        plugins.register(ep.name, ep.load, warn, dist=dist)
+        plugins.register(name, lambda n=name: _load_builtin(n), warn, dist=own)
+    if not env.get(ENV_DISABLE_AUTOLOAD):
+        for ep, dist in sorted(_entry_points(), key=lambda e: e[0].name):
+            if _is_first_party(dist):
+                continue  # an install from before the built-ins were registered by name
+            if pm.is_blocked(ep.name):
+                blocked_modules.add(ep.module)
+                continue
+            plugins.register(ep.name, ep.load, warn, dist=dist)
 
     for module in filter(None, (s.strip() for s in env.get(ENV_PLUGINS, "").split(","))):
         # -p no:NAME wins over the environment, also when IBTOOL_PLUGINS names NAME's module

@@ -160,3 +160,79 @@ def test_plugin_exception_is_one_line_not_a_traceback():
     assert code == ExitCode.INTERNAL and "Traceback" not in err and err.count("\n") == 1
     code, _, err = run(["--debug", "crash"], plugins=[plugin])
     assert code == ExitCode.INTERNAL and "Traceback" in err
+
+
+# -- ibtool's own plugins, by name ------------------------------------------------------------
+
+
+def _python_without_ibtool_installed(code: str, pythonpath: str, cwd: str):
+    """`python -c code` as in a clone nobody installed: the venv's libraries on sys.path, but
+    not its .pth files, which hold the editable install of ibtool and ibtool_plugins."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    libraries = [sysconfig.get_paths()["purelib"], "/usr/lib/python3/dist-packages"]
+    setup = f"import sys; sys.path[:0] = {pythonpath.split(':')!r}; sys.path += {libraries!r}; "
+    return subprocess.run(
+        [sys.executable, "-S", "-c", setup + code],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+def test_a_clone_runs_with_pythonpath_alone(tmp_path):
+    from pathlib import Path
+
+    from tests.fixtures.sysfs_trees import mlx5_roce
+
+    checkout = str(Path(__file__).resolve().parents[2])
+    mlx5_roce(tmp_path / "root")
+    root = str(tmp_path / "root")
+    run_ibtool = (
+        f"import runpy; sys.argv = ['ibtool', '--root', {root!r}, 'dev']; "
+        "runpy.run_module('ibtool', run_name='__main__')"
+    )
+    done = _python_without_ibtool_installed(run_ibtool, checkout, str(tmp_path))
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("mlx5_0: node_type ca protocol RoCE")
+    check = (
+        "import ibtool.plugin.manager as m, importlib.util; "
+        "print(importlib.util.find_spec('ibtool_plugins') is None, m.builtin_package().__file__)"
+    )
+    done = _python_without_ibtool_installed(check, checkout, str(tmp_path))
+    assert done.stdout.split() == ["True", f"{checkout}/plugins/__init__.py"]
+
+
+def test_an_own_plugin_that_fails_to_load_is_an_error_that_says_how_to_reinstall(tmp_path):
+    from pathlib import Path
+
+    checkout = str(Path(__file__).resolve().parents[2])
+    package = tmp_path / "ibtool_plugins"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "counters.py").write_text("import a_module_that_is_not_there\n")
+    run_ibtool = (
+        "import runpy; sys.argv = ['ibtool', 'dev']; "
+        "runpy.run_module('ibtool', run_name='__main__')"
+    )
+    done = _python_without_ibtool_installed(run_ibtool, f"{tmp_path}:{checkout}", str(tmp_path))
+    assert done.returncode == ExitCode.FAILED
+    assert done.stdout == ""
+    assert done.stderr == (
+        "ibtool: error: ibtool's own plugin counters failed to load: ModuleNotFoundError: "
+        "No module named 'a_module_that_is_not_there' (hint: reinstall ibtool "
+        "(pip install ./ibtool, or the distribution's package); from a clone, run it as "
+        "PYTHONPATH=<the clone> python3 -m ibtool)\n"
+    )
+
+
+def test_own_plugins_are_registered_by_name_not_by_entry_point():
+    from ibtool.plugin.manager import BUILTIN
+
+    plugins = build_plugins(environ={"IBTOOL_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    names = [name for name, _ in plugins.pm.list_name_plugin()]
+    assert names == list(BUILTIN)
+    assert all(plugins.builtin(n) == f"ibtool_plugins.{n}" for n in names)
