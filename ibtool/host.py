@@ -16,7 +16,7 @@ from typing import Any
 
 from ibtool.errors import DataError, IbtoolError, NotFoundError, NotLiveError, UsageError
 from ibtool.model.records import CounterSample, Device, Gid, LinkLayer, PKey, Port
-from ibtool.sources.sysfs import PORT_DETAILS, PORT_FIELDS, PORT_NETDEV, SysfsSource
+from ibtool.sources.sysfs.infiniband import PORT_DETAILS, PORT_FIELDS, PORT_NETDEV, SysfsSource
 
 # What `ibtool port` shows without -d: state, rate, LIDs and the netdev, all from sysfs.
 PORT_SHOWN = PORT_FIELDS + PORT_NETDEV

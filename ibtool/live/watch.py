@@ -42,7 +42,7 @@ class SysfsPoller:
     source = "sysfs"
 
     def __init__(self, root: str, warn: Callable[[str], None]):
-        from ibtool.sources.sysfs import SysfsSource
+        from ibtool.sources.sysfs.infiniband import SysfsSource
 
         self.warn = warn
         self.sysfs = SysfsSource(root, self._note)

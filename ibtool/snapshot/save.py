@@ -60,7 +60,7 @@ def save(
     `open_verbs` are the running host's unless given (tests give a tree and a fake kernel)."""
     from ibtool import host as hosts
     from ibtool.sources.netlink.session import open_nldev
-    from ibtool.sources.sysfs import SysfsSource
+    from ibtool.sources.sysfs.infiniband import SysfsSource
 
     if os.path.isdir(path):
         raise UsageError(f"snapshot save {path}: a directory", "give the name of the file to write")
@@ -455,7 +455,7 @@ class SnapshotHost:
     ):
         from ibtool.host import Host
         from ibtool.model.records import NetlinkFeature
-        from ibtool.sources.sysfs import SysfsSource
+        from ibtool.sources.sysfs.infiniband import SysfsSource
 
         self.path = path
         self.tmp: str | None = None

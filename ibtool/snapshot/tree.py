@@ -11,7 +11,8 @@ from typing import Any
 
 from ibtool.snapshot.limits import DEFAULT, Limits, hint, shown
 from ibtool.snapshot.replay import SnapshotError
-from ibtool.sources.sysfs import BOND_FILES, BOND_SLAVE_FILES, valid_netdev_name
+from ibtool.sources.sysfs.net import BOND_FILES, BOND_SLAVE_FILES
+from ibtool.sources.sysfs.values import valid_netdev_name
 
 _SKIP_DIRS = {"power"}  # runtime PM attributes: not RDMA state, and reading them wakes devices
 

@@ -22,7 +22,7 @@ def read_sysfs_from(monkeypatch, root: Path) -> None:
     those)."""
     from ibtool.host import Host
     from ibtool.plugin.commands import Invocation
-    from ibtool.sources.sysfs import SysfsSource
+    from ibtool.sources.sysfs.infiniband import SysfsSource
 
     original = Invocation.host
 

@@ -14,7 +14,7 @@ from ibtool.errors import ExitCode
 from ibtool.model import counters as counterinfo
 from ibtool.model.rates import counter_rate, is_saturated
 from ibtool.model.records import CounterSample
-from ibtool.sources.sysfs import SysfsSource
+from ibtool.sources.sysfs.infiniband import SysfsSource
 from tests.fixtures import captured_kernel
 from tests.fixtures.sysfs_trees import require_capture
 

@@ -12,7 +12,7 @@ from ibtool.errors import IbtoolError, NotFoundError, PermissionDeniedError, Usa
 from ibtool.host import Host
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, messages
-from ibtool.sources.sysfs import SysfsSource
+from ibtool.sources.sysfs.infiniband import SysfsSource
 from tests.fixtures import sysfs_trees
 from tests.fixtures.netlink import FakeKernel, ack, done, nla, reply, string, u8, u32, u64
 from tests.unit.fake_host import counters_cli

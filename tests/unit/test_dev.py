@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ibtool.sources.sysfs import NO_DEVICES_HINT
+from ibtool.sources.sysfs.infiniband import NO_DEVICES_HINT
 from tests.fixtures.sysfs_trees import HFI1_BOARD
 
 MLX5_IB = {

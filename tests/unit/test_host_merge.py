@@ -12,7 +12,7 @@ from ibtool.host import Host
 from ibtool.model.records import PortState
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, messages
-from ibtool.sources.sysfs import SysfsSource
+from ibtool.sources.sysfs.infiniband import SysfsSource
 from tests.fixtures import sysfs_trees
 from tests.fixtures.netlink import FakeKernel, replay
 

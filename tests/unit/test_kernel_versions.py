@@ -479,7 +479,7 @@ def live_mlx5(tmp_path, linux):
 
     def make(release: Release, **kw):
         from ibtool.host import Host
-        from ibtool.sources.sysfs import SysfsSource
+        from ibtool.sources.sysfs.infiniband import SysfsSource
 
         kernel = linux(release, devices=[Device("mlx5_0", 7, ports=2, **kw)])
         return Host(sysfs=SysfsSource(str(root))), kernel

@@ -12,7 +12,7 @@ from ibtool.model.records import CounterSample, NetnsMode, NodeType, PhysState, 
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import messages, records
 from ibtool.sources.netlink.client import NldevClient
-from ibtool.sources.sysfs import SysfsSource
+from ibtool.sources.sysfs.infiniband import SysfsSource
 from tests.fixtures.netlink import (
     NETLINK,
     FakeKernel,

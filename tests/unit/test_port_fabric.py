@@ -11,7 +11,7 @@ from ibtool_plugins import ports
 from ibtool.errors import DataError, ExitCode, NotFoundError
 from ibtool.host import Host
 from ibtool.model.records import PKey
-from ibtool.sources.sysfs import SysfsSource
+from ibtool.sources.sysfs.infiniband import SysfsSource
 from tests.fixtures import sysfs_trees
 from tests.unit.conftest import run_cli
 from tests.unit.fake_host import read_sysfs_from

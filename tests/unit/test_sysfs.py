@@ -6,11 +6,11 @@ import re
 
 import pytest
 
+from ibtool.model.names import natural_key
 from ibtool.model.records import NodeType, PhysState, PortState
-from ibtool.sources.sysfs import (
+from ibtool.sources.sysfs.values import (
     gid_ip,
     iwarp_hardware,
-    natural_key,
     parse_decimal,
     parse_enum,
     parse_enum_line,

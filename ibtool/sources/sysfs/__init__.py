@@ -1,0 +1,13 @@
+"""The sysfs readers: what the kernel shows of RDMA devices and their netdevs as files.
+
+- values: the parsers of what the kernel prints in a file (enums, LIDs, rates, GUIDs, netdev
+  names) and what is wrong with a value it never prints (Invalid).
+- files: SysfsFiles, a tree rooted anywhere: a file read, parsed, or warned about once.
+- net: NetFiles, the netdevs' VLANs (/proc/net/vlan/config), bonds and carrier changes.
+- counters: CounterFiles, the PMA and driver (hw_counters) counters of ports and devices.
+- infiniband: SysfsSource, /sys/class/infiniband: devices, ports, GIDs, P_Key tables, on top of
+  NetFiles and CounterFiles.
+
+These modules import only ibtool.model, ibtool.errors, ibtool.argtypes and one another (each
+only the ones listed above it).
+"""

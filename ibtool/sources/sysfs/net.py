@@ -1,0 +1,114 @@
+"""Netdevs, VLANs and bonds: what the RDMA readers need of /sys/class/net and /proc/net/vlan."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from ibtool.model.records import Bond, BondSlave
+from ibtool.sources.sysfs.files import SysfsFiles
+from ibtool.sources.sysfs.values import (
+    is_number,
+    parse_decimal,
+    parse_netdev,
+    quoted,
+    valid_netdev_name,
+)
+
+BOND_FILES = ("mode", "slaves", "active_slave")  # under /sys/class/net/BOND/bonding
+BOND_SLAVE_FILES = ("state", "mii_status")  # under /sys/class/net/SLAVE/bonding_slave
+BOND_SLAVE_STATES = ("active", "backup")
+BOND_MII = ("up", "going down", "down", "going back")
+
+
+def _parse_bond_mode(text: str) -> str:
+    name, number = text.split(" ")
+    if not name or not number.isdigit():
+        raise ValueError(text)
+    return name
+
+
+def _parse_netdev_list(text: str) -> tuple[str, ...]:
+    names = tuple(text.split())
+    if not all(valid_netdev_name(n) for n in names) or len(set(names)) != len(names):
+        raise ValueError(text)
+    return names
+
+
+def _parse_optional_netdev(text: str) -> str:
+    return parse_netdev(text) if text else ""
+
+
+def _parse_word(words: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in words:
+            raise ValueError(text)
+        return text
+
+    return parse
+
+
+class NetFiles(SysfsFiles):
+    """The netdev side of a sysfs tree: VLANs (read once), bonds, carrier changes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._vlans: dict[str, tuple[int, str]] | None = None
+
+    def vlans(self) -> dict[str, tuple[int, str]]:
+        """VLAN netdev -> (VLAN id, lower netdev), from /proc/net/vlan/config (8021q's
+        vlan_seq_show: two header lines, then 'NAME | VID | LOWER' per VLAN)."""
+        if self._vlans is None:
+            self._vlans = {}
+            path = os.path.join(self.root, "proc", "net", "vlan", "config")
+            text = self.read(path, required=False)
+            if text is None:
+                return self._vlans  # no 8021q module
+            lines = text.splitlines()
+            if not lines or not lines[0].startswith("VLAN Dev name"):
+                self.bad(path, f"malformed value {quoted(text)}")
+                return self._vlans
+            malformed = None
+            for line in lines[2:]:
+                parts = [s.strip() for s in line.split("|")]
+                if (
+                    len(parts) == 3
+                    and is_number(parts[1])
+                    and int(parts[1]) <= 4095
+                    and valid_netdev_name(parts[0])
+                    and valid_netdev_name(parts[2])
+                ):
+                    self._vlans[parts[0]] = (int(parts[1]), parts[2])
+                elif malformed is None:
+                    malformed = line
+            if malformed is not None:
+                self.bad(path, f"malformed line {quoted(malformed)}")
+        return self._vlans
+
+    def bond(self, netdev: str) -> Bond | None:
+        """The bond `netdev` is, from its bonding/ directory; None when it is not a bond.
+
+        bond_sysfs.c: mode "NAME NUMBER", slaves "A B ..." (an empty line without slaves),
+        active_slave the name or nothing; bond_sysfs_slave.c, per slave: state "active" or
+        "backup", mii_status "up", "going down", "down" or "going back"."""
+        bonding = os.path.join(self.root, "sys", "class", "net", netdev, "bonding")
+        if not os.path.isdir(bonding):
+            return None
+        mode = self.parsed(os.path.join(bonding, "mode"), _parse_bond_mode)
+        names = self.parsed(os.path.join(bonding, "slaves"), _parse_netdev_list) or ()
+        active = self.parsed(
+            os.path.join(bonding, "active_slave"), _parse_optional_netdev, required=False
+        )
+        slaves = []
+        for name in names:
+            slave_dir = os.path.join(self.root, "sys", "class", "net", name, "bonding_slave")
+            state = self.parsed(os.path.join(slave_dir, "state"), _parse_word(BOND_SLAVE_STATES))
+            mii = self.parsed(os.path.join(slave_dir, "mii_status"), _parse_word(BOND_MII))
+            slaves.append(BondSlave(name, state, mii))
+        return Bond(netdev, mode, tuple(slaves), active or None)
+
+    def carrier_changes(self, netdev: str) -> int | None:
+        """How often the netdev's carrier went up or down since it was created
+        (/sys/class/net/NETDEV/carrier_changes, Linux 3.15); None where unreadable."""
+        path = os.path.join(self.root, "sys", "class", "net", netdev, "carrier_changes")
+        return self.parsed(path, parse_decimal(1 << 64), required=False)
