@@ -1,4 +1,26 @@
-"""ibtool: RDMA management and diagnostics toolkit."""
+"""ibtool: RDMA management and diagnostics toolkit.
+
+Folders by kind, from the top; each may import those below it, never those above
+(tests/unit/test_layers.py holds the house to it):
+
+    cli.py     argument parsing, global options, exit codes (the only place that exits)
+    api.py     the one surface plugins import
+    tui/       the dashboard (Textual), imported by `ibtool tui` only
+    live/      the one engine and its faces' loops: dashboard feed, exporter, monitor
+    health/    the checks' runs, config, state, textfile, Slurm
+    plugin/    hookspecs, the plugin manager, the commands' registry
+    snapshot/  save, the replayed tree, diff
+    rdma/      the data path: ladder, completions, wire, cm, loopback/, ping/
+    host.py    THE gateway: one Host merges the sources per fact, with provenance
+    sources/   sysfs, netlink, verbs, kernel links
+    views/     rendering, the res tables, Prometheus exposition
+    web/       the exporter's HTTP server and web config
+    model/     records, counter meanings, rates, the GID rule, events, findings
+    errors.py, argtypes.py
+
+ibtool's own plugins are the package ibtool_plugins (plugins/ in a clone). This package may
+import only ibtool.plugin.hookspecs, lazily, for `from ibtool import hookimpl`.
+"""
 
 __version__ = "0.1.0"
 

@@ -16,6 +16,11 @@ is imported only when a client or the message codec is first used: `attrs`, `err
     client    the request/reply exchange, the socket, NldevClient and AsyncNldevClient
     errors    socket and kernel errors as ibtool errors
     records   replies as Device, Port, RdmaSystem, CounterSample and the resource records
+    monitor   the kernel's monitor events as ibtool.model Events
+    session   one run's netlink client, opened on first use, with the kernel's features
+    merging   netlink's answers merged with sysfs', each field with its source
+
+May import ibtool.sources.sysfs, ibtool.model, ibtool.errors; never the Host or above.
 """
 
 from __future__ import annotations

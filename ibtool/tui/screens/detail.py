@@ -14,7 +14,7 @@ from ibtool.tui import format
 from ibtool.tui.widgets.counters import CounterTable, explain
 from ibtool.tui.widgets.gids import GidTable
 from ibtool.tui.widgets.owners import OwnerTable
-from ibtool.tui.widgets.ports import _address, _phys, _rate, _state
+from ibtool.tui.widgets.ports import address_cell, physical_state_cell, rate_cell, state_cell
 from ibtool.tui.widgets.statusline import StatusLine
 
 
@@ -27,10 +27,10 @@ def facts(frame: Frame, key: PortKey) -> Text:
         return Text(f" {name}: gone (the device or port is no longer there)", style="bold red")
     p = row.port
     text = Text(f" {name} ", style="bold")
-    for part in (_state(row), _phys(row), _rate(row)):
+    for part in (state_cell(row), physical_state_cell(row), rate_cell(row)):
         text.append_text(part)
         text.append("  ")
-    text.append(f"{p.link_layer.label if p.link_layer else '?'}  {_address(row)}")
+    text.append(f"{p.link_layer.label if p.link_layer else '?'}  {address_cell(row)}")
     text.append("  health ")
     text.append_text(format.status(row.health))
     for f in row.findings:

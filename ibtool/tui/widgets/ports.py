@@ -35,21 +35,21 @@ def _name(key: PortKey) -> str:
     return f"{key[0]}/{key[1]}"
 
 
-def _state(row: PortRow) -> Text:
+def state_cell(row: PortRow) -> Text:
     state = row.port.state
     if state is None:
         return Text("?", style="magenta")
     return Text(state.name, style="green" if state == PortState.ACTIVE else "bold red")
 
 
-def _phys(row: PortRow) -> Text:
+def physical_state_cell(row: PortRow) -> Text:
     phys = row.port.physical_state
     if phys is None:
         return Text("?", style="magenta")
     return Text(phys.label, style="" if phys == PhysState.LINK_UP else "bold red")
 
 
-def _rate(row: PortRow, narrow: bool = False) -> Text:
+def rate_cell(row: PortRow, narrow: bool = False) -> Text:
     rate = row.port.rate
     if rate is None:
         return Text("?", style="magenta")
@@ -65,7 +65,7 @@ def _rate(row: PortRow, narrow: bool = False) -> Text:
     return text
 
 
-def _address(row: PortRow) -> str:
+def address_cell(row: PortRow) -> str:
     p = row.port
     if p.link_layer == LinkLayer.INFINIBAND:
         return f"LID {p.lid}" if p.lid is not None else "LID ?"
@@ -98,14 +98,14 @@ def cells(row: PortRow, frame: Frame, narrow: bool = False) -> tuple:
     values = (
         _name(row.key),
         format.status(row.health),
-        _state(row),
+        state_cell(row),
         format.throughput(t.tx_bytes, t.tx_packets, gbps, bar),
         format.throughput(t.rx_bytes, t.rx_packets, gbps, bar),
         _errors(row, frame.live),
-        _rate(row, narrow),
-        _address(row),
+        rate_cell(row, narrow),
+        address_cell(row),
     )
-    return values if narrow else (*values, _phys(row))
+    return values if narrow else (*values, physical_state_cell(row))
 
 
 def matches(row: PortRow, text: str) -> bool:
