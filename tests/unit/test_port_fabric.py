@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ibtool_plugins import ports
+from ibtool_plugins.ports import show
 
 from ibtool.errors import DataError, ExitCode, NotFoundError
 from ibtool.host import Host
@@ -184,7 +184,7 @@ def test_verbs_give_the_vls_and_path_migration(tmp_path):
     root = sysfs_trees.build("mlx5_ib_hca", tmp_path)
     host = verbs_host(root, {"max_vl_num": 4, "auto_path_mig": True}, warnings)
     (p,) = host.ports("mlx5_0/1")
-    assert ports.detail_lines(p)[2:] == ["max_vl_num 4 (VL0-7)", "auto_path_mig yes"]
+    assert show.detail_lines(p)[2:] == ["max_vl_num 4 (VL0-7)", "auto_path_mig yes"]
     assert (p.max_vl_num, p.auto_path_mig, warnings) == (4, True, [])
 
 
@@ -194,7 +194,7 @@ def test_verbs_give_the_vls_and_path_migration(tmp_path):
 def test_every_vl_cap_encoding_is_named(tmp_path, vl_num, shown):
     host = verbs_host(sysfs_trees.build("mlx5_ib_hca", tmp_path), {"max_vl_num": vl_num}, [])
     (p,) = host.ports("mlx5_0/1")
-    assert f"max_vl_num {vl_num} ({shown})" in ports.detail_lines(p)
+    assert f"max_vl_num {vl_num} ({shown})" in show.detail_lines(p)
 
 
 def test_a_snapshot_saved_before_the_vls_were_read_shows_none(tmp_path):
@@ -202,7 +202,7 @@ def test_a_snapshot_saved_before_the_vls_were_read_shows_none(tmp_path):
     host = verbs_host(sysfs_trees.build("mlx5_ib_hca", tmp_path), {}, [])
     (p,) = host.ports("mlx5_0/1")
     assert (p.max_vl_num, p.auto_path_mig) == (None, None)
-    assert ports.detail_lines(p) == [line.strip() for line in MLX5_IB_PORT_1]
+    assert show.detail_lines(p) == [line.strip() for line in MLX5_IB_PORT_1]
 
 
 def test_netlinks_device_capabilities_say_whether_a_port_can_migrate(tmp_path):

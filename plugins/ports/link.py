@@ -1,5 +1,6 @@
-"""Software RDMA devices (rxe, siw) created on a netdev and deleted, as `rdma link add/delete`
-does (RDMA_NLDEV_CMD_NEWLINK, DELLINK), through the host's netlink session; what the kernel's
+"""`ibtool link add NAME type TYPE netdev NETDEV` and `ibtool link delete NAME`: software RDMA
+devices (rxe, siw) created on a netdev and deleted, as `rdma link add/delete` does
+(RDMA_NLDEV_CMD_NEWLINK, DELLINK), through the host's netlink session; what the kernel's
 refusals mean (drivers/infiniband/core/nldev.c nldev_newlink and nldev_dellink, the drivers'
 newlink)."""
 
@@ -8,8 +9,14 @@ from __future__ import annotations
 import errno
 import socket
 
-from ibtool.errors import IbtoolError, NotFoundError, UnsupportedError
+from ibtool.errors import IbtoolError, NotFoundError, UnsupportedError, UsageError
+from ibtool.host import Host
 
+LINK_USAGE = (
+    "ibtool link [show] [DEV[/PORT]] | ibtool link add NAME type { rxe | siw } netdev NETDEV "
+    "| ibtool link delete NAME"
+)
+IB_DEVICE_NAME_MAX = 64  # include/rdma/ib_verbs.h, with the terminating NUL
 # Where the kernel takes the netlink RDMA link commands from (iproute2: "from 5.1-rc1").
 LINK_SINCE = (5, 1)
 MODULES = {"rxe": "rdma_rxe", "siw": "siw"}
@@ -34,7 +41,7 @@ def _netdevs() -> str:
     return ", ".join(names) or "none"
 
 
-def add(host, name: str, link_type: str, netdev: str) -> None:
+def _create(host: Host, name: str, link_type: str, netdev: str) -> None:
     """A `link_type` device called `name` on `netdev`."""
     nl = _session(host, "add")
     if name in nl.indexes():
@@ -90,7 +97,7 @@ def _add_error(host, e: IbtoolError, nl, name: str, link_type: str, netdev: str)
     return e
 
 
-def delete(host, name: str) -> None:
+def _remove(host: Host, name: str) -> None:
     """The rxe or siw device `name`, unregistered."""
     nl = _session(host, "delete")
     indexes = nl.indexes()
@@ -111,3 +118,33 @@ def delete(host, name: str) -> None:
             "a hardware device goes away with its driver (modprobe -r) or its PCI function",
             errno=e.errno,
         ) from e
+
+
+def add(host: Host, words: list[str]) -> None:
+    """`link add NAME type TYPE netdev NETDEV`: the words after `add`."""
+    if not words:
+        raise UsageError("link add takes NAME type TYPE netdev NETDEV", LINK_USAGE)
+    name, rest = words[0], words[1:]
+    options: dict[str, str] = {}
+    while rest:
+        key = rest.pop(0)
+        if key not in ("type", "netdev") or not rest or key in options:
+            raise UsageError(f"link add: unexpected {key!r}", LINK_USAGE)
+        options[key] = rest.pop(0)
+    if set(options) != {"type", "netdev"}:
+        missing = " and ".join(k for k in ("type", "netdev") if k not in options)
+        raise UsageError(f"link add {name}: {missing} missing", LINK_USAGE)
+    # The kernel refuses '%' (a name pattern) and empty names; '/' cannot be a sysfs name.
+    if not name or "%" in name or "/" in name or len(name.encode()) >= IB_DEVICE_NAME_MAX:
+        raise UsageError(
+            f"bad device name {name!r}",
+            f"at most {IB_DEVICE_NAME_MAX - 1} bytes, without '%' or '/', e.g. rxe1",
+        )
+    _create(host, name, options["type"], options["netdev"])
+
+
+def delete(host: Host, words: list[str]) -> None:
+    """`link delete NAME`: the words after `delete`."""
+    if len(words) != 1:
+        raise UsageError("link delete takes one device name", LINK_USAGE)
+    _remove(host, words[0])
