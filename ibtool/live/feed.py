@@ -1,11 +1,11 @@
-"""The dashboard's data service: one poller, and what each poll gives every panel.
+"""The dashboard's face of the Engine: what each poll gives every panel.
 
-A `Feed` reads the host once per poll (ports, every counter, the health checks now and then,
-the GID table and resources of the one port being looked at) and returns a `Frame`: the
-records, each counter's rate against the poll before (the Sampler), per-port throughput and
-error deltas, each port's health, the change engine's events since the poll before and a
-short history of every rate. Panels read frames; none of them reads the kernel. No textual
-here: the dashboard imports this, never the other way round.
+A `Feed` has the Engine (ibtool.live.engine) read the host once per poll (ports, every
+counter, the health checks now and then) and, on the same host, the GID table and resources of
+the one port being looked at, and returns a `Frame`: the records, each counter's rate against
+the poll before, per-port throughput and error deltas, each port's health, the events since
+the poll before and a short history of every rate. Panels read frames; none of them reads the
+kernel. No textual here: the dashboard imports this, never the other way round.
 """
 
 from __future__ import annotations
@@ -17,16 +17,20 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ibtool.errors import IbtoolError, NoDevicesError
+from ibtool.errors import IbtoolError
+from ibtool.live.engine import Engine, Hosts, Reading
 from ibtool.model import counters as counterinfo
-from ibtool.model.events import Event, Seen, diff
+from ibtool.model.events import Event
 from ibtool.model.health import HealthResult, Status
-from ibtool.model.rates import Rated, Sampler
+from ibtool.model.rates import Rated
 from ibtool.model.records import CounterSample, Gid, Port
 
 HISTORY = 60  # rates kept per counter: a minute at the default refresh, as rdmatop keeps
 PortKey = tuple[str, int]
 CounterKey = tuple[str, int, str, str]  # device, port, source, name
+# The kinds of the port check's findings that say a link trained below its rate: a face acts
+# on the kind, so rewording a summary changes no screen.
+SLOW = ("link_degraded", "link_below_configured")
 
 
 @dataclass(frozen=True)
@@ -120,18 +124,17 @@ def _stamp(wall: float) -> str:
 
 
 class Feed:
-    """Polls a host for the dashboard. `host()` gives the Host to read, its `warn` being
-    `note` (the running host is read anew each poll: its caches would go stale; a capture is
-    one Host); `poll()` is
-    called from one thread at a time and returns a new Frame; `focus` is the port whose GIDs
+    """The dashboard's face of the Engine. `host()` gives the Host to read, its `warn` being
+    `note` (`live`: the running host, read anew each poll; else a capture, one Host); `poll()`
+    is called from one thread at a time and returns a new Frame; `focus` is the port whose GIDs
     and resources the next poll reads (set from any thread)."""
 
     def __init__(
         self,
-        host: Callable[[], Any],
+        host: Callable[[], Any] | Hosts,
         *,
-        live: bool,
-        source: str,
+        live: bool = True,
+        source: str = "",
         checks: Mapping[str, Callable] | None = None,
         config: Any = None,
         health_every: float = 60.0,
@@ -140,77 +143,57 @@ class Feed:
         stamp: Callable[[float], str] = _stamp,
         boot_id: Callable[[Any], str | None] = lambda host: None,
     ) -> None:
-        self._host, self.live, self.source = host, live, source
-        self.checks, self.config = dict(checks or {}), config
-        self.health_every = health_every
-        self.clock, self.wall, self.stamp, self._boot_id = clock, wall, stamp, boot_id
+        hosts = host if isinstance(host, Hosts) else Hosts(host, live=live, source=source)
+        self.engine = Engine(
+            hosts,
+            checks=checks,
+            config=config,
+            check_every=health_every,
+            clock=clock,
+            wall=wall,
+            boot_id=boot_id,
+        )
+        self.live, self.source = hosts.live, hosts.source
+        self.wall, self.stamp = wall, stamp
         self.focus: PortKey | None = None
         self.latest: Frame | None = None
-        self._reading: Any = None
-        self._sampler = Sampler(lambda: self._reading.counters(), clock)
-        self._seen: Seen | None = None
         self._history: dict[CounterKey, deque] = {}
         self._errors: dict[PortKey, int] = {}
         self._moved: dict[PortKey, int] = {}
         self._best: dict[PortKey, float] = {}
-        self._saved: Any = None
-        self._health: tuple[list[HealthResult], float] | None = None
-        self._health_at: float | None = None
-        self._polled_at: float | None = None
-        self._number = 0
-        self._notes: list[str] = []
 
     def note(self, message: str) -> None:
         """A warning of the poll under way (give it to the Host as its `warn`): the frame
         carries it, for the dashboard to show once."""
-        self._notes.append(message)
+        self.engine.note(message)
 
     def poll(self) -> Frame:
-        notes = self._notes = []
-        host = self._host()
-        self._reading = host
-        try:
-            frame = self._read(host, notes)
-        finally:
-            if self.live:
-                host.close()
-            self._reading = None
+        reading = self.engine.poll(read=self._focused)
+        frame = self._frame(reading)
         self.latest = frame
         return frame
 
     # -- one poll -------------------------------------------------------------------------------
 
-    def _read(self, host, notes: list[str]) -> Frame:
-        self._number += 1
+    def _frame(self, reading: Reading) -> Frame:
+        base = dict(
+            number=reading.number,
+            time=reading.time,
+            interval=reading.interval,
+            live=reading.live,
+            source=self.source,
+            notes=_once(reading.notes),
+        )
+        if reading.failed:
+            return Frame(**base, error=reading.error, failed=True)
         self._moved = {}
-        now, wall = self.clock(), self.wall()
-        interval = None if self._polled_at is None else now - self._polled_at
-        self._polled_at = now
-        base = dict(number=self._number, time=wall, live=self.live, source=self.source)
-        try:
-            names = [name for name, _ in host.select(None)]
-            ports = host.ports()
-        except NoDevicesError as e:
-            names, ports = [], []
-            error: str | None = e.message + (f" (hint: {e.hint})" if e.hint else "")
-        except IbtoolError as e:
-            return Frame(
-                **base, interval=interval, error=e.message, notes=_once(notes), failed=True
-            )
-        else:
-            error = None
-        seen = Seen.of(dict.fromkeys(names), ports)
-        events = [] if self._seen is None else diff(self._seen, seen, "poll")
-        rated = self._sample(host, notes) if ports else []
-        events += self._resets(rated)
-        events = [_timed(e, self.stamp(wall)) for e in events]
+        rated = self._rated(reading) if reading.rated is not None else []
+        events = tuple(_timed(e, self.stamp(reading.time)) for e in reading.events)
         by_port: dict[PortKey, list[Rated]] = {}
         for r in rated:
             by_port.setdefault((r.sample.device, r.sample.port), []).append(r)
-        findings, health_time = self._checked(host, now, bool(events))
-        # Only now is the change taken in: a poll that fails before the checks ran leaves it
-        # for the next poll to log and check, not a DOWN port beside the last run's OK.
-        self._seen = seen
+        findings = reading.findings
+        ports = list(reading.ports)
         about = _by_port(findings, ports)
         rows = tuple(
             self._row(p, by_port.get((p.device, p.port), []), about.get((p.device, p.port), ()))
@@ -222,26 +205,18 @@ class Feed:
         )
         return Frame(
             **base,
-            interval=interval,
             rows=rows,
             counters={k: tuple(v) for k, v in by_port.items()},
             history=self._focus_history(),
             host_findings=host_findings,
-            health_time=health_time,
-            events=tuple(events),
-            notes=_once(notes),
-            focus=self._focused(host, keys),
-            error=error,
+            health_time=reading.health_time,
+            events=events,
+            focus=reading.extra,
+            error=reading.error,
         )
 
-    def _sample(self, host, notes: list[str]) -> list[Rated]:
-        if not self.live:
-            self._sampler.last = None  # a capture read again is the same moment: no rates
-        try:
-            rated = self._sampler.sample()
-        except IbtoolError as e:
-            notes.append(f"counters: {e.message}")
-            return []
+    def _rated(self, reading: Reading) -> list[Rated]:
+        rated = list(reading.rated or ())
         history = {}
         for r in rated:
             key = counter_key(r.sample)
@@ -251,8 +226,7 @@ class Feed:
             rates.append(r.rate)
             history[key] = rates
         self._history = history  # a counter gone is forgotten with its history
-        self._moved = {}
-        for r, delta in zip(rated, self._sampler.deltas):
+        for r, delta in zip(rated, reading.deltas):
             if delta and counterinfo.is_error(r.sample.name, r.sample.source):
                 key = (r.sample.device, r.sample.port)
                 self._moved[key] = self._moved.get(key, 0) + delta
@@ -265,19 +239,6 @@ class Feed:
             return {}
         device, port = self.focus
         return {k: tuple(v) for k, v in self._history.items() if k[0] == device and k[1] == port}
-
-    def _resets(self, rated: list[Rated]) -> list[Event]:
-        return [
-            Event(
-                "counter_reset",
-                r.sample.device,
-                r.sample.port or None,
-                source=r.sample.source,
-                changes=(("counter", None, r.sample.name),),
-            )
-            for r in rated
-            if r.note == "reset"
-        ]
 
     def _row(self, port: Port, rated: list[Rated], mine: tuple[HealthResult, ...]) -> PortRow:
         key = (port.device, port.port)
@@ -295,9 +256,9 @@ class Feed:
         )
 
     def _degraded(self, port: Port, findings: tuple[HealthResult, ...]) -> str | None:
-        """The port check's own finding of a link trained down, else a rate below the best
-        this port had while the dashboard watched it."""
-        said = next((f.summary for f in findings if f.check == "port" and _slow(f.summary)), None)
+        """The port check's own finding of a link trained down (by its kind, never its
+        wording), else a rate below the best this port had while the dashboard watched it."""
+        said = next((f.summary for f in findings if f.kind in SLOW), None)
         if said is not None or port.rate is None:
             return said
         key = (port.device, port.port)
@@ -307,33 +268,11 @@ class Feed:
             return f"trained down: {port.rate.gbps:g} Gb/s, it had {best:g} Gb/s"
         return None
 
-    # -- health and focus -----------------------------------------------------------------------
+    # -- focus ----------------------------------------------------------------------------------
 
-    def _checked(self, host, now: float, changed: bool) -> tuple[list[HealthResult], float | None]:
-        """The checks' findings: run at the first poll, every `health_every` seconds (this
-        host only: a capture read again is the same moment) and at once when a device or port
-        changed (a --root tree read again may have: a host's /sys mounted in a container);
-        the last run's in between."""
-        timed = self.live and now - (self._health_at or 0.0) >= self.health_every
-        due = self._health_at is None or changed or timed
-        if self.checks and due:
-            from ibtool.health import run as health
-            from ibtool.health.config import HealthConfig
-            from ibtool.health.state import Saved
-
-            saved = self._saved if self._saved is not None else Saved()
-            config = self.config if self.config is not None else HealthConfig()
-            report = health.run(self.checks, host, config, saved, boot_id=self._boot_id(host))
-            self._saved = Saved(report.kept)
-            self._health = (report.results, self.wall())
-            self._health_at = now
-        if self._health is None:
-            return [], None
-        return self._health
-
-    def _focused(self, host, keys: set[PortKey]) -> Focus | None:
+    def _focused(self, host, ports: tuple[Port, ...]) -> Focus | None:
         focus = self.focus
-        if focus is None or focus not in keys:
+        if focus is None or focus not in {(p.device, p.port) for p in ports}:
             return None
         device, port = focus
         gids: tuple[Gid, ...] = ()
@@ -380,10 +319,6 @@ def _timed(e: Event, stamp: str) -> Event:
     import dataclasses
 
     return dataclasses.replace(e, time=stamp)
-
-
-def _slow(summary: str) -> bool:
-    return "trained down" in summary or "below the configured" in summary
 
 
 def _port_of(subject: str) -> PortKey | None:
