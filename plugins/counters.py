@@ -280,15 +280,22 @@ def _baseline(ctx, incarnation) -> tuple[dict, set[str]]:
     return usable, recreated
 
 
-def _judge(s: CounterSample, delta: int, limits, since: str) -> tuple[Status, str] | None:
+# The kinds of the findings that are not OK, for a program:
+# counter_errors     a counter grew past its warning or critical threshold since the last run
+# link_flapped       link_downed grew: the link went down and up again since the last run
+# counter_saturated  a counter stuck at its maximum, which counts no more until cleared
+
+
+def _judge(s: CounterSample, delta: int, limits, since: str) -> tuple[Status, str, str] | None:
+    """(status, summary, kind) of a counter that grew by `delta`; None when that is fine."""
     text = f"{s.name} +{delta} {since}"
     if limits.critical is not None and limits.critical.alerts(delta):
-        return Status.CRITICAL, f"{text} (critical {limits.critical.text})"
+        return Status.CRITICAL, f"{text} (critical {limits.critical.text})", "counter_errors"
     if limits.warning is not None and limits.warning.alerts(delta):
-        return Status.WARNING, f"{text} (warning {limits.warning.text})"
+        return Status.WARNING, f"{text} (warning {limits.warning.text})", "counter_errors"
     if s.name == "link_downed" and delta > 0:
         times = "once" if delta == 1 else f"{delta} times"
-        return Status.WARNING, f"link went down {times} {since} (flap)"
+        return Status.WARNING, f"link went down {times} {since} (flap)", "link_flapped"
     return None
 
 
@@ -325,25 +332,26 @@ def check_counters(ctx):
         findings = subjects.setdefault(_subject(s), [])
         limits = config.threshold(s.name, s.source)
         if is_saturated(s):
-            findings.append((Status.WARNING, f"{s.name} saturated at {s.value}: clear it to count"))
+            said = f"{s.name} saturated at {s.value}: clear it to count"
+            findings.append((Status.WARNING, said, "counter_saturated"))
             continue
         old = baseline.get(s.device, {}).get(key)
         if not isinstance(old, int):
             continue
         delta, note = counter_delta(dataclasses.replace(s, value=old), s)
         if note == "reset":
-            findings.append((Status.OK, f"{s.name} reset {since}: new baseline"))
+            findings.append((Status.OK, f"{s.name} reset {since}: new baseline", ""))
         elif delta:
             found = _judge(s, delta, limits, since)
-            findings.append(found or (Status.OK, f"{s.name} +{delta} {since}"))
+            findings.append(found or (Status.OK, f"{s.name} +{delta} {since}", ""))
     for subject, findings in subjects.items():
         device = subject.partition("/")[0]
         bad = [f for f in findings if f[0] != Status.OK]
-        for status, text in bad:
-            yield HealthResult(status, subject, text)
+        for status, text, kind in bad:
+            yield HealthResult(status, subject, text, kind=kind)
         if bad:
             continue
-        moved = [text for _, text in findings]
+        moved = [text for _, text, _ in findings]
         if device in recreated:
             summary = "device re-created since the last run: new baseline"
         elif device not in baseline:

@@ -130,6 +130,14 @@ def _uverbs(root: str) -> dict[str, str]:
     return found
 
 
+# The kinds of the findings that are not OK, for a program:
+# no_devices           no RDMA device (the message says why: no class directory, empty, ...)
+# not_captured         a capture without module state: loaded or not cannot be told
+# module_not_loaded    a configured kernel module not loaded (nor built in)
+# no_uverbs_device     an RDMA device without its uverbs device: user space cannot open it
+# uverbs_node_missing  the uverbs device without its /dev/infiniband node (udev)
+
+
 def check_system(ctx):
     """The RDMA stack is loaded (the configured modules, the uverbs ABI user space needs:
     NHC's "OFED" check), every RDMA device has its uverbs device. (The configured devices that are
@@ -140,20 +148,20 @@ def check_system(ctx):
         names = host.device_names()
     except NoDevicesError as e:
         names = []
-        yield HealthResult(Status.CRITICAL, "", e.message)
+        yield HealthResult(Status.CRITICAL, "", e.message, kind="no_devices")
     captured = ("sys/module", "sys/class/infiniband_verbs")
     if not host.live and not any(os.path.isdir(os.path.join(root, d)) for d in captured):
         # a --root tree or a snapshot that holds no module state: not the same as unloaded
-        yield HealthResult(Status.UNKNOWN, "", "modules and uverbs: not in this capture")
+        said = "modules and uverbs: not in this capture"
+        yield HealthResult(Status.UNKNOWN, "", said, kind="not_captured")
         return
     loaded = True
     for module in config.modules:
         sign = MODULE_SIGNS.get(module, f"sys/module/{module}")
         if not os.path.exists(os.path.join(root, sign)):
             loaded = False
-            yield HealthResult(
-                Status.CRITICAL, module, f"module not loaded (no /{sign}): modprobe {module}"
-            )
+            said = f"module not loaded (no /{sign}): modprobe {module}"
+            yield HealthResult(Status.CRITICAL, module, said, kind="module_not_loaded")
     try:
         with open(os.path.join(root, MODULE_SIGNS["ib_uverbs"])) as f:
             abi = f.read().strip()
@@ -163,16 +171,12 @@ def check_system(ctx):
     for name in names:
         if name not in uverbs:
             if abi is not None:
-                yield HealthResult(
-                    Status.CRITICAL, name, "no uverbs device: user space cannot open it"
-                )
+                said = "no uverbs device: user space cannot open it"
+                yield HealthResult(Status.CRITICAL, name, said, kind="no_uverbs_device")
             continue
         if root == "/" and not os.path.exists(f"/dev/infiniband/{uverbs[name]}"):
-            yield HealthResult(
-                Status.CRITICAL,
-                name,
-                f"/dev/infiniband/{uverbs[name]} missing (udev rules of rdma-core?)",
-            )
+            said = f"/dev/infiniband/{uverbs[name]} missing (udev rules of rdma-core?)"
+            yield HealthResult(Status.CRITICAL, name, said, kind="uverbs_node_missing")
     if names:
         parts = [f"{len(names)} RDMA device" + ("s" if len(names) != 1 else "")]
         if abi is not None:

@@ -11,46 +11,64 @@ from ibtool.errors import CommandFailed, NoDevicesError
 from ibtool.host import PORT_SHOWN
 from ibtool.model.records import LinkLayer, PhysState, Port, PortState
 
+# The kinds of the findings that are not OK, for a program (the dashboard acts on the first two):
+# link_degraded          ACTIVE at a rate below the best this port has had
+# link_below_configured  ACTIVE at a rate or width other than the configured one
+# state_unknown          state or physical state unreadable
+# port_down              not ACTIVE: no link (cable, peer port or netdev down), or not brought up
+# port_no_sm             InfiniBand, INIT: trained, but no subnet manager has brought it up
+# port_disabled          InfiniBand, physical state Disabled: by management, not a cable fault
+# physical_link_down     ACTIVE, but the physical state is not LinkUp
+# no_lid, no_sm_lid      an ACTIVE InfiniBand port without a LID, without a subnet manager LID
+# no_roce_gid            a RoCE netdev or address (a port's or a configured one) without a
+#                        usable RoCE v2 GID
+# link_flapped           the link went down and up since the last run (its netdev's carrier moved)
+# lid_moved              the subnet manager gave the port another LID (or SM LID) since the last run
+# device_missing, port_missing  a configured device or port not present
+
 
 def _rate(gbps: float, width: str | None = None) -> str:
     return f"{gbps:g} Gb/s" + (f" {width}" if width else "")
 
 
-def _port_state(p: Port) -> tuple[Status, str] | None:
-    """CRITICAL unless ACTIVE with the physical link up; None when it is."""
+def _port_state(p: Port) -> tuple[Status, str, str] | None:
+    """(status, summary, kind): CRITICAL unless ACTIVE with the physical link up; None when it
+    is."""
     if p.state is None or p.physical_state is None:
-        return Status.UNKNOWN, "state unreadable"
+        return Status.UNKNOWN, "state unreadable", "state_unknown"
     phys = p.physical_state.name
     if p.state != PortState.ACTIVE:
-        why = f"state {p.state.name} (physical_state {phys})"
+        why, kind = f"state {p.state.name} (physical_state {phys})", "port_down"
         if p.state == PortState.INIT and p.link_layer == LinkLayer.INFINIBAND:
-            why += ": no subnet manager has brought it up"
+            why, kind = why + ": no subnet manager has brought it up", "port_no_sm"
         elif p.physical_state == PhysState.DISABLED and p.link_layer == LinkLayer.INFINIBAND:
             # PortPhysicalState 3, Disabled, is set by management (IBTA vol. 1, PortInfo;
             # `ibportstate LID PORT disable`, or the subnet manager): the port does not even
             # try to train, so no cable is to blame. On a RoCE port the drivers report it for
             # a netdev that is down (rxe_query_port, mlx5_query_port_roce): said below.
             why += ": disabled by management (the subnet manager or ibportstate), not a cable fault"
+            kind = "port_disabled"
         elif p.physical_state in (PhysState.DISABLED, PhysState.POLLING):
             why += ": no link (cable, peer port or netdev down)"
-        return Status.CRITICAL, why
+        return Status.CRITICAL, why, kind
     if p.physical_state != PhysState.LINK_UP:
-        return Status.CRITICAL, f"physical_state {phys} while ACTIVE"
+        return Status.CRITICAL, f"physical_state {phys} while ACTIVE", "physical_link_down"
     return None
 
 
-def _trained_down(p: Port, expect, best: float | None) -> str | None:
-    """Why the rate is below what it should be: the configured rate and width, else the best
-    this port has had."""
+def _trained_down(p: Port, expect, best: float | None) -> tuple[str, str] | None:
+    """(summary, kind): why the rate is below what it should be: the configured rate and width,
+    else the best this port has had."""
     if p.rate is None:
         return None
     now = _rate(p.rate.gbps, p.rate.width)
     if expect.rate is not None and p.rate.gbps < expect.rate:
-        return f"rate {now} below the configured {_rate(expect.rate)}"
+        return f"rate {now} below the configured {_rate(expect.rate)}", "link_below_configured"
     if expect.width is not None and p.rate.width and p.rate.width != expect.width:
-        return f"width {p.rate.width}, configured {expect.width}: trained down ({now})"
+        said = f"width {p.rate.width}, configured {expect.width}: trained down ({now})"
+        return said, "link_below_configured"
     if expect.rate is None and expect.width is None and best and p.rate.gbps < best:
-        return f"trained down: {now}, it had {_rate(best)}"
+        return f"trained down: {now}, it had {_rate(best)}", "link_degraded"
     return None
 
 
@@ -114,22 +132,24 @@ class PortCheck:
 
         return best_gid(self.gids_of(device), self.by_key, self.host.vlans(), target)
 
-    def live(self, p: Port, expect, best: float | None) -> list[tuple[Status, str]]:
-        """What is wrong with an ACTIVE port: its rate, its LIDs, its RoCE GID."""
+    def live(self, p: Port, expect, best: float | None) -> list[tuple[Status, str, str]]:
+        """(status, summary, kind) of what is wrong with an ACTIVE port: its rate, its LIDs, its
+        RoCE GID."""
         findings = []
         slow = _trained_down(p, expect, best)
         if slow:
-            findings.append((Status.WARNING, slow))
+            findings.append((Status.WARNING, *slow))
         if p.link_layer == LinkLayer.INFINIBAND:
             if not p.lid:
-                findings.append((Status.CRITICAL, "no LID assigned: is a subnet manager up?"))
+                said = "no LID assigned: is a subnet manager up?"
+                findings.append((Status.CRITICAL, said, "no_lid"))
             if not p.sm_lid:
-                findings.append((Status.CRITICAL, "no subnet manager LID"))
+                findings.append((Status.CRITICAL, "no subnet manager LID", "no_sm_lid"))
         if p.link_layer == LinkLayer.ETHERNET and p.netdev and not self.host.is_iwarp(p.device):
             try:
                 self.roce_gid(p.netdev, p.device)
             except CommandFailed as e:
-                findings.append((Status.WARNING, f"{e.message} ({e.hint})"))
+                findings.append((Status.WARNING, f"{e.message} ({e.hint})", "no_roce_gid"))
         return findings
 
     def carrier_flap(self, p: Port, was: dict, entry: dict) -> str | None:
@@ -152,7 +172,7 @@ class PortCheck:
             )
         return None
 
-    def since_last_run(self, p: Port, was: dict) -> tuple[list[tuple[Status, str]], list[str]]:
+    def since_last_run(self, p: Port, was: dict) -> tuple[list[tuple[Status, str, str]], list[str]]:
         """The change engine's events between the port at the last run and now: a LID the
         subnet manager moved (WARNING), a port up again (a note)."""
         from ibtool.model.events import Seen, diff
@@ -167,7 +187,7 @@ class PortCheck:
             moved = [(k, old, new) for k, old, new in event.changes if old and new]
             if event.event == "lid" and p.state == PortState.ACTIVE and moved:
                 text = ", ".join(f"{k} {new} (was {old})" for k, old, new in moved)
-                findings.append((Status.WARNING, f"{text} since the last run"))
+                findings.append((Status.WARNING, f"{text} since the last run", "lid_moved"))
             elif event.event == "port_state" and p.state == PortState.ACTIVE:
                 notes.append(f"up again (was {event.before('state')} at the last run)")
         return findings, notes
@@ -187,12 +207,12 @@ class PortCheck:
         if p.link_layer == LinkLayer.ETHERNET and p.netdev:
             flap = self.carrier_flap(p, was, entry)
             if flap:
-                findings.append((Status.WARNING, flap))
+                findings.append((Status.WARNING, flap, "link_flapped"))
         moved, notes = self.since_last_run(p, was)
         findings += moved
         perfdata = (Perfdata(f"{subject} rate Gb/s", p.rate.gbps, min=0),) if p.rate else ()
-        for status, text in findings:
-            yield HealthResult(status, subject, text, perfdata)
+        for status, text, kind in findings:
+            yield HealthResult(status, subject, text, perfdata, kind=kind)
             perfdata = ()
         if not findings:
             summary = f"ACTIVE {_rate(p.rate.gbps, p.rate.width) if p.rate else 'rate unknown'}"
@@ -211,17 +231,20 @@ class PortCheck:
                 present = set()
             for device in self.ctx.config.devices:
                 if device not in present:
-                    yield HealthResult(Status.CRITICAL, device, f"expected device {device} missing")
+                    said = f"expected device {device} missing"
+                    yield HealthResult(Status.CRITICAL, device, said, kind="device_missing")
         for key, expect in self.ctx.config.ports.items():
             if "/" in key and not expect.ignore:
                 device, _, number = key.partition("/")
                 if (device, int(number)) not in self.by_key:
-                    yield HealthResult(Status.CRITICAL, key, "configured port not present")
+                    said = "configured port not present"
+                    yield HealthResult(Status.CRITICAL, key, said, kind="port_missing")
         for target in self.ctx.config.netdevs:
             try:
                 g = self.roce_gid(target)
             except CommandFailed as e:
-                yield HealthResult(Status.CRITICAL, target, f"{e.message} ({e.hint})")
+                said = f"{e.message} ({e.hint})"
+                yield HealthResult(Status.CRITICAL, target, said, kind="no_roce_gid")
                 continue
             where = f"{g.device}/{g.port} ({g.netdev})"
             yield HealthResult(Status.OK, target, f"RoCE v2 GID index {g.index} on {where}")
