@@ -13,7 +13,7 @@ from typing import TextIO
 
 from ibtool import __version__
 from ibtool.errors import ExitCode, IbtoolError, OutputError, Terminated, UsageError
-from ibtool.plugin.commands import CommandRegistry, Invocation
+from ibtool.plugin.commands import CommandRegistry, HostFactory, Invocation, default_host
 from ibtool.views import render
 
 PROG = "ibtool"
@@ -257,12 +257,17 @@ def main(
     plugins: Iterable[object] = (),
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
+    host_factory: HostFactory = default_host,
 ) -> int:
+    """Run ibtool with `argv` and return its exit status. `plugins`: plugin objects loaded
+    beside the installed ones; `stdout`, `stderr`: where it writes; `host_factory`: what builds
+    the host the commands read (not a --snapshot's) from the invocation, the running host or
+    the --root tree by default."""
     argv = list(sys.argv[1:] if argv is None else argv)
     out = _Stdout(stdout if stdout is not None else sys.stdout)
     err = stderr or sys.stderr
     try:
-        code = _main(argv, plugins, out, err)
+        code = _main(argv, plugins, out, err, host_factory)
         out.flush()
         return code
     except OutputError as e:
@@ -273,7 +278,13 @@ def main(
         return ExitCode.IO_ERROR
 
 
-def _main(argv: list[str], plugins: Iterable[object], out: _Stdout, err: TextIO) -> int:
+def _main(
+    argv: list[str],
+    plugins: Iterable[object],
+    out: _Stdout,
+    err: TextIO,
+    host_factory: HostFactory,
+) -> int:
     warn = _Warnings(err)
     debug = "--debug" in argv
     leading = argv[: next((i for i, a in enumerate(argv) if a[:1] != "-"), len(argv))]
@@ -308,6 +319,7 @@ def _main(argv: list[str], plugins: Iterable[object], out: _Stdout, err: TextIO)
             out=out,
             warn=warn,
             plugins=loaded,
+            host_factory=host_factory,
         )
         if inv.root != "/" and not os.path.isdir(inv.root):
             raise UsageError(f"--root {inv.root}: not a directory")

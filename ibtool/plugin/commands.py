@@ -121,6 +121,16 @@ class CommandRegistry:
             self._names[n] = kept
 
 
+HostFactory = Callable[["Invocation"], Any]
+
+
+def default_host(inv: Invocation):
+    """The host `inv` names by its options: the running one, or a --root tree."""
+    from ibtool.host import Host
+
+    return Host(root=inv.root, warn=inv.warn, details=inv.details)
+
+
 @dataclass
 class Invocation:
     args: argparse.Namespace
@@ -133,9 +143,12 @@ class Invocation:
     out: TextIO = field(default_factory=lambda: sys.stdout)
     warn: Callable[[str], None] = lambda message: None
     plugins: Any = None
-    _host: Any = None
+    # What builds the host a command reads when no --snapshot is given, from this invocation
+    # (its root, warn, details); called once, on first use. Tests give a Host of their own.
+    host_factory: HostFactory = default_host
 
-    _snapshot: Any = None
+    _host: Any = field(default=None, init=False, repr=False)
+    _snapshot: Any = field(default=None, init=False, repr=False)
 
     @property
     def host(self):
@@ -149,9 +162,7 @@ class Invocation:
                 )
                 self._host = self._snapshot.host
             else:
-                from ibtool.host import Host
-
-                self._host = Host(root=self.root, warn=self.warn, details=self.details)
+                self._host = self.host_factory(self)
         return self._host
 
     def snapshot_kwargs(self) -> dict[str, Any]:

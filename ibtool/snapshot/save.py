@@ -42,6 +42,7 @@ from ibtool.snapshot.tree import Tree, capture_tree
 FORMAT = "ibtool-snapshot"
 VERSION = 1
 NOT_LIVE = "a snapshot is a record of a host, not its running kernel"
+_RECORDED = "snapshot save records the kernel's RDMA netlink answers"
 
 
 # -- saving -------------------------------------------------------------------------------------
@@ -55,9 +56,12 @@ def save(
     root: str = "/",
     open_netlink: Callable[[], Any] | None = None,
     open_verbs: Callable[[], Any] | None = None,
+    release: str | None = None,
+    comm: Callable[[int], str | None] | None = None,
 ) -> dict[str, Any]:
-    """Capture the host into `path` and return what was saved. `root`, `open_netlink` and
-    `open_verbs` are the running host's unless given (tests give a tree and a fake kernel)."""
+    """Capture the host into `path` and return what was saved. `root`, `open_netlink`,
+    `open_verbs`, the kernel `release` and `comm` (a process's name by pid) are the running
+    host's unless given, as Host takes them (tests give a tree and a fake kernel)."""
     from ibtool import host as hosts
     from ibtool.sources.netlink.session import open_nldev
     from ibtool.sources.sysfs.infiniband import SysfsSource
@@ -73,6 +77,8 @@ def save(
         sysfs=SysfsSource(root, warn),
         netlink=recording(open_netlink or open_nldev, netlink),
         verbs=recording(open_verbs or hosts.open_verbs, verbs),
+        release=release,
+        comm=comm,
     )
     data: dict[str, Any] = {
         "format": FORMAT,
@@ -98,7 +104,7 @@ def save(
 def _ask_everything(host, comms: dict[str, str | None]) -> None:
     """Every read the read-only commands make, so that their answers are recorded."""
     try:
-        names = [name for name, _ in host.select(None)]
+        names = host.device_names()
     except IbtoolError:
         names = []
     if names:
@@ -108,7 +114,7 @@ def _ask_everything(host, comms: dict[str, str | None]) -> None:
         host.counters()
         for name in names:
             host.device_caps(name)
-    session = host.netlink_session
+    session = host.netlink(_RECORDED)  # save's host always has one
     for attempt in (session.system, session.poll_ports, lambda: _resources(host, comms)):
         try:
             attempt()
@@ -119,7 +125,7 @@ def _ask_everything(host, comms: dict[str, str | None]) -> None:
     except IbtoolError:
         return
     for name in names:  # `counters optional` asks for the ports sysfs lists
-        for port in host.sysfs.port_numbers(name):
+        for port in host.port_numbers(name):
             try:
                 session.counter_status(indexes, name, port)
             except IbtoolError:
@@ -127,7 +133,7 @@ def _ask_everything(host, comms: dict[str, str | None]) -> None:
 
 
 def _resources(host, comms: dict[str, str | None]) -> None:
-    session = host.netlink_session
+    session = host.netlink(_RECORDED)
     devices = session.devices()
     session.summaries(devices)
     for details in (False, True):
@@ -140,7 +146,7 @@ def _features(host) -> list[dict[str, Any]] | None:
     import dataclasses
 
     try:
-        _, features = host.netlink_session.system_features()
+        _, features = host.netlink(_RECORDED).system_features()
     except IbtoolError:
         return None
     return [dataclasses.asdict(f) for f in features]

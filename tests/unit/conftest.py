@@ -17,7 +17,7 @@ if str(REPO) not in sys.path:  # `pytest` (not `python -m pytest`) does not put 
 
 from ibtool.cli import main  # noqa: E402
 from tests.fixtures import sysfs_trees  # noqa: E402
-from tests.unit.fake_host import read_sysfs_from  # noqa: E402
+from tests.unit.fake_host import sysfs_from  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,10 @@ class Result:
         return [line for line in self.err.splitlines() if line.startswith("ibtool: warning: ")]
 
 
-def run_cli(argv: list[str]) -> Result:
+def run_cli(argv: list[str], **seams) -> Result:
+    """ibtool run in-process on `argv`; `seams` as cli.main takes them (host_factory)."""
     out, err = io.StringIO(), io.StringIO()
-    code = main(argv, stdout=out, stderr=err)
+    code = main(argv, stdout=out, stderr=err, **seams)
     return Result(int(code), out.getvalue(), err.getvalue())
 
 
@@ -134,11 +135,16 @@ def captured_rxe() -> Ibtool:
 
 
 @pytest.fixture
-def live_roce(tmp_path, monkeypatch) -> Ibtool:
+def live_roce(tmp_path) -> Ibtool:
     """ibtool on the live host whose sysfs is the mlx5_roce tree (mlx5_0/1, RoCE v2 GID 3), for
     loopback and ping, which refuse --root; with fake_pyverbs for their verbs."""
-    read_sysfs_from(monkeypatch, sysfs_trees.build("mlx5_roce", tmp_path))
-    return lambda *argv: run_cli(list(argv))
+    return on_live_host(sysfs_trees.build("mlx5_roce", tmp_path))
+
+
+def on_live_host(root: Path) -> Ibtool:
+    """ibtool on the live host (no --root) whose sysfs is the tree at `root`."""
+    host = sysfs_from(root)
+    return lambda *argv: run_cli(list(argv), host_factory=host)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from ibtool_plugins import loopback as loopback_plugin
 
 from ibtool.rdma import loopback, mcast
 from tests.fixtures import sysfs_trees
-from tests.unit.fake_host import read_sysfs_from
 from tests.unit.pyverbs_fakes import MIG_MIGRATED, RDMA_UDP_QKEY
 
 ROCE_GID = "0000:0000:0000:0000:0000:ffff:c0a8:0a01"  # GID 3 of the mlx5_roce tree: 192.168.10.1
@@ -32,14 +31,14 @@ def roce(fake_pyverbs, live_roce):
 def infiniband(fake_pyverbs, tmp_path, monkeypatch):
     """(fabric, ibtool) on mlx5_0/1 of the mlx5_ib_hca tree: LID 0x1c, LMC 2, IPoIB ib0 at
     10.1.0.1 (its address is what the host would answer, the one thing faked above verbs)."""
-    from tests.unit.conftest import run_cli
+    from tests.unit.conftest import on_live_host
 
-    read_sysfs_from(monkeypatch, sysfs_trees.build("mlx5_ib_hca", tmp_path))
+    ibtool = on_live_host(sysfs_trees.build("mlx5_ib_hca", tmp_path))
     monkeypatch.setattr(loopback_plugin, "_ipv4_of", {"ib0": "10.1.0.1"}.get)
     fabric = fake_pyverbs("rdma-core-56")
     fabric.add_port("mlx5_0", 1, link_layer=1, lid=0x1C, lmc=2, cap_flags=AUTO_PATH_MIG)
     fabric.ipoib["10.1.0.1"] = ("mlx5_0", 1)
-    return fabric, lambda *argv: run_cli(list(argv))
+    return fabric, ibtool
 
 
 def results(r) -> dict[str, dict]:

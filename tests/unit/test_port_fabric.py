@@ -13,8 +13,7 @@ from ibtool.host import Host
 from ibtool.model.records import PKey
 from ibtool.sources.sysfs.infiniband import SysfsSource
 from tests.fixtures import sysfs_trees
-from tests.unit.conftest import run_cli
-from tests.unit.fake_host import read_sysfs_from
+from tests.unit.conftest import on_live_host, run_cli
 
 MLX5_IB_PORT_1 = [
     "    pkeys 128 slots, 127 empty",
@@ -266,17 +265,18 @@ def test_the_default_index_is_taken_as_it_is(tmp_path):
 
 
 @pytest.fixture
-def live_hfi1(tmp_path, monkeypatch, fake_pyverbs):
-    """The live host's sysfs is the hfi1_opa tree; hfi1_0/1 an InfiniBand port in fake verbs."""
+def live_hfi1(tmp_path, fake_pyverbs):
+    """(fabric, ibtool) on the live host whose sysfs is the hfi1_opa tree; hfi1_0/1 an
+    InfiniBand port in fake verbs."""
     fabric = fake_pyverbs("rdma-core-65")
     fabric.add_port("hfi1_0", 1, link_layer=1, lid=5)
-    read_sysfs_from(monkeypatch, sysfs_trees.build("hfi1_opa", tmp_path))
-    return fabric
+    return fabric, on_live_host(sysfs_trees.build("hfi1_opa", tmp_path))
 
 
 def test_loopback_builds_its_qps_in_the_partition_asked_for(live_hfi1, monkeypatch):
     from ibtool.rdma import ladder
 
+    _, ibtool = live_hfi1
     seen: list[int] = []
     connect_rc, ready_ud = ladder.Ladder.connect_rc, ladder.Ladder.ready_ud
 
@@ -290,11 +290,11 @@ def test_loopback_builds_its_qps_in_the_partition_asked_for(live_hfi1, monkeypat
 
     monkeypatch.setattr(ladder.Ladder, "connect_rc", rc)
     monkeypatch.setattr(ladder.Ladder, "ready_ud", ud)
-    r = run_cli(["-j", "loopback", "--iters", "2", "--ops", "send,ud_send", "--pkey-index", "1"])
+    r = ibtool("-j", "loopback", "--iters", "2", "--ops", "send,ud_send", "--pkey-index", "1")
     assert r.code == 0, r.err
     assert (r.json["pkey_index"], r.json["pkey"]) == (1, "0x7fff")
     assert seen == [1, 1, 1, 1]  # two RC QPs, two UD QPs
-    text = run_cli(["loopback", "--iters", "1", "--ops", "send", "--pkey-index", "0"]).out
+    text = ibtool("loopback", "--iters", "1", "--ops", "send", "--pkey-index", "0").out
     assert (
         text.splitlines()[0]
         == "loopback on hfi1_0/1, pkey 0x8001 (index 0), 4096 bytes, 1 iterations"
@@ -303,16 +303,18 @@ def test_loopback_builds_its_qps_in_the_partition_asked_for(live_hfi1, monkeypat
 
 @pytest.mark.parametrize("argv", [["loopback"], ["ping", "127.0.0.1"], ["ping", "--server"]])
 def test_an_empty_slot_is_refused_before_any_qp_exists(live_hfi1, argv):
-    r = run_cli([*argv, "--pkey-index", "2"])
+    fabric, ibtool = live_hfi1
+    r = ibtool(*argv, "--pkey-index", "2")
     assert (r.code, r.out) == (ExitCode.NOT_FOUND, "")
     assert r.err.startswith("ibtool: error: P_Key index 2 of hfi1_0/1 is empty (")
     assert r.err.endswith("(hint: populated: index 0 (0x8001), index 1 (0x7fff))\n")
-    assert live_hfi1.qps == {}
+    assert fabric.qps == {}
 
 
 @pytest.mark.parametrize("argv", [["loopback"], ["ping", "127.0.0.1"]])
 def test_a_negative_index_is_a_usage_error(live_hfi1, argv):
-    r = run_cli([*argv, "--pkey-index", "-1"])
+    _, ibtool = live_hfi1
+    r = ibtool(*argv, "--pkey-index", "-1")
     assert (r.code, r.out) == (ExitCode.USAGE, "")
     said = f"ibtool {argv[0]}: error: argument --pkey-index: must be 0 to 65535, not -1\n"
     assert r.err.endswith(said)
@@ -326,7 +328,8 @@ def test_a_negative_index_is_a_usage_error(live_hfi1, argv):
     ],
 )
 def test_rdma_cm_picks_the_pkey_itself(live_hfi1, argv, said):
-    r = run_cli(["ping", *argv, "--pkey-index", "0"])
+    _, ibtool = live_hfi1
+    r = ibtool("ping", *argv, "--pkey-index", "0")
     assert (r.code, r.out) == (ExitCode.USAGE, "")
     assert r.err.startswith(f"ibtool: error: {said} (hint: rdma_cm takes the P_Key from the ")
 

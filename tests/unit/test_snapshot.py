@@ -7,20 +7,21 @@ from __future__ import annotations
 
 import gzip
 import json
-import platform
 import shutil
+from pathlib import Path
 
 import pytest
 
-from ibtool import host as host_module
 from ibtool.errors import ExitCode, IbtoolError
+from ibtool.host import Host
 from ibtool.snapshot import replay
 from ibtool.snapshot import save as snapshot
-from ibtool.sources.netlink import client
+from ibtool.sources.netlink import NldevClient
+from ibtool.sources.sysfs.infiniband import SysfsSource
 from tests.fixtures import captured_kernel
 from tests.fixtures.netlink import FakeKernel
 from tests.fixtures.sysfs_trees import require_capture
-from tests.unit.fake_host import read_sysfs_from
+from tests.unit.conftest import Result, run_cli
 
 RELEASE = "6.1.0-28-amd64"
 
@@ -29,25 +30,65 @@ def no_verbs():
     raise IbtoolError("pyverbs is not installed", "apt install python3-pyverbs")
 
 
-@pytest.fixture
-def live(monkeypatch, tmp_path):
-    """The captured host as the running one; save(NAME) snapshots it into tmp_path."""
-    tree = tmp_path / "tree"
-    shutil.copytree(captured_kernel.TREE, tree, symlinks=True)
-    monkeypatch.setattr(client, "open_socket", lambda: FakeKernel(captured_kernel.answer))
-    monkeypatch.setattr(host_module, "read_comm", captured_kernel.COMM.get)
-    monkeypatch.setattr(host_module, "open_verbs", no_verbs)
-    monkeypatch.setattr(platform, "release", lambda: RELEASE)
-    read_sysfs_from(monkeypatch, tree)
+def captured_netlink() -> NldevClient:
+    return NldevClient(sock=FakeKernel(captured_kernel.answer))
 
-    def save(name: str = "host.json") -> str:
-        path = str(tmp_path / name)
-        warnings: list[str] = []
-        snapshot.save(path, warnings.append, "test", root=str(tree))
+
+class Captured:
+    """The captured host as the running one, its sysfs a copy at `where`/tree: `ibtool(ARGV)`
+    runs a command on it (or on a --snapshot given), `save(NAME)` snapshots it into `where`."""
+
+    def __init__(self, where: Path):
+        self.where = where
+        self.tree = where / "tree"
+        shutil.copytree(captured_kernel.TREE, self.tree, symlinks=True)
+
+    def host(self, inv) -> Host:
+        """cli.main's host_factory: the running host's sources are the capture's."""
+        return Host(
+            warn=inv.warn,
+            details=inv.details,
+            sysfs=SysfsSource(str(self.tree), inv.warn),
+            netlink=captured_netlink,
+            verbs=no_verbs,
+            release=RELEASE,
+            comm=captured_kernel.COMM.get,
+        )
+
+    def ibtool(self, *argv: str) -> Result:
+        return run_cli(list(argv), host_factory=self.host)
+
+    def save(self, name: str = "host.json") -> str:
+        path = str(self.where / name)
+        snapshot.save(
+            path,
+            lambda message: None,
+            "test",
+            root=str(self.tree),
+            open_netlink=captured_netlink,
+            open_verbs=no_verbs,
+            release=RELEASE,
+            comm=captured_kernel.COMM.get,
+        )
         return path
 
-    save.tree = tree
-    return save
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory) -> Captured:
+    """One capture for the module's tests that only read it and its snapshot."""
+    return Captured(tmp_path_factory.mktemp("captured"))
+
+
+@pytest.fixture(scope="module")
+def saved(captured) -> str:
+    """The module's one snapshot of the captured host."""
+    return captured.save()
+
+
+@pytest.fixture
+def live(tmp_path) -> Captured:
+    """A capture of the test's own, for a test that changes its tree."""
+    return Captured(tmp_path)
 
 
 READ_ONLY = [
@@ -81,24 +122,23 @@ READ_ONLY = [
 
 
 @pytest.mark.parametrize("argv", READ_ONLY, ids=[" ".join(a) for a in READ_ONLY])
-def test_every_read_only_command_says_on_the_snapshot_what_it_said_live(cli, live, argv):
-    path = live()
-    was = cli(*argv)
+def test_every_read_only_command_says_on_the_snapshot_what_it_said_live(captured, saved, argv):
+    was = captured.ibtool(*argv)
     assert was.code in (0, ExitCode.UNSUPPORTED), was  # the captured kernel answers it
-    now = cli("--snapshot", path, *argv)
+    now = captured.ibtool("--snapshot", saved, *argv)
     assert (now.code, now.out, now.err) == (was.code, was.out, was.err)
 
 
-def test_a_compressed_snapshot_is_the_same(cli, live):
-    path = live("host.json.gz")
+def test_a_compressed_snapshot_is_the_same(captured):
+    path = captured.save("host.json.gz")
     with open(path, "rb") as f:
         assert f.read(2) == b"\x1f\x8b"
-    assert cli("--snapshot", path, "-j", "res", "qp").out == cli("-j", "res", "qp").out
+    replayed = captured.ibtool("--snapshot", path, "-j", "res", "qp").out
+    assert replayed == captured.ibtool("-j", "res", "qp").out
 
 
-def test_the_file_holds_what_it_says(live):
-    path = live()
-    with open(path) as f:
+def test_the_file_holds_what_it_says(saved):
+    with open(saved) as f:
         data = json.load(f)
     assert (data["format"], data["version"], data["kernel"]) == ("ibtool-snapshot", 1, RELEASE)
     assert {"host", "time", "ibtool", "sysfs", "netlink", "verbs", "comm"} <= set(data)
@@ -120,8 +160,8 @@ def test_the_file_holds_what_it_says(live):
     ],
     ids=lambda a: " ".join(a[:2]),
 )
-def test_what_needs_the_running_kernel_is_refused_on_a_snapshot(cli, live, argv):
-    r = cli("--snapshot", live(), *argv)
+def test_what_needs_the_running_kernel_is_refused_on_a_snapshot(captured, saved, argv):
+    r = captured.ibtool("--snapshot", saved, *argv)
     assert r.code == ExitCode.USAGE, r
     assert r.err.count("\n") == 1 and r.err.startswith("ibtool: error: ")
 
@@ -169,16 +209,16 @@ def test_a_missing_snapshot_is_not_found(cli, tmp_path):
     assert (r.code, r.err.count("\n")) == (ExitCode.NOT_FOUND, 1)
 
 
-def test_root_and_snapshot_together_are_a_usage_error(cli, live, tmp_path):
-    r = cli("--root", str(tmp_path), "--snapshot", live(), "dev")
+def test_root_and_snapshot_together_are_a_usage_error(cli, saved, tmp_path):
+    r = cli("--root", str(tmp_path), "--snapshot", saved, "dev")
     assert r.code == ExitCode.USAGE and "--root and --snapshot" in r.err
 
 
 # -- diff ---------------------------------------------------------------------------------------
 
 
-def test_diff_of_a_snapshot_with_itself_says_nothing_changed(cli, live):
-    a = live("a.json")
+def test_diff_of_a_snapshot_with_itself_says_nothing_changed(cli, saved):
+    a = saved
     r = cli("snapshot", "diff", a, a)
     assert r.code == 0, r
     assert r.out.splitlines()[1:] == []
@@ -187,15 +227,15 @@ def test_diff_of_a_snapshot_with_itself_says_nothing_changed(cli, live):
 
 
 def test_diff_shows_counter_deltas_resets_and_gids(cli, live):
-    a = live("a.json")
+    a = live.save("a.json")
     port = live.tree / "sys/devices/virtual/infiniband/rxe0/ports/1"
-    before = {s["counter"]: s["value"] for s in cli("-j", "counters", "rxe0/1").json}
+    before = {s["counter"]: s["value"] for s in live.ibtool("-j", "counters", "rxe0/1").json}
     (port / "hw_counters/rcvd_pkts").write_text(f"{before['rcvd_pkts'] + 500}\n")
     (port / "hw_counters/sent_pkts").write_text("0\n")  # a driver reload: it starts over
     gid = port / "gids/1"
     old_gid = gid.read_text().strip()
     gid.write_text("0000:0000:0000:0000:0000:0000:0000:0000\n")
-    b = live("b.json")
+    b = live.save("b.json")
     j = cli("-j", "snapshot", "diff", a, b).json
     counters = {c["counter"]: c for c in j["counters"]}
     assert (counters["rcvd_pkts"]["delta"], counters["rcvd_pkts"]["note"]) == (500, None)
