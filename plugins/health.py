@@ -98,23 +98,6 @@ def _names(values: list[str]) -> list[str]:
     return [n for v in values for n in v.split(",") if n]
 
 
-def _selected(checks: dict, wanted: list[str], skipped: list[str], config, warn) -> dict:
-    """The checks to run: those `wanted` (all if none), less those skipped here or in the
-    configuration."""
-    unknown = [n for n in wanted + skipped if n not in checks]
-    if unknown:
-        raise UsageError(
-            f"no health check named {unknown[0]!r}", f"checks: {', '.join(checks) or 'none'}"
-        )
-    for name in sorted(config.skip - set(checks)):
-        warn(f"config {config.path}: skip names no check {name!r}")
-    return {
-        name: check
-        for name, check in checks.items()
-        if (not wanted or name in wanted) and name not in skipped and name not in config.skip
-    }
-
-
 def _state_path(inv: Invocation) -> str | None:
     from ibtool.health import state as healthstate
 
@@ -128,22 +111,23 @@ def _state_path(inv: Invocation) -> str | None:
 
 
 def _report(inv: Invocation, checks: dict, config):
-    from ibtool.health import run as health
+    """One poll of the Engine on the invocation's host: the checks, with their state file."""
     from ibtool.health import state as healthstate
+    from ibtool.live.engine import Engine, Hosts
 
-    host = inv.host
     path = _state_path(inv)
-    boot = healthstate.boot_id(host.root)
-    if path is None:
-        return health.run(checks, host, config, None, boot_id=boot, datapath=inv.args.datapath)
-    state = healthstate.StateFile(path)
-    with state.locked(inv.args.lock_wait):
-        saved = state.load()
-        report = health.run(checks, host, config, saved, boot_id=boot, datapath=inv.args.datapath)
-        if saved.problem:
-            inv.warn(saved.problem)
-        state.save(report.kept)
-    return report
+    engine = Engine(
+        Hosts(lambda: inv.host, live=False),
+        checks=checks,
+        config=config,
+        state=None if path is None else healthstate.StateFile(path),
+        lock_wait=inv.args.lock_wait,
+        datapath=inv.args.datapath,
+        ports=False,
+        counters=False,
+        warn=inv.warn,
+    )
+    return engine.poll().report
 
 
 def _capture(inv: Invocation) -> str | None:
@@ -158,15 +142,10 @@ def _counter_names(inv: Invocation):
     return lambda: {s.name for s in inv.host.counters()}
 
 
-def _load_config(inv: Invocation):
-    from ibtool.health import config as healthconfig
+def _load_config(inv: Invocation, checks: dict):
+    from ibtool.live.engine import load_config
 
-    explicit = inv.args.config is not None
-    return healthconfig.load(
-        inv.args.config or healthconfig.DEFAULT_PATH,
-        required=explicit,
-        counters=_counter_names(inv),
-    )
+    return load_config(inv.args.config, checks, _counter_names(inv))
 
 
 def _list(inv: Invocation, checks: dict) -> None:
@@ -183,6 +162,7 @@ def _list(inv: Invocation, checks: dict) -> None:
 
 def run(inv: Invocation) -> int:
     from ibtool.health import run as health
+    from ibtool.live.engine import select_checks
     from ibtool.plugin.hooks import health_checks
 
     if inv.args.print_nhc:
@@ -203,10 +183,9 @@ def run(inv: Invocation) -> int:
         if inv.args.list:
             _list(inv, checks)
             return 0
-        config = _load_config(inv)
-        config.check_names(checks)
+        config = _load_config(inv, checks)
         wanted, skipped = _names(inv.args.check), _names(inv.args.skip)
-        report = _report(inv, _selected(checks, wanted, skipped, config, inv.warn), config)
+        report = _report(inv, select_checks(checks, wanted, skipped, config, inv.warn), config)
     except IbtoolError as e:
         hint = f" (hint: {e.hint})" if e.hint else ""
         report = health.failed(e.message + hint, time.time())
@@ -305,39 +284,9 @@ def configure_exporter(parser) -> None:
     )
 
 
-def _poller(inv: Invocation, checks: dict, config, warn=None):
-    """What one poll gives: the health results and every collector's families. The checks keep
-    their baselines in memory, so their counter deltas are per poll interval. What cannot be
-    read goes to `warn` (default: the invocation's warnings), which the exporter counts."""
-    from ibtool.health import run as health
-    from ibtool.health import state as healthstate
-    from ibtool.health import textfile as metrics
-    from ibtool.host import Host
-
-    saved = healthstate.Saved()
-    warn = warn or inv.warn
-
-    # The running host is read anew at each poll (its caches, such as the VLAN table, would
-    # go stale in a long-running process); a capture does not change.
-    fresh = inv.root == "/" and inv.snapshot is None
-
-    def poll():
-        nonlocal saved
-        host = Host(warn=warn) if fresh else inv.host
-        try:
-            boot = healthstate.boot_id(host.root)
-            report = health.run(checks, host, config, saved, boot_id=boot)
-            saved = healthstate.Saved(report.kept)
-            return health.status_families(report) + metrics.collected(inv.plugins, host, warn)
-        finally:
-            if fresh:
-                host.close()
-
-    return poll
-
-
 def run_exporter(inv: Invocation) -> None:
     from ibtool.live import exporter
+    from ibtool.live.engine import select_checks
     from ibtool.plugin.hooks import health_checks
 
     listen = exporter.parse_listen(inv.args.listen)
@@ -346,10 +295,9 @@ def run_exporter(inv: Invocation) -> None:
         from ibtool.web import config as webconfig
 
         web = webconfig.Watcher(inv.args.web_config_file, inv.warn)
-    config = _load_config(inv)
     checks = health_checks(inv.plugins, inv.warn)
-    config.check_names(checks)
-    checks = _selected(checks, [], _names(inv.args.skip), config, inv.warn)
+    config = _load_config(inv, checks)
+    checks = select_checks(checks, [], _names(inv.args.skip), config, inv.warn)
     scheme = "https" if web is not None and web.current().tls else "http"
     faults = exporter.Faults(inv.warn)
 
@@ -360,7 +308,7 @@ def run_exporter(inv: Invocation) -> None:
 
     exporter.serve(
         listen,
-        _poller(inv, checks, config, faults.warn),
+        exporter.poller(inv, checks, config, faults.warn),
         inv.args.interval,
         inv.warn,
         ready=ready,

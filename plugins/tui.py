@@ -4,6 +4,7 @@ CLI loads its plugins."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from ibtool import hookimpl
 from ibtool.argtypes import number
@@ -35,60 +36,47 @@ def configure(parser) -> None:
 
 
 def _feed(inv: Invocation, closing: list):
-    from ibtool.health import config as healthconfig
+    """The dashboard's face of the Engine, on the hosts the options name."""
     from ibtool.health import state as healthstate
-    from ibtool.host import Host
+    from ibtool.live.engine import hosts_for, load_config
     from ibtool.live.feed import Feed
     from ibtool.plugin.hooks import health_checks
 
     checks = health_checks(inv.plugins, inv.warn)
-    live = inv.root == "/" and inv.snapshot is None
     feed: Feed | None = None
 
     def note(message: str) -> None:
         (inv.warn if feed is None else feed.note)(message)  # on stderr before the app starts
 
-    if live:
-
-        def host():
-            return Host(warn=note)
-
-        source = "this host"
-    elif inv.snapshot is not None:
-        from ibtool.snapshot.save import SnapshotHost
-
-        capture = SnapshotHost(inv.snapshot, note, False, **inv.snapshot_kwargs())
-        closing.append(capture.close)
-
-        def host():
-            return capture.host
-
-        source = f"snapshot {inv.snapshot}"
-    else:
-        tree = Host(root=inv.root, warn=note)
-
-        def host():
-            return tree
-
-        source = f"--root {inv.root}"
-    # As `ibtool health` reads it: a threshold of a counter ibtool does not know must be one
-    # this host has, and a [checks.NAME] must name a check.
-    config = healthconfig.load(
-        inv.args.config or healthconfig.DEFAULT_PATH,
-        required=inv.args.config is not None,
-        counters=lambda: {s.name for s in host().counters()},
-    )
-    config.check_names(checks)
+    hosts = hosts_for(inv, note)
+    closing.append(hosts.close)
+    config = load_config(inv.args.config, checks, hosts.counter_names)
     feed = Feed(
-        host,
-        live=live,
-        source=source,
+        hosts,
         checks=checks,
         config=config,
         health_every=inv.args.health_interval,
         boot_id=lambda h: healthstate.boot_id(h.root),
     )
     return feed
+
+
+def loopback_runner(host_gid_index: Callable[[str, int], int | None]):
+    """The dashboard's loopback test: ibtool loopback's, on the live host's verbs, as the
+    screen's Runner (SIZE bytes, ITERS iterations, TIMEOUT seconds per operation)."""
+    from ibtool.tui.screens.loopback import ITERS, SIZE, TIMEOUT
+
+    def runner(device, port, ops, report, cancelled) -> None:
+        from ibtool.rdma import loopback
+
+        gid_index = host_gid_index(device, port)
+        with loopback.Loopback(device, port, gid_index, SIZE, 16) as lb:
+            for op in ops:
+                if cancelled():
+                    return
+                report(loopback.run_op(lb, op, ITERS, TIMEOUT, bandwidth_iters=128))
+
+    return runner
 
 
 def run(inv: Invocation) -> int:
@@ -101,7 +89,6 @@ def run(inv: Invocation) -> int:
         )
     try:
         from ibtool.tui.app import Dashboard
-        from ibtool.tui.screens.loopback import run_loopback
     except ImportError as e:
         raise UnsupportedError(
             f"ibtool tui needs the textual package ({e})", "pip install textual"
@@ -122,7 +109,7 @@ def run(inv: Invocation) -> int:
                 finally:
                     host.close()
 
-            loopback = run_loopback(gid_index)
+            loopback = loopback_runner(gid_index)
         app = Dashboard(
             feed,
             interval=inv.args.interval,

@@ -162,7 +162,8 @@ class Engine:
     """Polls a host for every face. `poll()` is called from one thread at a time.
 
     `ports`, `counters`: whether a poll reads the devices and ports (and diffs them against
-    the poll before) and samples every counter; `check_every`: None runs the checks at every
+    the poll before) and samples every counter; `checks`: None runs none (not even to say none
+    ran); `check_every`: None runs the checks at every
     poll, a number of seconds at the first poll, when a device or port changed, and that often
     on the running host only (a capture read again is the same moment). `state`: what the
     checks keep between polls (`KEEP`: in memory; a health.state.StateFile; None: nothing).
@@ -186,7 +187,7 @@ class Engine:
         warn: Callable[[str], None] | None = None,
     ) -> None:
         self.hosts = hosts
-        self.checks = dict(checks or {})
+        self.checks = None if checks is None else dict(checks)
         self.config = config if config is not None else HealthConfig()
         self.state = Kept() if state is KEEP else state
         self.lock_wait, self.datapath, self.check_every = lock_wait, datapath, check_every
@@ -294,7 +295,7 @@ class Engine:
         else:
             timed = self.live and now - (self._checked_at or 0.0) >= self.check_every
             due = self._checked_at is None or changed or timed
-        if not (self.checks and due):
+        if self.checks is None or not due:
             return False
         boot = self._boot_id(host)
         if self.state is None:

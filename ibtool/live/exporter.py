@@ -1,11 +1,13 @@
-"""`ibtool exporter`'s engine: one poller, and an HTTP endpoint serving its latest result.
+"""`ibtool exporter`: the Engine's face for Prometheus, and an HTTP endpoint serving its latest
+poll.
 
-A scrape never waits for the kernel: the poller (the main thread) reads the host every interval
-and replaces one cached list of families; the HTTP server (ibtool.web.server: one event loop for
-every connection, a bounded pool of workers for the answers) hands out whatever is cached. A
-device that hangs a read delays the next poll, never a scrape, and the poll's age is itself a
-metric. What faces the network is bounded as node_exporter's exporter-toolkit bounds it
-(`--web.max-requests`, its web configuration file for TLS and basic auth).
+A scrape never waits for the kernel: the poller (the main thread) has the Engine read the host
+every interval and replaces one cached list of families; the HTTP server (ibtool.web.server:
+one event loop for every connection, a bounded pool of workers for the answers) hands out
+whatever is cached. A device that hangs a read delays the next poll, never a scrape, and the
+poll's age is itself a metric. What faces the network is bounded as node_exporter's
+exporter-toolkit bounds it (`--web.max-requests`, its web configuration file for TLS and basic
+auth).
 """
 
 from __future__ import annotations
@@ -126,6 +128,32 @@ class Faults:
         with self._lock:
             count, self._count = self._count, 0
         return count
+
+
+def poller(inv, checks: dict, config, warn: Callable[[str], None] | None = None):
+    """What one poll gives: the health results and every collector's families, both of one
+    Engine poll. The checks keep their baselines in memory, so their counter deltas are per
+    poll interval. What cannot be read goes to `warn` (default: the invocation's warnings),
+    which the exporter counts; a capture is the invocation's host, its warnings the command's."""
+    from ibtool.health import run as health
+    from ibtool.health import textfile as metrics
+    from ibtool.live.engine import Engine, hosts_for
+
+    engine: Engine | None = None
+
+    def note(message: str) -> None:
+        engine.note(message)  # type: ignore[union-attr]  (built before the first poll)
+
+    hosts = hosts_for(inv, note, own_capture=False)
+    engine = Engine(
+        hosts, checks=checks, config=config, ports=False, counters=False, warn=warn or inv.warn
+    )
+
+    def poll() -> list[MetricFamily]:
+        reading = engine.poll(read=lambda host, ports: metrics.collected(inv.plugins, host, note))
+        return health.status_families(reading.report) + reading.extra
+
+    return poll
 
 
 def _server_families(stats: dict) -> list[MetricFamily]:

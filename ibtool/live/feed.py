@@ -146,7 +146,7 @@ class Feed:
         hosts = host if isinstance(host, Hosts) else Hosts(host, live=live, source=source)
         self.engine = Engine(
             hosts,
-            checks=checks,
+            checks=checks or None,  # no checks: no health shown, not "no check ran"
             config=config,
             check_every=health_every,
             clock=clock,

@@ -26,7 +26,7 @@ def live_dashboard():
     from ibtool.plugin.hooks import health_checks
     from ibtool.plugin.manager import build_plugins
     from ibtool.tui.app import Dashboard
-    from ibtool.tui.screens.loopback import run_loopback
+    from plugins.tui import loopback_runner
 
     feed = Feed(
         lambda: Host(warn=feed.note),
@@ -44,7 +44,7 @@ def live_dashboard():
         finally:
             host.close()
 
-    return Dashboard(feed, interval=1.0, loopback=run_loopback(gid_index))
+    return Dashboard(feed, interval=1.0, loopback=loopback_runner(gid_index))
 
 
 async def until(pilot, predicate, what: str, timeout: float = 90.0) -> None:

@@ -111,16 +111,16 @@ def test_the_exporter_over_a_capture_sees_a_counter_move_between_polls(tmp_path)
     """The exporter's poller keeps its baselines in memory, with the capture's (absent) boot
     id: symbol_error 0 -> 1000 between two polls is a WARNING on the second."""
     from ibtool.health.config import HealthConfig
+    from ibtool.live.exporter import poller
     from ibtool.plugin.commands import Invocation
     from ibtool.plugin.hooks import health_checks
     from ibtool.plugin.manager import build_plugins
-    from plugins.health import _poller
 
     root = tree(tmp_path)
     plugins = build_plugins(warn=lambda m: None)
     checks = {"counters": health_checks(plugins, lambda m: None)["counters"]}
     inv = Invocation(args=None, root=str(root), plugins=plugins)
-    poll = _poller(inv, checks, HealthConfig())
+    poll = poller(inv, checks, HealthConfig())
 
     def status() -> float:
         families = {f.name: f for f in poll()}

@@ -1,5 +1,7 @@
 """The loopback self-test on one port, run from the dashboard: progress, then each
-operation's PASS/FAIL. The test runs in a thread; the dashboard keeps polling."""
+operation's PASS/FAIL. The test runs in a thread; the dashboard keeps polling. What runs it (a
+`Runner`) is handed in by the command: the screen shows results and never reaches the data
+path itself."""
 
 from __future__ import annotations
 
@@ -19,24 +21,9 @@ OPS = ("send", "write", "write_imm", "read", "fetch_add", "cmp_swap", "ud_send")
 SIZE, ITERS, TIMEOUT = 4096, 100, 2.0
 STYLE = {"PASS": "bold green", "FAIL": "bold red", "TIMEOUT": "bold red", "UNSUPPORTED": "yellow"}
 
-# runner(device, port, ops, report, cancelled): runs the ops, report(result) after each.
+# runner(device, port, ops, report, cancelled): runs the ops (SIZE bytes, ITERS iterations,
+# TIMEOUT seconds each), report(result) after each.
 Runner = Callable[[str, int, tuple, Callable[[object], None], Callable[[], bool]], None]
-
-
-def run_loopback(host_gid_index: Callable[[str, int], int | None]) -> Runner:
-    """The real test (ibtool loopback's), on the live host's verbs."""
-
-    def runner(device, port, ops, report, cancelled) -> None:
-        from ibtool.rdma import loopback
-
-        gid_index = host_gid_index(device, port)
-        with loopback.Loopback(device, port, gid_index, SIZE, 16) as lb:
-            for op in ops:
-                if cancelled():
-                    return
-                report(loopback.run_op(lb, op, ITERS, TIMEOUT, bandwidth_iters=128))
-
-    return runner
 
 
 def _us(value) -> str:
