@@ -4,10 +4,9 @@ the same on every run."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,16 +16,6 @@ from tests.fixtures import sysfs_trees
 
 EPOCH = 1_790_000_000.0  # 2026-09-21 14:13:20 UTC
 BOOT = "5b4e5a6c-2f0a-4c59-9d1e-0d5f4b1c6a77"
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem):
-    """`async def` tests (Textual's pilot) run in a fresh event loop each, with no plugin."""
-    if inspect.iscoroutinefunction(pyfuncitem.obj):
-        names = pyfuncitem._fixtureinfo.argnames
-        asyncio.run(pyfuncitem.obj(**{n: pyfuncitem.funcargs[n] for n in names}))
-        return True
-    return None
 
 
 @pytest.fixture(autouse=True)
@@ -94,10 +83,33 @@ class Node:
         (self.root / relative).write_text(text + "\n")
 
     def app(self, **kwargs):
-        from ibtool.tui.app import Dashboard
-
         kwargs.setdefault("interval", 10.0)  # the test polls (`refresh`); no timer fires
-        return Dashboard(self.feed, **kwargs)
+        return noting_dashboard()(self.feed, **kwargs)
+
+
+@dataclass(frozen=True)
+class Note:
+    """A notification the dashboard raised (a toast on the screen)."""
+
+    message: str
+    title: str
+    severity: str
+
+
+def noting_dashboard():
+    """The Dashboard, with every notification it raises (App.notify) also kept in `notes`."""
+    from ibtool.tui.app import Dashboard
+
+    class Noting(Dashboard):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.notes: list[Note] = []
+
+        def notify(self, message, *, title="", severity="information", **kwargs):
+            self.notes.append(Note(str(message), title, severity))
+            super().notify(message, title=title, severity=severity, **kwargs)
+
+    return Noting
 
 
 def default_checks():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from textual.widgets import DataTable, Static
 
 from ibtool.tui.screens.detail import PortScreen
@@ -13,6 +14,8 @@ from ibtool.tui.widgets.counters import CounterTable
 from ibtool.tui.widgets.events import EventLog
 from ibtool.tui.widgets.ports import PortTable
 from tests.tui.conftest import cell, poll, settle
+
+pytestmark = pytest.mark.asyncio  # Textual's pilot drives the app from an event loop
 
 GBIT = 1_000_000_000 // 8 // 4  # PMA data counters count 4-octet words: one Gb/s for 1 s
 
@@ -188,7 +191,7 @@ async def test_the_detail_of_a_device_that_went_away_says_so_and_shows_nothing_s
         assert gids.row_count == 0 and screen.query_one(CounterTable).row_count == 0
         await pilot.press("l")
         assert app.screen is screen  # no loopback test on a port that is gone
-        assert "mlx5_0/1 is not there any more" in [m.message for m in app._notifications]
+        assert "mlx5_0/1 is not there any more" in [m.message for m in app.notes]
         os.symlink(target, link)
         n.tick()
         await poll(pilot)
@@ -413,13 +416,13 @@ async def test_no_loopback_on_a_down_port_or_a_capture(node):
         await settle(pilot)
         await pilot.press("down", "l")
         assert not isinstance(app.screen, LoopbackScreen)
-        assert "mlx5_0/2 is DOWN" in [n.message for n in app._notifications][-1]
+        assert "mlx5_0/2 is DOWN" in [n.message for n in app.notes][-1]
     capture = node(live=False).app()
     async with capture.run_test(size=(120, 30)) as pilot:
         await settle(pilot)
         await pilot.press("l")
         assert not isinstance(capture.screen, LoopbackScreen)
-        assert "not a capture" in list(capture._notifications)[-1].message
+        assert "not a capture" in capture.notes[-1].message
 
 
 async def test_a_capture_is_read_once_and_shows_no_rates(node):
@@ -688,9 +691,9 @@ async def test_the_palettes_screenshot_is_saved_where_it_can_be_and_named(
         await pilot.press(*"screenshot")
         await until(pilot, lambda: "Screenshot" in _palette_first(app))
         await pilot.press("enter")
-        await until(pilot, lambda: any(n.title == "Screenshot" for n in app._notifications))
+        await until(pilot, lambda: any(n.title == "Screenshot" for n in app.notes))
         (saved,) = here.glob("ibtool-tui-*.svg")
-        (note,) = [n for n in app._notifications if n.title == "Screenshot"]
+        (note,) = [n for n in app.notes if n.title == "Screenshot"]
         assert note.message == f"saved to {saved}" and note.severity == "information"
         assert "mlx5_0/1" in saved.read_text()
 
@@ -700,8 +703,8 @@ async def test_a_screenshot_that_cannot_be_saved_says_why(node, tmp_path):
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
         app.action_screenshot(path=str(tmp_path / "gone"))
-        await until(pilot, lambda: app._notifications)
-        (note,) = [n for n in app._notifications if n.title == "Screenshot"]
+        await until(pilot, lambda: app.notes)
+        (note,) = [n for n in app.notes if n.title == "Screenshot"]
         assert note.severity == "error"
         assert note.message.startswith(f"screenshot not saved: {tmp_path}/gone/ibtool-tui-")
         assert note.message.endswith(".svg: No such file or directory")
