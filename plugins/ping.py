@@ -23,7 +23,7 @@ MTUS = (256, 512, 1024, 2048, 4096)
 # - times as iputils' ping(8) takes them, in milliseconds in a C int (ping/ping.c: -i and -W
 #   "bad timing interval" / "bad linger time" above INT_MAX / 1000 s, -W below 0.001 s); the
 #   count in a C int, as ibv_rc_pingpong's -n;
-# - a payload at most ibtool.rdma.ping.MAX_PING_SIZE (not imported here: it loads the verbs
+# - a payload at most ibtool.rdma.ping.session.MAX_PING_SIZE (not imported here: it loads the verbs
 #   modules, which only a ping needs).
 SL = (0, 15)
 TCLASS = (0, 255)
@@ -53,7 +53,7 @@ def _bytes(text: str) -> int:
 
 def _network(text: str):
     """--allow: an IPv4 or IPv6 network (CIDR) or address."""
-    from ibtool.rdma.admission import parse_network
+    from ibtool.rdma.ping.admission import parse_network
 
     try:
         return parse_network(text)
@@ -229,7 +229,7 @@ DEFAULTS = {
 
 def _settle(args) -> None:
     """Fill in what the command line left out, by the peer; refuse what cannot work."""
-    from ibtool.rdma import ping
+    from ibtool.rdma.ping.session import MAX_PING_SIZE
 
     port, size, count, interval, mtu = DEFAULTS[args.compat]
     args.port = port if args.port is None else args.port
@@ -237,8 +237,8 @@ def _settle(args) -> None:
     args.count = count if args.count is None else args.count
     args.interval = interval if args.interval is None else args.interval
     args.mtu = mtu if args.mtu is None else args.mtu
-    if not 1 <= args.size <= ping.MAX_PING_SIZE:
-        raise UsageError(f"-s {args.size}: size must be 1..{ping.MAX_PING_SIZE}")
+    if not 1 <= args.size <= MAX_PING_SIZE:
+        raise UsageError(f"-s {args.size}: size must be 1..{MAX_PING_SIZE}")
     if args.interval < 0 or (args.count is not None and args.count < 1):
         raise UsageError("-i must be >= 0 and -c >= 1")
     if not 1 <= args.port <= 65535:
@@ -291,7 +291,7 @@ def _settle(args) -> None:
 
 
 def _settle_rping(args) -> None:
-    from ibtool.rdma import rping
+    from ibtool.rdma.ping import rping
 
     if args.dev or args.gid_index is not None:
         raise UsageError(
@@ -358,7 +358,7 @@ LIMITS = ("max_sessions", "max_per_source", "idle_timeout", "max_rate", "max_mem
 
 def _limits(args):
     """The server's admission.Limits: the options given, the defaults for the others."""
-    from ibtool.rdma.admission import Limits
+    from ibtool.rdma.ping.admission import Limits
 
     given = {name: getattr(args, name) for name in LIMITS if getattr(args, name) is not None}
     if "allow" in given:
@@ -404,13 +404,13 @@ def _run_server(inv: Invocation, serve) -> int:
 
 
 def _serve(args, device: str, port: int, gid_index, log, pkey) -> None:
-    from ibtool.rdma import ping, pingpong  # pyverbs is imported only here
+    from ibtool.rdma.ping import pingpong, server  # pyverbs is imported only here
 
     where = (device, port, gid_index, args.bind, args.port, log, args.max_clients, _path(args))
     if args.compat == "rc_pingpong":
         pingpong.serve(*where, idle=args.timeout, pkey=pkey, limits=_limits(args))
     else:
-        ping.serve(*where, pkey=pkey, limits=_limits(args))
+        server.serve(*where, pkey=pkey, limits=_limits(args))
 
 
 def _server_log(inv: Invocation):
@@ -426,7 +426,7 @@ def _server_log(inv: Invocation):
 
 def _rping(inv: Invocation) -> int:
     """--compat rping: librdmacm's rping protocol over rdma_cm, either side."""
-    from ibtool.rdma import rping  # pyverbs is imported only here
+    from ibtool.rdma.ping import rping  # pyverbs is imported only here
 
     args = inv.args
     if args.server:
@@ -447,7 +447,8 @@ def _rping(inv: Invocation) -> int:
 
 def _cm(inv: Invocation) -> int:
     """--cm: ibtool's own ping, connected through rdma_cm, either side."""
-    from ibtool.rdma import cmping, wire  # pyverbs is imported only here
+    from ibtool.rdma import wire  # pyverbs is imported only here
+    from ibtool.rdma.ping import cmping
 
     args = inv.args
     if args.server:
@@ -485,9 +486,11 @@ def _over_rdma_cm(args, client, compat, mode, what: str) -> tuple[str, dict]:
 
 def _verbs_client(inv: Invocation, device: str, port: int, gid_index, pkey) -> int:
     """ibtool's own protocol, or --compat rc_pingpong: an RC QP on DEVICE/PORT."""
-    from ibtool.rdma import ping, pingpong, wire  # pyverbs is imported only here
+    from ibtool.rdma import wire  # pyverbs is imported only here
     from ibtool.rdma.hwclock import HwClock
     from ibtool.rdma.ladder import MTU_BYTES, Ladder
+    from ibtool.rdma.ping import client as native
+    from ibtool.rdma.ping import pingpong
 
     args = inv.args
     path = _path(args)
@@ -501,7 +504,7 @@ def _verbs_client(inv: Invocation, device: str, port: int, gid_index, pkey) -> i
             )
         else:
             mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
-            client = ping.Client(
+            client = native.Client(
                 ladder, args.host, args.port, args.size, mode, args.timeout, path, hw
             )
         stack.callback(client.close)
@@ -522,10 +525,10 @@ def _client(inv: Invocation, open_client) -> int:
     """Ping and report like ping(8). `open_client(stack)` opens the client, pushing its
     close (and that of whatever else it opens) on `stack`, so every way out closes it; it
     gives the client, the first line, and what the report says of the path."""
-    from ibtool.rdma import ping
+    from ibtool.rdma.ping.client import PingStats, run_client
 
     args = inv.args
-    stats, rtts, replies, hw_rtts = ping.PingStats(), [], [], []
+    stats, rtts, replies, hw_rtts = PingStats(), [], [], []
     interrupted: KeyboardInterrupt | None = None
     failure: IbtoolError | None = None
     with contextlib.ExitStack() as stack:
@@ -551,7 +554,7 @@ def _client(inv: Invocation, open_client) -> int:
             inv.warn(f"seq={seq} lost: {reason}")
 
         try:
-            ping.run_client(
+            run_client(
                 client, args.count, args.interval, args.deadline, on_reply, on_loss, stats, rtts
             )
         except KeyboardInterrupt as e:
@@ -645,22 +648,24 @@ def ibtool_register_commands(cli):
 PEER_PINGS = 3
 
 
-def _ping_peer(ctx, ping, device: str, port: int, gid_index, peer: str):
+def _ping_peer(ctx, device: str, port: int, gid_index, peer: str):
     import time
 
     from ibtool.api import HealthResult, Perfdata, Status
     from ibtool.rdma import wire
     from ibtool.rdma.ladder import Ladder
+    from ibtool.rdma.ping.client import Client, PingStats, run_client
+    from ibtool.rdma.ping.session import DEFAULT_PORT
 
     left = ctx.deadline - time.monotonic()
     if left <= 0:
         budget = f"{ctx.config.datapath_budget:g} s"
         return HealthResult(Status.UNKNOWN, peer, f"not pinged: the {budget} were spent")
-    stats, rtts = ping.PingStats(), []
+    stats, rtts = PingStats(), []
     with Ladder(device, port, gid_index) as ladder:
-        client = ping.Client(ladder, peer, ping.DEFAULT_PORT, 64, wire.Mode.SEND, min(2.0, left))
+        client = Client(ladder, peer, DEFAULT_PORT, 64, wire.Mode.SEND, min(2.0, left))
         try:
-            ping.run_client(client, PEER_PINGS, 0.0, left, lambda *reply: None, lambda s, e: None,
+            run_client(client, PEER_PINGS, 0.0, left, lambda *reply: None, lambda s, e: None,
                             stats, rtts)  # fmt: skip
         finally:
             client.close()
@@ -686,8 +691,6 @@ def check_peers(ctx):
         yield HealthResult(Status.UNKNOWN, "", f"peers not pinged: {ctx.host.not_live}")
         return
     try:
-        from ibtool.rdma import ping
-
         active = [p for p in ctx.host.ports(fields=("state",)) if p.state == PortState.ACTIVE]
         if not active:
             yield HealthResult(Status.CRITICAL, "", "peers not pinged: no ACTIVE RDMA port")
@@ -699,7 +702,7 @@ def check_peers(ctx):
         return
     for peer in ctx.config.peers:
         try:
-            yield _ping_peer(ctx, ping, device, port, gid_index, peer)
+            yield _ping_peer(ctx, device, port, gid_index, peer)
         except IbtoolError as e:
             yield HealthResult(Status.CRITICAL, peer, f"RDMA ping: {e.message}")
 

@@ -64,7 +64,7 @@ def unsupported_reason(ladder) -> str | None:
 
 
 def mig_state(ladder, qp) -> int:
-    attr, _ = ladder._verbs(lambda: qp.query(IBV_QP_PATH_MIG_STATE), "query the QP")
+    attr, _ = ladder.checked(lambda: qp.query(IBV_QP_PATH_MIG_STATE), "query the QP")
     return int(attr.path_mig_state)
 
 
@@ -122,7 +122,7 @@ def migrate(ladder, qp) -> None:
     """Switch an ARMED QP to its alternate path, as the HCA would on a path failure."""
     attr = ladder.pv.qp.QPAttr()
     attr.path_mig_state = IBV_MIG_MIGRATED
-    ladder._verbs(lambda: qp.modify(attr, IBV_QP_PATH_MIG_STATE), "migrate (path_mig_state)")
+    ladder.checked(lambda: qp.modify(attr, IBV_QP_PATH_MIG_STATE), "migrate (path_mig_state)")
     state = mig_state(ladder, qp)
     if state != IBV_MIG_MIGRATED:
         raise IbtoolError(

@@ -93,7 +93,7 @@ class EventChannel:
     def __init__(self, cm):
         self.cm = cm
         before = _rdma_cm_fds()
-        self.channel = _cm_call(cm.cmid.CMEventChannel, "create an rdma_cm event channel")
+        self.channel = checked(cm.cmid.CMEventChannel, "create an rdma_cm event channel")
         new = _rdma_cm_fds() - before
         self.fd = new.pop() if len(new) == 1 else None  # None: every wait blocks
         self.listener = None  # the listening id whose connection requests arrive here
@@ -112,7 +112,7 @@ class EventChannel:
         of the event, which the acknowledgement frees)."""
         if not self.ready(timeout):
             return None
-        event = _cm_call(lambda: self.cm.cmid.CMEvent(self.channel), "read a CM event")
+        event = checked(lambda: self.cm.cmid.CMEvent(self.channel), "read a CM event")
         types = self.cm.e.rdma_cm_event_type
         try:
             kind, name, child, ud = event.event_type, event.event_str(), None, None
@@ -126,7 +126,8 @@ class EventChannel:
         return Event(kind, name, child, data, ud)
 
 
-def _cm_call(fn, what: str):
+def checked(fn, what: str):
+    """fn(), a pyverbs error raised as an IbtoolError that says `what` failed."""
     try:
         return fn()
     except pyverbs().Error as e:
@@ -176,7 +177,9 @@ class Connection(_Holder):
     def device(self) -> str:
         return device_of(self.cmid)
 
-    def _verbs(self, fn, what: str):
+    def checked(self, fn, what: str):
+        """fn() on this connection's verbs, a pyverbs error raised as an IbtoolError that says
+        `what` failed."""
         try:
             return fn()
         except self.pv.Error as e:
@@ -184,7 +187,7 @@ class Connection(_Holder):
 
     def build_qp(self, send_wr: int, recv_wr: int) -> None:
         pv, cmid = self.pv, self.cmid
-        self.cq = self._verbs(lambda: pv.cq.CQ(cmid.context, send_wr + recv_wr), "create CQ")
+        self.cq = self.checked(lambda: pv.cq.CQ(cmid.context, send_wr + recv_wr), "create CQ")
         self._stack.callback(self.cq.close)
         cap = pv.qp.QPCap(max_send_wr=send_wr, max_recv_wr=recv_wr, max_send_sge=1, max_recv_sge=1)
         init = pv.qp.QPInitAttr(
@@ -193,29 +196,29 @@ class Connection(_Holder):
         # The QP is the id's (rdma_create_qp): CMID.close destroys it, so the id is closed here
         # too, before the CQ; closing it again later does nothing.
         self._stack.callback(cmid.close)
-        self._verbs(lambda: cmid.create_qp(init), "create the RC QP")
+        self.checked(lambda: cmid.create_qp(init), "create the RC QP")
 
     def mr(self, size: int, access: int):
-        mr = self._verbs(
+        mr = self.checked(
             lambda: self.pv.mr.MR(self.cmid.pd, size, access), f"register a {size}-byte MR"
         )
         self._stack.callback(mr.close)
         return mr
 
     def post_recv(self, mr, length: int) -> None:
-        self._verbs(lambda: self.cmid.post_recv(mr, length), "post a receive")
+        self.checked(lambda: self.cmid.post_recv(mr, length), "post a receive")
 
     def post_send(self, mr, length: int) -> None:
-        self._verbs(lambda: self.cmid.post_send(mr, IBV_SEND_SIGNALED, length), "post a send")
+        self.checked(lambda: self.cmid.post_send(mr, IBV_SEND_SIGNALED, length), "post a send")
 
     def post_read(self, mr, length: int, addr: int, rkey: int) -> None:
-        self._verbs(
+        self.checked(
             lambda: self.cmid.post_read(mr, length, addr, rkey, IBV_SEND_SIGNALED),
             "post an RDMA READ",
         )
 
     def post_write(self, mr, length: int, addr: int, rkey: int) -> None:
-        self._verbs(
+        self.checked(
             lambda: self.cmid.post_write(mr, length, addr, rkey, IBV_SEND_SIGNALED),
             "post an RDMA WRITE",
         )
@@ -268,23 +271,29 @@ class Connection(_Holder):
     def _infiniband(self) -> bool:
         return self.ctx.query_port(self.cmid.port_num).link_layer == LinkLayer.INFINIBAND
 
-    def _established(self, what: str, peer: str) -> None:
-        self._expect("RDMA_CM_EVENT_ESTABLISHED", CONNECT_TIMEOUT, what, peer)
+    def await_established(self, what: str, peer: str) -> None:
+        """Wait for RDMA_CM_EVENT_ESTABLISHED after `what` (connect, accept) with `peer`; from
+        then on close() disconnects first."""
+        self.expect_event("RDMA_CM_EVENT_ESTABLISHED", CONNECT_TIMEOUT, what, peer)
         self.established = True
-        self._stack.callback(self._disconnect)
+        self._stack.callback(self.disconnect)
 
-    def _disconnect(self) -> None:
+    def disconnect(self) -> None:
+        """rdma_disconnect, once established; an id already gone is no error."""
         # rdma_disconnect moves our QP to the error state and tells the peer (a DREQ): its
         # rping sees RDMA_CM_EVENT_DISCONNECTED and ends.
         with contextlib.suppress(self.pv.Error):
             self.cmid.disconnect()
 
-    def _expect(self, wanted: str, timeout: float, what: str, peer: str) -> None:
+    def expect_event(self, wanted: str, timeout: float, what: str, peer: str) -> None:
+        """The next CM event must be `wanted` (an rdma_cm_event_type name) within `timeout`
+        seconds; another, or none, is an error naming `what` and `peer`. A connection request
+        meanwhile is rejected."""
         got = self.channel.next(timeout)
         if got is None:
             raise CmTimeout(f"{what}: no answer from {peer} within {timeout:.0f} s")
         if got.child is not None:
-            _refuse(got.child)
+            reject_request(got.child)
         if got.kind != getattr(self.cm.e.rdma_cm_event_type, wanted):
             raise _event_error(got.name, what, peer)
 
@@ -319,7 +328,7 @@ class Connection(_Holder):
                 if self.busy:
                     with contextlib.suppress(Exception):
                         child.reject(self.busy)
-                _refuse(child)
+                reject_request(child)
                 continue
             types = self.cm.e.rdma_cm_event_type
             if kind == types.RDMA_CM_EVENT_DISCONNECTED:
@@ -358,7 +367,8 @@ def device_of(cmid) -> str:
     return f"{name}/{port}" if port else name
 
 
-def _refuse(child) -> None:
+def reject_request(child) -> None:
+    """Turn down a connection request (the id rdma_cm made for it) that nobody will serve."""
     # Destroying an id that has not accepted its request rejects it (the kernel sends a REJ).
     with contextlib.suppress(Exception):
         child.close()
@@ -379,7 +389,7 @@ def _event_error(name: str, what: str, peer: str) -> IbtoolError:
     return IbtoolError(f"{what}: {name}")
 
 
-def _addr_info(cm, what: str, port_space=None, **kw):
+def addr_info(cm, what: str, port_space=None, **kw):
     """An AddrInfo of the TCP port space, or of `port_space`."""
     if port_space is None:
         port_space = cm.e.rdma_port_space.RDMA_PS_TCP
@@ -411,18 +421,18 @@ def _with_qp(conn: Connection, send_wr: int, recv_wr: int) -> Connection:
 def resolve(host: str, port: int) -> Connection:
     """The active side's id, address and route resolved: no QP yet."""
     cm = rdmacm()
-    peer = _peer(host, port)
+    peer = peer_name(host, port)
     stack = contextlib.ExitStack()
     try:
         channel = EventChannel(cm)
         stack.callback(channel.close)
-        cmid = _cm_call(
+        cmid = checked(
             lambda: cm.cmid.CMID(creator=channel.channel, port_space=_tcp(cm)),
             "create an rdma_cm id",
         )
         stack.callback(cmid.close)
         conn = Connection(cm, channel, cmid, stack)
-        ai = _addr_info(cm, f"cannot resolve {host}", dst=host, dst_service=str(port))
+        ai = addr_info(cm, f"cannot resolve {host}", dst=host, dst_service=str(port))
         stack.callback(ai.close)
         try:
             cmid.resolve_addr(ai, RESOLVE_TIMEOUT_MS)
@@ -431,7 +441,7 @@ def resolve(host: str, port: int) -> Connection:
                 f"cannot resolve {peer} to an RDMA device: {e}", _route_hint(host)
             ) from None
         _resolved(conn, "RDMA_CM_EVENT_ADDR_RESOLVED", peer, host)
-        conn._verbs(lambda: cmid.resolve_route(RESOLVE_TIMEOUT_MS), f"resolve a route to {peer}")
+        conn.checked(lambda: cmid.resolve_route(RESOLVE_TIMEOUT_MS), f"resolve a route to {peer}")
         _resolved(conn, "RDMA_CM_EVENT_ROUTE_RESOLVED", peer, host)
         return conn
     except BaseException:
@@ -441,7 +451,7 @@ def resolve(host: str, port: int) -> Connection:
 
 def _resolved(conn: Connection, wanted: str, peer: str, host: str) -> None:
     try:
-        conn._expect(wanted, RESOLVE_TIMEOUT_MS / 1000 + EVENT_SLACK, f"resolve {peer}", peer)
+        conn.expect_event(wanted, RESOLVE_TIMEOUT_MS / 1000 + EVENT_SLACK, f"resolve {peer}", peer)
     except IbtoolError as e:
         raise IbtoolError(
             f"cannot resolve {peer} to an RDMA device: {e.message}", _route_hint(host)
@@ -459,11 +469,12 @@ def connect_to(conn: Connection, host: str, port: int) -> None:
     # rping.c, rping_init_conn_param: one outstanding RDMA READ each way, retries at 7
     # (rnr_retry 7: retry forever while the peer has no receive posted).
     param = conn.cm.cmid.ConnParam(resources=1, depth=1, retry=7, rnr_retry=7)
-    conn._verbs(lambda: conn.cmid.connect(param), f"connect to {_peer(host, port)}")
-    conn._established("connect", _peer(host, port))
+    conn.checked(lambda: conn.cmid.connect(param), f"connect to {peer_name(host, port)}")
+    conn.await_established("connect", peer_name(host, port))
 
 
-def _peer(host: str, port: int) -> str:
+def peer_name(host: str, port: int) -> str:
+    """HOST:PORT as messages name a peer, an IPv6 address in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -479,19 +490,19 @@ class Listener(_Holder):
 
     def __init__(self, bind: str, port: int):
         self.cm = cm = rdmacm()
-        self.bind, self.where = bind, _peer(bind, port)
+        self.bind, self.where = bind, peer_name(bind, port)
         address = _numeric(bind, port)
         self._stack = contextlib.ExitStack()
         try:
             self.channel = EventChannel(cm)
             self._stack.callback(self.channel.close)
-            self.cmid = _cm_call(
+            self.cmid = checked(
                 lambda: cm.cmid.CMID(creator=self.channel.channel, port_space=_tcp(cm)),
                 "create an rdma_cm id",
             )
             self._stack.callback(self.cmid.close)
             self.channel.listener = self.cmid
-            ai = _addr_info(
+            ai = addr_info(
                 cm, f"--bind {bind}", src=address, src_service=str(port), flags=RAI_PASSIVE
             )
             self._stack.callback(ai.close)
@@ -537,7 +548,7 @@ class Listener(_Holder):
                 continue  # nothing else is expected on a listening id
             child = got.child
             stack = contextlib.ExitStack()
-            stack.callback(_refuse, child)  # until accepted, closing it rejects the request
+            stack.callback(reject_request, child)  # until accepted, closing it rejects the request
             try:
                 pv = pyverbs()
                 # Context and PD objects of the child's own (see the module's docstring).
@@ -552,8 +563,8 @@ class Listener(_Holder):
 
     def accept(self, conn: Connection) -> None:
         param = self.cm.cmid.ConnParam(resources=1, depth=1, retry=7, rnr_retry=7)
-        conn._verbs(lambda: conn.cmid.accept(param), "accept the connection")
-        conn._established("accept", "the client")
+        conn.checked(lambda: conn.cmid.accept(param), "accept the connection")
+        conn.await_established("accept", "the client")
 
 
 def _numeric(bind: str, port: int) -> str:

@@ -82,11 +82,11 @@ class Ladder(contextlib.AbstractContextManager):
         self.device, self.port = device, port
         self._stack = contextlib.ExitStack()
         try:
-            self.ctx = self._own(
-                self._verbs(lambda: self.pv.device.Context(name=device), f"open {device}")
+            self.ctx = self.own(
+                self.checked(lambda: self.pv.device.Context(name=device), f"open {device}")
             )
             self.dev_attr = self.ctx.query_device()
-            self.port_attr = self._verbs(
+            self.port_attr = self.checked(
                 lambda: self.ctx.query_port(port), f"query {device}/{port}"
             )
             self.link_layer = LinkLayer.parse(self.port_attr.link_layer)
@@ -99,7 +99,7 @@ class Ladder(contextlib.AbstractContextManager):
                 g = self.ctx.query_gid(port, gid_index)
                 self.gid = bytes.fromhex(str(g.gid).replace(":", ""))
                 self.gid_type = self._gid_type(gid_index)
-            self.pd = self._own(self.pv.pd.PD(self.ctx))
+            self.pd = self.own(self.pv.pd.PD(self.ctx))
         except BaseException:
             self.close()
             raise
@@ -143,7 +143,9 @@ class Ladder(contextlib.AbstractContextManager):
     def needs_grh(self) -> bool:
         return self.link_layer == LinkLayer.ETHERNET or bool(self.port_attr.flags & 1)
 
-    def _verbs(self, fn, what: str):
+    def checked(self, fn, what: str):
+        """fn(), a pyverbs error raised as an IbtoolError that says `what` failed (EPERM and
+        EACCES as a PermissionDeniedError naming the device files)."""
         try:
             return fn()
         except self.pv.Error as e:
@@ -154,7 +156,8 @@ class Ladder(contextlib.AbstractContextManager):
                 ) from None
             raise IbtoolError(f"{what}: {e}") from None
 
-    def _own(self, obj):
+    def own(self, obj):
+        """`obj`, closed with the ladder (in reverse order of creation)."""
         self._stack.callback(obj.close)
         return obj
 
@@ -168,11 +171,11 @@ class Ladder(contextlib.AbstractContextManager):
     # -- objects -------------------------------------------------------------------------
 
     def cq(self, depth: int):
-        return self._own(self._verbs(lambda: self.pv.cq.CQ(self.ctx, depth), "create CQ"))
+        return self.own(self.checked(lambda: self.pv.cq.CQ(self.ctx, depth), "create CQ"))
 
     def mr(self, size: int, access: int):
-        return self._own(
-            self._verbs(lambda: self.pv.mr.MR(self.pd, size, access), f"register a {size}-byte MR")
+        return self.own(
+            self.checked(lambda: self.pv.mr.MR(self.pd, size, access), f"register a {size}-byte MR")
         )
 
     def qp(self, cq, qp_type: str, send_wr: int, recv_wr: int, max_inline: int = 0):
@@ -186,13 +189,13 @@ class Ladder(contextlib.AbstractContextManager):
         )
         kind = {"rc": e.ibv_qp_type.IBV_QPT_RC, "ud": e.ibv_qp_type.IBV_QPT_UD}[qp_type]
         init = self.pv.qp.QPInitAttr(qp_type=kind, scq=cq, rcq=cq, cap=cap, sq_sig_all=1)
-        return self._own(
-            self._verbs(lambda: self.pv.qp.QP(self.pd, init), f"create {qp_type.upper()} QP")
+        return self.own(
+            self.checked(lambda: self.pv.qp.QP(self.pd, init), f"create {qp_type.upper()} QP")
         )
 
     def ah(self, peer: Peer, sl: int = 0):
-        return self._own(
-            self._verbs(
+        return self.own(
+            self.checked(
                 lambda: self.pv.addr.AH(self.pd, attr=self.ah_attr(peer, sl)),
                 "create address handle",
             )
@@ -237,20 +240,20 @@ class Ladder(contextlib.AbstractContextManager):
         )
         attr.pkey_index = path.pkey_index
         attr.qp_access_flags = access
-        self._verbs(lambda: qp.to_init(attr), "QP RESET->INIT")
+        self.checked(lambda: qp.to_init(attr), "QP RESET->INIT")
         attr.path_mtu = self.path_mtu(peer.mtu, path.mtu)
         attr.dest_qp_num = peer.qpn
         attr.rq_psn = peer.psn
         attr.max_dest_rd_atomic = rd_atomic
         attr.min_rnr_timer = 12  # 0.64 ms
         attr.ah_attr = self.ah_attr(peer, path.sl, path.traffic_class)
-        self._verbs(lambda: self._to_rtr(qp, attr, peer), "QP INIT->RTR")
+        self.checked(lambda: self._to_rtr(qp, attr, peer), "QP INIT->RTR")
         attr.timeout = 14  # 4.096 us * 2^14 = 67 ms per try
         attr.retry_cnt = 7
         attr.rnr_retry = 7  # retry forever while the peer has no receive posted
         attr.sq_psn = local_psn
         attr.max_rd_atomic = rd_atomic
-        self._verbs(lambda: qp.to_rts(attr), "QP RTR->RTS")
+        self.checked(lambda: qp.to_rts(attr), "QP RTR->RTS")
 
     def _to_rtr(self, qp, attr, peer: Peer) -> None:
         """INIT->RTR. On RoCE the kernel resolves the peer's MAC here (ARP or neighbour discovery
@@ -281,4 +284,4 @@ class Ladder(contextlib.AbstractContextManager):
         attr.pkey_index = pkey_index
         attr.qkey = qkey
         attr.sq_psn = psn
-        self._verbs(lambda: qp.to_rts(attr), "UD QP RESET->RTS")
+        self.checked(lambda: qp.to_rts(attr), "UD QP RESET->RTS")

@@ -101,7 +101,7 @@ class Group(contextlib.AbstractContextManager):
         cmx, stack = self.cm, self._stack
         channel = cm.EventChannel(cmx)
         stack.callback(channel.close)
-        cmid = cm._cm_call(
+        cmid = cm.checked(
             lambda: cmx.cmid.CMID(
                 creator=channel.channel, port_space=cmx.e.rdma_port_space.RDMA_PS_UDP
             ),
@@ -156,7 +156,7 @@ class Group(contextlib.AbstractContextManager):
     def _addrinfo(self, **kw):
         cmx = self.cm
         what = f"address {kw['src']}"
-        ai = cm._addr_info(cmx, what, port_space=cmx.e.rdma_port_space.RDMA_PS_UDP, **kw)
+        ai = cm.addr_info(cmx, what, port_space=cmx.e.rdma_port_space.RDMA_PS_UDP, **kw)
         self._stack.callback(ai.close)
         return ai
 
@@ -193,8 +193,8 @@ class Group(contextlib.AbstractContextManager):
         self.outsider = lad.qp(self.out_cq, "ud", 1, 1)
         for qp in (self.sender, self.outsider):
             self._ready(qp, first.pkey_index)
-        self.ah = lad._own(
-            lad._verbs(lambda: lad.pv.addr.AH(lad.pd, attr=self.ah_attr), "create the group's AH")
+        self.ah = lad.own(
+            lad.checked(lambda: lad.pv.addr.AH(lad.pd, attr=self.ah_attr), "create the group's AH")
         )
         self.mr = lad.mr(size + GRH_SIZE + size, 1)  # the payload, then the outsider's receive
         sge = lad.pv.wr.SGE(self.mr.buf + size, GRH_SIZE + size, self.mr.lkey)
@@ -208,7 +208,7 @@ class Group(contextlib.AbstractContextManager):
         attr.pkey_index = pkey_index
         attr.qkey = self.qkey
         attr.sq_psn = new_psn()
-        lad._verbs(lambda: qp.to_rts(attr), "UD QP RESET->RTS")
+        lad.checked(lambda: qp.to_rts(attr), "UD QP RESET->RTS")
 
     # -- one round -----------------------------------------------------------------------
 
@@ -224,7 +224,7 @@ class Group(contextlib.AbstractContextManager):
             sg=[lad.pv.wr.SGE(self.mr.buf, size, self.mr.lkey)],
         )
         wr.set_wr_ud(self.ah, MULTICAST_QPN, self.qkey)
-        lad._verbs(lambda: self.sender.post_send(wr), "post the multicast SEND")
+        lad.checked(lambda: self.sender.post_send(wr), "post the multicast SEND")
         poll(self.send_cq, 1, deadline, "multicast SEND")
         for n, m in enumerate(self.members, 1):
             (wc,) = poll(m.cq, 1, deadline, f"member {n}'s RECV")

@@ -181,14 +181,15 @@ def recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
         except socket.timeout:  # TimeoutError only from 3.10
             raise ProtocolError("peer too slow: handshake timed out") from None
         except OSError as e:
-            raise _lost(e) from None
+            raise connection_lost(e) from None
         if not chunk:
             raise PeerClosed("peer closed the connection")
         buf += chunk
     return bytes(buf)
 
 
-def _lost(e: OSError) -> ConnectionLost:
+def connection_lost(e: OSError) -> ConnectionLost:
+    """A socket error as the ConnectionLost that says it (a reset named as such)."""
     if isinstance(e, ConnectionResetError):
         return ConnectionLost("peer reset the connection")
     return ConnectionLost(f"connection lost: {e.strerror or e}")
@@ -199,7 +200,7 @@ def send(sock: socket.socket, data: bytes) -> None:
     try:
         sock.sendall(data)
     except OSError as e:
-        raise _lost(e) from None
+        raise connection_lost(e) from None
 
 
 def receive(sock: socket.socket, timeout: float, expect: MessageType | None = None):

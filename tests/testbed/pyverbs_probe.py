@@ -20,7 +20,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from ibtool.errors import IbtoolError  # noqa: E402
-from ibtool.rdma import apm, completions, ladder, loopback, mcast, ping  # noqa: E402
+from ibtool.rdma import apm, completions, ladder, loopback, mcast  # noqa: E402
+from ibtool.rdma.ping import session  # noqa: E402
 from ibtool.sources import verbs  # noqa: E402
 
 # ibtool's plain numbers where it reads or sets libibverbs values itself, with the pyverbs
@@ -33,7 +34,7 @@ OWN_NUMBERS = [
     (loopback.IBV_WC_RECV, "ibv_wc_opcode", "IBV_WC_RECV"),
     (loopback.IBV_WC_RECV_RDMA_WITH_IMM, "ibv_wc_opcode", "IBV_WC_RECV_RDMA_WITH_IMM"),
     (loopback.IBV_WC_WITH_IMM, "ibv_wc_flags", "IBV_WC_WITH_IMM"),
-    (ping.IBV_SEND_SIGNALED, "ibv_send_flags", "IBV_SEND_SIGNALED"),
+    (session.IBV_SEND_SIGNALED, "ibv_send_flags", "IBV_SEND_SIGNALED"),
     (apm.IBV_QP_ALT_PATH, "ibv_qp_attr_mask", "IBV_QP_ALT_PATH"),
     (apm.IBV_QP_PATH_MIG_STATE, "ibv_qp_attr_mask", "IBV_QP_PATH_MIG_STATE"),
     (mcast.IBV_QP_QKEY, "ibv_qp_attr_mask", "IBV_QP_QKEY"),
@@ -105,7 +106,7 @@ class Probe:
             pv.wr.SendWR(wr_id=2, opcode=getattr(e.ibv_wr_opcode, name), num_sge=1, sg=[sge])
             for name in opcodes
         ]
-        wrs[0].send_flags = ping.IBV_SEND_SIGNALED
+        wrs[0].send_flags = session.IBV_SEND_SIGNALED
         wrs[1].set_wr_rdma(0x1234, 0x2000)
         wrs[-1].set_wr_atomic(0x1234, 0x2000, 1, 0)
         cq_attr = pv.cq.CqInitAttrEx(cqe=8, wc_flags=e.ibv_create_cq_wc_flags.IBV_WC_EX_WITH_IMM)

@@ -12,9 +12,12 @@ import threading
 
 import pytest
 
-from ibtool.rdma import ping, wire
+from ibtool.rdma import wire
 from ibtool.rdma.ladder import Ladder
 from ibtool.rdma.loopback import OPS
+from ibtool.rdma.ping import client as native
+from ibtool.rdma.ping import server as ping_server
+from ibtool.rdma.ping import session
 from tests.unit.pyverbs_fakes import LAYOUTS
 
 RELEASES = list(LAYOUTS)
@@ -51,7 +54,7 @@ class Server(threading.Thread):
     def __init__(self, monkeypatch, serve=None):
         super().__init__(daemon=True)
         self.serve = serve or (
-            lambda log: ping.serve("mlx5_0", 1, None, "127.0.0.1", 0, log, max_clients=1)
+            lambda log: ping_server.serve("mlx5_0", 1, None, "127.0.0.1", 0, log, max_clients=1)
         )
         self.listening = threading.Event()
         self.log: list[str] = []
@@ -77,16 +80,16 @@ class Server(threading.Thread):
         return self.listener.getsockname()[1]
 
 
-def ping_three_times(monkeypatch, mode: wire.Mode) -> tuple[ping.PingStats, list[str]]:
+def ping_three_times(monkeypatch, mode: wire.Mode) -> tuple[native.PingStats, list[str]]:
     server = Server(monkeypatch)
     server.start()
     assert server.listening.wait(10) and server.error is None, server.error
-    stats, replies, lost = ping.PingStats(), [], []
+    stats, replies, lost = native.PingStats(), [], []
     on_reply, on_loss = lambda *r: replies.append(r), lambda seq, reason: lost.append((seq, reason))
     with Ladder("mlx5_0", 1, None) as ladder:
-        client = ping.Client(ladder, "127.0.0.1", server.port, 64, mode, timeout=10.0)
+        client = native.Client(ladder, "127.0.0.1", server.port, 64, mode, timeout=10.0)
         try:
-            ping.run_client(client, 3, 0, None, on_reply, on_loss, stats, [])
+            native.run_client(client, 3, 0, None, on_reply, on_loss, stats, [])
         finally:
             client.close()
     server.join(10)
@@ -128,24 +131,24 @@ def test_one_send_in_signal_every_is_signaled_on_both_sides(mode, fake_pyverbs, 
     post_send = FakeQP.post_send
 
     def recorded(qp, wr):
-        posts.setdefault(id(qp), []).append(bool(wr.send_flags & ping.IBV_SEND_SIGNALED))
+        posts.setdefault(id(qp), []).append(bool(wr.send_flags & session.IBV_SEND_SIGNALED))
         return post_send(qp, wr)
 
     monkeypatch.setattr(FakeQP, "post_send", recorded)
     server = Server(monkeypatch)
     server.start()
     assert server.listening.wait(10) and server.error is None, server.error
-    stats = ping.PingStats()
+    stats = native.PingStats()
     with Ladder("mlx5_0", 1, None) as ladder:
-        client = ping.Client(ladder, "127.0.0.1", server.port, 64, mode, timeout=10.0)
+        client = native.Client(ladder, "127.0.0.1", server.port, 64, mode, timeout=10.0)
         try:
-            ping.run_client(client, 40, 0, None, lambda *r: None, None, stats, [])
+            native.run_client(client, 40, 0, None, lambda *r: None, None, stats, [])
         finally:
             client.close()
     server.join(10)
     assert (stats.sent, stats.received) == (40, 40)
     assert sorted(len(p) for p in posts.values()) == [40, 40]  # the client's and the server's
     for flags in posts.values():
-        assert sum(flags) == 40 // ping.SIGNAL_EVERY
+        assert sum(flags) == 40 // session.SIGNAL_EVERY
         longest = max(len(run) for run in "".join("s" if f else "u" for f in flags).split("s"))
-        assert longest < ping.SIGNAL_EVERY
+        assert longest < session.SIGNAL_EVERY

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from ibtool.errors import ExitCode
-from ibtool.rdma.ping import MAX_PING_SIZE
+from ibtool.rdma.ping.session import MAX_PING_SIZE
 
 INT_MAX = 2**31 - 1
 LONGEST = 2147483  # seconds: iputils' ping keeps its times in milliseconds in a C int

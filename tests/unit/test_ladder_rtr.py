@@ -46,7 +46,7 @@ PEER = Peer(qpn=0x11, psn=1, lid=0, gid=bytes(10) + b"\xff\xff" + bytes([192, 16
 
 
 def rtr(lad: Ladder, qp: QP) -> None:
-    lad._verbs(lambda: lad._to_rtr(qp, None, PEER), "QP INIT->RTR")
+    lad.checked(lambda: lad._to_rtr(qp, None, PEER), "QP INIT->RTR")
 
 
 def test_a_lost_arp_answer_is_asked_again():

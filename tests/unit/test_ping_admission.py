@@ -1,4 +1,4 @@
-"""What `ibtool ping --server` lets in (ibtool/rdma/admission.py, ping.Acceptor).
+"""What `ibtool ping --server` lets in (ibtool/rdma/ping/admission.py, acceptor.Acceptor).
 
 The admission bookkeeping runs on a fake clock. The server's TCP side runs in a thread on the
 fake pyverbs (pyverbs_fakes.py): floods of idle, half-open and garbage connections while a
@@ -18,9 +18,12 @@ import pytest
 
 from ibtool.argtypes import parse_size
 from ibtool.errors import ExitCode
-from ibtool.rdma import admission, ping, pingpong, wire
-from ibtool.rdma.admission import Admission, Limits, RefusalLog, Refused, TokenBucket
+from ibtool.rdma import wire
 from ibtool.rdma.ladder import Ladder, PathSpec
+from ibtool.rdma.ping import acceptor, admission, echo, pingpong, session
+from ibtool.rdma.ping import client as native
+from ibtool.rdma.ping import server as ping_server
+from ibtool.rdma.ping.admission import Admission, Limits, RefusalLog, Refused, TokenBucket
 from tests.unit.fake_host import ROCE_GID
 
 
@@ -269,13 +272,13 @@ class Server(threading.Thread):
         self.limits, self.compat, self.serve = limits, compat, serve
         server = self
 
-        class Recorded(ping.Acceptor):
+        class Recorded(acceptor.Acceptor):
             def __init__(self, listener, *args):
                 super().__init__(listener, *args)
                 server.acceptor, server.port = self, listener.getsockname()[1]
                 server.ready.set()
 
-        monkeypatch.setattr(ping, "Acceptor", Recorded)
+        monkeypatch.setattr(ping_server, "Acceptor", Recorded)
         monkeypatch.setattr(pingpong, "Acceptor", Recorded)
 
     def run(self) -> None:
@@ -284,7 +287,7 @@ class Server(threading.Thread):
             if self.compat:
                 pingpong.serve(*where, None, PathSpec(), limits=self.limits, **self.serve)
             else:
-                ping.serve(*where, limits=self.limits, **self.serve)
+                ping_server.serve(*where, limits=self.limits, **self.serve)
         except BaseException as e:
             self.error = e
         finally:
@@ -311,16 +314,16 @@ class Server(threading.Thread):
             time.sleep(0.01)
 
 
-def pings(port: int, count: int = 3, size: int = 64) -> tuple[ping.PingStats, float]:
+def pings(port: int, count: int = 3, size: int = 64) -> tuple[native.PingStats, float]:
     """A client's run against the server; and how long its handshake took."""
-    stats, rtts = ping.PingStats(), []
+    stats, rtts = native.PingStats(), []
     with Ladder("mlx5_0", 1, 3) as ladder:
-        client = ping.Client(ladder, "127.0.0.1", port, size, wire.Mode.SEND, 5.0)
+        client = native.Client(ladder, "127.0.0.1", port, size, wire.Mode.SEND, 5.0)
         try:
             t0 = time.monotonic()
             client.connect()
             took = time.monotonic() - t0
-            ping.run_client(client, count, 0, None, lambda *r: None, None, stats, rtts)
+            native.run_client(client, count, 0, None, lambda *r: None, None, stats, rtts)
         finally:
             client.close()
     return stats, took
@@ -408,15 +411,15 @@ def test_a_second_client_over_max_per_source_is_told_why(roce, monkeypatch, live
 
 def test_a_huge_ping_is_refused_before_any_memory_is_registered(roce, monkeypatch):
     registered = []
-    monkeypatch.setattr(ping.Session, "_keep", lambda s, o: registered.append(o) or o)
+    monkeypatch.setattr(session.Session, "_keep", lambda s, o: registered.append(o) or o)
     with Server(monkeypatch, Limits()) as server:
-        for size in (1 << 30, ping.MAX_PING_SIZE + 1):
+        for size in (1 << 30, session.MAX_PING_SIZE + 1):
             with socket.create_connection(("127.0.0.1", server.port), timeout=10) as c:
                 c.sendall(raw_endpoint(size))
                 with pytest.raises(wire.PeerError) as e:
                     wire.receive(c, 10)
                 assert str(e.value.message) == (
-                    f"peer says: ping size {size} exceeds {ping.MAX_PING_SIZE} bytes"
+                    f"peer says: ping size {size} exceeds {session.MAX_PING_SIZE} bytes"
                 )
     assert registered == [] and not roce.mrs
 
@@ -452,7 +455,8 @@ def test_a_client_whose_qp_died_holds_nothing_while_it_is_waited_for(roce, monke
 
 
 def test_a_silent_client_is_dropped_after_the_idle_timeout(roce, monkeypatch):
-    monkeypatch.setattr(ping, "HANDSHAKE_TIMEOUT", 0.5)  # the grace before a first ping
+    for module in (acceptor, echo, ping_server):  # the grace before a first ping
+        monkeypatch.setattr(module, "HANDSHAKE_TIMEOUT", 0.5)
     with Server(monkeypatch, Limits(idle_timeout=0.3)) as server:
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as c:
             c.sendall(endpoint())
@@ -466,7 +470,7 @@ def test_a_silent_client_is_dropped_after_the_idle_timeout(roce, monkeypatch):
 
 
 def test_a_stalled_handshake_is_dropped_at_its_deadline(roce, monkeypatch):
-    monkeypatch.setattr(ping, "HANDSHAKE_TIMEOUT", 0.3)
+    monkeypatch.setattr(acceptor, "HANDSHAKE_TIMEOUT", 0.3)  # the handshake table's deadline
     with Server(monkeypatch, Limits()) as server:
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as c:
             c.sendall(endpoint()[:10])
@@ -545,14 +549,15 @@ def test_quiet_sessions_back_off_when_others_are_served(roce, monkeypatch):
         for c in held:
             c.close()
     # 3 x 1000 a second at most when backed off (measured ~2700); busy-polling ~38000
-    assert rate < 6 / ping.BACKOFF_SLEEP, f"three idle sessions polled {rate:.0f} times a second"
+    assert rate < 6 / echo.BACKOFF_SLEEP, f"three idle sessions polled {rate:.0f} times a second"
 
 
 # -- the rdma_cm servers: serial, but an idle client cannot hold them ------------------------------
 
 
 def test_an_idle_rping_client_is_dropped_after_the_idle_timeout(monkeypatch):
-    from ibtool.rdma import cm, rping
+    from ibtool.rdma import cm
+    from ibtool.rdma.ping import rping
     from tests.unit import test_rping
 
     deadlines = []
@@ -616,7 +621,7 @@ def test_bad_limits_are_refused_as_the_command_line_is_parsed(live_roce, option,
 
 def test_the_limits_given_reach_the_server(roce, live_roce, monkeypatch):
     got = {}
-    monkeypatch.setattr(ping, "serve", lambda *a, **kw: got.update(kw))
+    monkeypatch.setattr(ping_server, "serve", lambda *a, **kw: got.update(kw))
     r = live_roce(
         "ping", "--server", "--max-sessions", "3", "--max-memory", "2G", "--allow",
         "10.1.2.3/16", "--allow", "fd77::/64", "--idle-timeout", "30",

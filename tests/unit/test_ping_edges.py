@@ -24,7 +24,10 @@ from pathlib import Path
 import pytest
 
 from ibtool.errors import ExitCode
-from ibtool.rdma import ping, wire
+from ibtool.rdma import wire
+from ibtool.rdma.ping import acceptor
+from ibtool.rdma.ping import client as native
+from ibtool.rdma.ping import server as ping_server
 from tests.fixtures.peers import EVIL, EVIL_SHOWN, Peer, resets, sends_escapes
 from tests.unit.fake_host import ROCE_GID
 
@@ -132,7 +135,7 @@ def test_a_peer_that_resets_is_one_line_with_a_hint(roce):
 
 
 def test_a_peer_that_hangs_is_left_after_the_handshake_timeout(roce, monkeypatch):
-    monkeypatch.setattr(ping, "HANDSHAKE_TIMEOUT", 0.3)
+    monkeypatch.setattr(native, "HANDSHAKE_TIMEOUT", 0.3)
     leave = threading.Event()
     with Peer(lambda conn: leave.wait(30)) as peer:
         t0 = time.monotonic()
@@ -213,7 +216,7 @@ class PingServer(threading.Thread):
         self.error: BaseException | None = None
         self.conn: socket.socket | None = None
         self._listening = threading.Event()
-        listen, accept = ping.listen, socket.socket.accept
+        listen, accept = acceptor.listen, socket.socket.accept
 
         def listening(bind: str, port: int) -> socket.socket:
             self.listener = listen(bind, port)
@@ -227,12 +230,12 @@ class PingServer(threading.Thread):
                 self.conn = conn
             return conn, addr
 
-        monkeypatch.setattr(ping, "listen", listening)
+        monkeypatch.setattr(acceptor, "listen", listening)
         monkeypatch.setattr(socket.socket, "accept", accepting)
 
     def run(self) -> None:
         try:
-            ping.serve("mlx5_0", 1, 3, "127.0.0.1", 0, self.log.append, max_clients=1)
+            ping_server.serve("mlx5_0", 1, 3, "127.0.0.1", 0, self.log.append, max_clients=1)
         except BaseException as e:
             self.error = e
             self._listening.set()
@@ -252,7 +255,7 @@ def test_a_server_that_leaves_mid_run_gets_the_statistics_then_the_error(
     roce, monkeypatch, json_out
 ):
     server = PingServer(monkeypatch)
-    pinged = ping.Client.ping
+    pinged = native.Client.ping
 
     def ping_then_the_server_leaves(client, seq):
         rtt = pinged(client, seq)
@@ -264,7 +267,7 @@ def test_a_server_that_leaves_mid_run_gets_the_statistics_then_the_error(
                 time.sleep(0.01)
         return rtt
 
-    monkeypatch.setattr(ping.Client, "ping", ping_then_the_server_leaves)
+    monkeypatch.setattr(native.Client, "ping", ping_then_the_server_leaves)
     argv = ["ping", "127.0.0.1", "-c", "50", "-i", "0", "-W", "0.5"]
     with server:
         r = roce(*(["-j"] if json_out else []), *argv, "--port", str(server.port))

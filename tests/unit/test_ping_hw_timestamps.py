@@ -93,7 +93,7 @@ def test_only_a_verbs_client_times_on_the_hca(stamping, argv, over):
 def test_every_client_that_builds_itself_still_has_what_ping_reads():
     # cmping.Client and pingpong.PingpongClient do not call ping.Client.__init__; ping() reads
     # hw (and sets hw_us) on all of them. Missing, --cm died on an AttributeError.
-    from ibtool.rdma import cmping, pingpong
+    from ibtool.rdma.ping import cmping, pingpong
 
     for client in (cmping.Client, pingpong.PingpongClient):
         assert client.hw is None and client.hw_us is None

@@ -11,8 +11,9 @@ import threading
 import pytest
 
 from ibtool.errors import ExitCode
-from ibtool.rdma import ping, pingpong
 from ibtool.rdma.ladder import Ladder, PathSpec
+from ibtool.rdma.ping import client as native
+from ibtool.rdma.ping import pingpong, session
 from tests.unit.fake_host import ROCE_GID
 from tests.unit.test_data_path_pyverbs import Server as DataPathServer
 
@@ -70,13 +71,13 @@ def test_client_and_server_ping_pong_and_the_server_counts_them(roce_fabric, mon
     server = Server(monkeypatch)
     server.start()
     assert server.listening.wait(10) and server.error is None, server.error
-    stats, rtts, replies = ping.PingStats(), [], []
+    stats, rtts, replies = native.PingStats(), [], []
     with Ladder("mlx5_0", 1, 3) as ladder:
         port = server.listener.getsockname()[1]
         client = pingpong.PingpongClient(ladder, "127.0.0.1", port, 300, 10.0, count=5)
         try:
             client.connect()
-            ping.run_client(client, 5, 0, None, lambda *r: replies.append(r), None, stats, rtts)
+            native.run_client(client, 5, 0, None, lambda *r: replies.append(r), None, stats, rtts)
         finally:
             client.close()
     server.join(30)
@@ -96,7 +97,7 @@ def test_the_session_is_one_and_cannot_be_asked_again(roce_fabric, monkeypatch):
         client = pingpong.PingpongClient(ladder, "127.0.0.1", port, 64, 10.0)
         try:
             client.connect()
-            with pytest.raises(ping.SessionEnded):
+            with pytest.raises(session.SessionEnded):
                 client.connect()
         finally:
             client.close()

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from ibtool.errors import ExitCode, UnsupportedError
-from ibtool.rdma import cm, rping
+from ibtool.rdma import cm
+from ibtool.rdma.ping import rping
 from ibtool.sources import verbs
 
 

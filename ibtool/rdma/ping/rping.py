@@ -87,13 +87,13 @@ def payload(index: int, size: int) -> bytes:
 
 
 class Client:
-    """An rping client for ibtool.rdma.ping.run_client: connect(), ping(seq), close()."""
+    """An rping client for client.run_client: connect(), ping(seq), close()."""
 
     hw_us = None  # rping's round trips are timed on the host's clock only
 
     def __init__(self, host: str, port: int, size: int, timeout: float):
         self.host, self.port, self.size, self.timeout = host, port, size, timeout
-        self.server = cm._peer(host, port)
+        self.server = cm.peer_name(host, port)
         self.session: cm.Connection | None = None
         self.device = "?"
         self.used: PathSpec | None = None  # the connection's path, as rdma_cm chose it

@@ -20,25 +20,21 @@ import time
 from ibtool.errors import IbtoolError
 from ibtool.model.records import PKey
 from ibtool.rdma import wire
-from ibtool.rdma.admission import Limits
 from ibtool.rdma.completions import CompletionError, CompletionTimeout
 from ibtool.rdma.hwclock import HwClock
 from ibtool.rdma.ladder import DEFAULT_PATH, Ladder, PathSpec, Peer
-from ibtool.rdma.ping import (
+from ibtool.rdma.ping.acceptor import Acceptor, Guard, RefusedError, locked, serving
+from ibtool.rdma.ping.admission import Limits
+from ibtool.rdma.ping.client import Client
+from ibtool.rdma.ping.echo import answer_pings
+from ibtool.rdma.ping.session import (
     HANDSHAKE_TIMEOUT,
     MAX_PING_SIZE,
-    Acceptor,
-    Client,
-    Guard,
     Log,
     QPError,
-    RefusedError,
     ReplySizeError,
     Session,
     SessionEnded,
-    _echo,
-    locked,
-    serving,
 )
 
 DEFAULT_PORT = 18515
@@ -220,7 +216,7 @@ def serve(
     pkey: PKey | None = None,
     limits: Limits | None = None,
 ) -> None:
-    """Serve stock ibv_rc_pingpong clients, several at once within `limits` (ping.Acceptor):
+    """Serve stock ibv_rc_pingpong clients, several at once within `limits` (acceptor.Acceptor):
     each gets its exchange, then every ping it sends is answered with as many bytes as it
     carried, until it has sent nothing for `idle` seconds (it ran its -n iterations and
     exited). A refused client's connection is closed at once: the stock tool has no way to
@@ -235,9 +231,8 @@ def serve(
     ):
         server = Acceptor(listener, ladder, log, limits, max_clients, _first_address)
 
-        def one(conn, client: str, ticket, peer: Peer, deadline: float) -> None:
+        def one(conn: socket.socket, client: str, guard: Guard, peer: Peer) -> None:
             try:
-                guard = server.guard(ticket, deadline)
                 count, size = _serve_client(ladder, conn, client, log, path, idle, guard, peer)
                 log(f"client {client} done: {count} pings of {size} bytes answered")
             except (CompletionError, QPError) as e:
@@ -263,27 +258,14 @@ def _first_address(buf: bytes) -> tuple[int, Peer | None]:
         raise
 
 
-def _serve_client(
-    ladder: Ladder,
-    conn: socket.socket,
-    client: str,
-    log: Log,
-    path: PathSpec,
-    idle: float,
-    guard: Guard | None = None,
-    peer: Peer | None = None,
-) -> tuple[int, int]:
+def _serve_client(ladder: Ladder, conn: socket.socket, client: str, log: Log, path: PathSpec,
+                  idle: float, guard: Guard, peer: Peer) -> tuple[int, int]:  # fmt: skip
+    """One stock client, its address `peer` read by the Acceptor: our address back, its
+    "done", then its pings echoed until it has been silent for `idle` seconds: (the pings
+    answered, the size of the last)."""
     with conn:
-        deadline = guard.deadline if guard is not None else time.monotonic() + HANDSHAKE_TIMEOUT
-        if peer is None:
-            try:
-                peer = decode(wire.recv_exact(conn, MESSAGE_SIZE, deadline))
-            except wire.ProtocolError as e:
-                e.hint = e.hint or f"is the client {TOOL}?"
-                raise
         _check_gid(ladder, peer)
-        if guard is not None:
-            guard.reserve(MAX_PING_SIZE)  # before the MR is registered
+        guard.reserve(MAX_PING_SIZE)  # before the MR is registered
         try:
             session = Session(ladder, MAX_PING_SIZE, wire.Mode.SEND, path=path)
             try:
@@ -291,15 +273,12 @@ def _serve_client(
                 session.post_recv()
                 session.post_recv()
                 wire.send(conn, _ours(session))
-                if wire.recv_exact(conn, len(DONE), deadline) != DONE:
+                if wire.recv_exact(conn, len(DONE), guard.deadline) != DONE:
                     raise NotPingpong(f"the {TOOL} client did not write done", f"is it {TOOL}?")
                 conn.close()
                 log(f"client {client}: qpn {peer.qpn:#x} ({TOOL})")
                 try:
-                    if guard is None:
-                        _echo(session, None, idle)
-                    else:
-                        _echo(session, None, idle, guard.stop, guard.crowded)
+                    answer_pings(session, None, idle, guard.stop, guard.crowded)
                 except CompletionError as e:
                     # A client that got its last answer exits at once; the acknowledgement of
                     # that answer may find its QP gone: the answer's completion fails, the
@@ -310,5 +289,4 @@ def _serve_client(
             finally:
                 session.close()
         finally:
-            if guard is not None:
-                guard.free()
+            guard.free()

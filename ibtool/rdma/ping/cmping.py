@@ -1,10 +1,11 @@
-"""`ibtool ping --cm`: ibtool's own RC ping (ping.py) connected through rdma_cm, both sides.
+"""`ibtool ping --cm`: ibtool's own RC ping (session.py) connected through rdma_cm, both sides.
 
 No TCP side channel: the client resolves the server's IP address and route with rdma_cm (the
 kernel picks device, port and GID) and what the TCP exchange carries (ping mode and size, and
 for WRITE WITH IMM each side's buffer) rides in the connection's private data (wire.py,
-encode_cm). The QP is ping.Session's own, on the id's device and PD, connected by rdma_cm
-(cm.Connection.connect_qp), so the hot loops are ping.py's: Client.ping and _echo.
+encode_cm). The QP is session.Session's own, on the id's device and PD, connected by rdma_cm
+(cm.Connection.connect_qp), so the hot loops are the native ping's: client.Client.ping and
+echo.answer_pings.
 
     client: REQ  [REQUEST mode size (buffer)]  -> server: QP to RTS, receives posted
     server: REP  [ACCEPT  mode size (buffer)]  -> client: QP to RTS, rdma_establish (RTU)
@@ -19,12 +20,12 @@ from __future__ import annotations
 import contextlib
 
 from ibtool.errors import IbtoolError, UnsupportedError
-from ibtool.rdma import cm, ping, wire
+from ibtool.rdma import cm, wire
 from ibtool.rdma.hwclock import HwClock
 from ibtool.rdma.ladder import DEFAULT_PATH, PathSpec
-
-DEFAULT_PORT = ping.DEFAULT_PORT
-Log = ping.Log
+from ibtool.rdma.ping import client
+from ibtool.rdma.ping.echo import answer_pings
+from ibtool.rdma.ping.session import MAX_PING_SIZE, Log, Session, SessionEnded
 
 
 class CmRefused(IbtoolError):
@@ -54,7 +55,7 @@ def _param(conn: cm.Connection, qp, data: bytes):
     return param
 
 
-def _offer(session: ping.Session) -> wire.CmOffer:
+def _offer(session: Session) -> wire.CmOffer:
     if session.mode == wire.Mode.WRITE_IMM:
         return wire.CmOffer(session.mode, session.size, session.mr.buf, session.mr.rkey)
     return wire.CmOffer(session.mode, session.size)
@@ -63,8 +64,8 @@ def _offer(session: ping.Session) -> wire.CmOffer:
 # -- client ------------------------------------------------------------------------------------
 
 
-class Client(ping.Client):
-    """ping.Client's round trip (ping()) on a QP that rdma_cm connected."""
+class Client(client.Client):
+    """client.Client's round trip (ping()) on a QP that rdma_cm connected."""
 
     def __init__(
         self,
@@ -83,8 +84,8 @@ class Client(ping.Client):
         self.host, self.port, self.size, self.mode, self.timeout = host, port, size, mode, timeout
         self.path = self.used = path
         self.hw_timestamps = hw_timestamps
-        self.server = cm._peer(host, port)
-        self.session: ping.Session | None = None
+        self.server = cm.peer_name(host, port)
+        self.session: Session | None = None
         self.conn: cm.Connection | None = None
         self.device = "?"
         _require_private_data(cm.rdmacm())
@@ -109,16 +110,16 @@ class Client(ping.Client):
             ) from None
         try:
             hw = HwClock(conn) if self.hw_timestamps else None
-            session = ping.Session(conn, self.size, self.mode, stamped=hw is not None)
+            session = Session(conn, self.size, self.mode, stamped=hw is not None)
             conn.keep(session.close)
             data = wire.encode_cm(wire.CmMessage.REQUEST, _offer(session))
             param = _param(conn, session.qp, data)
-            conn._verbs(lambda: conn.cmid.connect(param), f"connect to {self.server}")
+            conn.checked(lambda: conn.cmid.connect(param), f"connect to {self.server}")
             offer = self._response(conn)
             used = conn.connect_qp(session.qp, self.path)
-            conn._verbs(conn.cmid.establish, "complete the connection (rdma_establish)")
+            conn.checked(conn.cmid.establish, "complete the connection (rdma_establish)")
             conn.established = True
-            conn.keep(conn._disconnect)
+            conn.keep(conn.disconnect)
             session.ready(offer)
             self.device = conn.device
         except BaseException:
@@ -129,7 +130,7 @@ class Client(ping.Client):
     def _ended(self, e: IbtoolError) -> IbtoolError:
         """A reconnect (after a QP died) that cannot be made ends the run, as a lost ping."""
         if self.connected_once:
-            return ping.SessionEnded(e.message, e.hint)
+            return SessionEnded(e.message, e.hint)
         return e
 
     def _response(self, conn: cm.Connection) -> wire.CmOffer:
@@ -143,7 +144,7 @@ class Client(ping.Client):
                 )
             )
         if got.child is not None:
-            cm._refuse(got.child)
+            cm.reject_request(got.child)
         types = conn.cm.e.rdma_cm_event_type
         if got.kind == types.RDMA_CM_EVENT_CONNECT_RESPONSE:
             try:
@@ -239,11 +240,11 @@ def _serve_client(
     idle: float | None = None,
 ) -> int:
     try:
-        offer = wire.decode_cm(conn.private_data, wire.CmMessage.REQUEST, ping.MAX_PING_SIZE)
+        offer = wire.decode_cm(conn.private_data, wire.CmMessage.REQUEST, MAX_PING_SIZE)
     except wire.ProtocolError as e:
         _refuse(conn, e.message)
         raise
-    session = ping.Session(conn, offer.size, offer.mode)
+    session = Session(conn, offer.size, offer.mode)
     conn.keep(session.close)
     used = conn.connect_qp(session.qp, path)
     session.ready(offer)
@@ -251,16 +252,16 @@ def _serve_client(
     session.post_recv()  # the spare: the client's next ping may come before the echo's re-post
     data = wire.encode_cm(wire.CmMessage.ACCEPT, _offer(session))
     param = _param(conn, session.qp, data)
-    conn._verbs(lambda: conn.cmid.accept(param), "accept the connection")
-    conn._established("accept", who)
+    conn.checked(lambda: conn.cmid.accept(param), "accept the connection")
+    conn.await_established("accept", who)
     conn.busy = wire.encode_cm(wire.CmMessage.REFUSE, f"busy: serving {who}, one at a time")
     mode = offer.mode.name.lower().replace("_", "-")  # as --mode spells it
     log(f"{who} connected on {conn.device}: mode {mode} size {offer.size}, {used.describe()}")
     answered = 0
     while True:
-        # _echo returns when a CM event is there: the client's disconnect, or a request of
+        # answer_pings returns when a CM event is there: the client's disconnect, or a request of
         # another client (turned down by check_events: one client at a time).
-        _, n = ping._echo(session, listener.channel.fd, idle)
+        _, n = answer_pings(session, listener.channel.fd, idle)
         answered += n
         try:
             conn.check_events()

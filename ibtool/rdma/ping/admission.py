@@ -11,7 +11,7 @@ is bounded here, each by a server option (ibtool-ping(8), LIMITS):
   PerSourcePenalties (sshd_config(5)) bound what one address may start;
 - how many at once: admitted connections (handshakes and sessions) per source
   (`--max-per-source`), sessions in total (`--max-sessions`);
-- how much memory: bytes registered per client (at most MAX_PING_SIZE, ping.py) and in total
+- how much memory: bytes registered per client (at most MAX_PING_SIZE, session.py) and in total
   (`--max-memory`), reserved BEFORE the memory region is registered, and released after it
   was deregistered;
 - how often one client may rebuild its QP: one QP per client at a time, and its reconnect
@@ -181,6 +181,10 @@ class RefusalLog:
                 f"in the last {self.interval:g} s"
             ),
         )
+
+
+# Every `tell` starts "refused: "; the client reads it as wire.PeerError's "peer says: ...".
+REFUSED = "peer says: refused: "
 
 
 class Refused(Exception):
