@@ -15,6 +15,34 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def listening(port: int) -> bool:
+    """Whether a TCP socket of this network namespace listens on `port` (IPv4 or IPv6), as
+    /proc/net/tcp says: read, never connected to (a perftest server accepts one connection)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                return True
+    return False
+
+
+def wait_listening(server: subprocess.Popen, port: int, timeout: float = 60) -> None:
+    """Until `server` listens on TCP `port`; an error if it exits or `timeout` passes first."""
+    deadline = time.monotonic() + timeout
+    while not listening(port):
+        if server.poll() is not None:
+            said = f"{server.args[0]} exited ({server.returncode})"
+            raise AssertionError(f"{said} before it listened on port {port}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{server.args[0]} did not listen on port {port} in {timeout} s")
+        time.sleep(0.05)
+
+
 class Running:
     """An ibtool process and the lines of its standard output as they come (a reader thread)."""
 

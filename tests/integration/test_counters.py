@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from tests.integration.running import wait_listening
+
 pytestmark = pytest.mark.integration
 
 
@@ -77,7 +79,7 @@ def test_counters_move_under_perftest_traffic():
     before = hw()
     server = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        time.sleep(2)  # the server listens on its TCP port before the client connects
+        wait_listening(server, 18999)  # before the client connects
         client = subprocess.run([*args, "127.0.0.1"], capture_output=True, text=True, timeout=180)
         assert client.returncode == 0, client.stdout + client.stderr
         server.wait(timeout=60)

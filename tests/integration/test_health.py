@@ -14,6 +14,7 @@ import time
 import pytest
 
 from tests.integration import faults
+from tests.integration.running import wait_listening
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +101,7 @@ def perftest_across_the_pair(testbed, iters: int = 60) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        time.sleep(2)  # the server listens on its TCP port before the client connects
+        wait_listening(server, 18777)  # before the client connects
         client = subprocess.run(
             ["ib_write_bw", "-d", testbed["device"], "-x", testbed["ipv4_gid_index"],
              "-s", "65536", "-n", str(iters), "-p", "18777", testbed["peer_ipv4"]],

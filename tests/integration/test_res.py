@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.running import wait_listening
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -150,8 +152,8 @@ def live(testbed):
             sys.executable, "-m", "ibtool", "loopback", device, "--iters", "1000000", "--ops",
             "send",
         )  # fmt: skip
-        start("ib_write_bw", "-d", device, "-x", gid, "-D", "120", "-p", "18515")
-        time.sleep(1)
+        server = start("ib_write_bw", "-d", device, "-x", gid, "-D", "120", "-p", "18515")
+        wait_listening(server, 18515)  # before its client connects
         start("ib_write_bw", "-d", device, "-x", gid, "-D", "120", "-p", "18515", ip)
         procs_alive = list(procs)
 

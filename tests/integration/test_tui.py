@@ -13,6 +13,7 @@ import time
 import pytest
 
 from tests.integration import faults
+from tests.integration.running import wait_listening
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +60,7 @@ def perftest(device: str) -> tuple[subprocess.Popen, subprocess.Popen]:
     """ib_write_bw server and client on DEVICE's IPv4 GID for 60 s (-D): traffic to watch."""
     args = ["ib_write_bw", "-d", device, "-x", "1", "-s", "65536", "-D", "60", "-p", "18998"]
     server = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(2)  # the server listens on its TCP port before the client connects
+    wait_listening(server, 18998)  # before the client connects
     client = subprocess.Popen(
         [*args, "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
