@@ -16,25 +16,17 @@ from pathlib import Path
 ROCE_GID = "0000:0000:0000:0000:0000:ffff:c0a8:0a01"  # GID 3 of the mlx5_roce tree
 
 
-def read_sysfs_from(monkeypatch, root: Path) -> None:
-    """The live host (no --root) reads its sysfs from `root`, for the commands that refuse
-    --root because they open the host's verbs devices (loopback, ping; pyverbs_fakes fakes
-    those)."""
+def sysfs_from(root: Path):
+    """A host factory (cli.main's host_factory) for the live host (no --root) reading its
+    sysfs from `root`, for the commands that refuse --root because they open the host's verbs
+    devices (loopback, ping; pyverbs_fakes fakes those)."""
     from ibtool.host import Host
-    from ibtool.plugin.commands import Invocation
     from ibtool.sources.sysfs.infiniband import SysfsSource
 
-    original = Invocation.host
+    def host(inv) -> Host:
+        return Host(warn=inv.warn, details=inv.details, sysfs=SysfsSource(str(root), inv.warn))
 
-    def host(inv: Invocation) -> Host:
-        if inv.snapshot is not None:
-            return original.fget(inv)  # a snapshot is what it holds, wherever it is read
-        if inv._host is None:
-            sysfs = SysfsSource(str(root), inv.warn)
-            inv._host = Host(warn=inv.warn, details=inv.details, sysfs=sysfs)
-        return inv._host
-
-    monkeypatch.setattr(Invocation, "host", property(host))
+    return host
 
 
 def counters_cli(host, *words, json=False, details=False):
@@ -51,7 +43,12 @@ def counters_cli(host, *words, json=False, details=False):
     from ibtool.plugin.commands import Invocation
 
     inv = Invocation(
-        args=args, json=json, details=details, out=out, warn=warnings.append, _host=host
+        args=args,
+        json=json,
+        details=details,
+        out=out,
+        warn=warnings.append,
+        host_factory=lambda inv: host,
     )
     counters.run(inv)
     return out.getvalue(), warnings
@@ -85,11 +82,11 @@ def main(argv: list[str]) -> int:
     fabric = pyverbs_fakes.install(patch, "rdma-core-65")
     fabric.add_port("mlx5_0", 1, link_layer=2, gids={3: ROCE_GID})
     with tempfile.TemporaryDirectory() as tmp:
-        read_sysfs_from(patch, sysfs_trees.build("mlx5_roce", Path(tmp)))
+        live = sysfs_from(sysfs_trees.build("mlx5_roce", Path(tmp)))
         if argv[:1] == ["--serve"]:
             _serve(int(argv[1]))
             argv = argv[2:]
-        return ibtool(argv)
+        return ibtool(argv, host_factory=live)
 
 
 if __name__ == "__main__":
