@@ -148,16 +148,18 @@ FIELDS = [
 
 
 def run(inv: Invocation) -> int:
-    from ibtool.rdma import loopback  # pyverbs is imported only here
     from ibtool.rdma.ladder import PathSpec
+    from ibtool.rdma.loopback.results import OPS
+    from ibtool.rdma.loopback.results import Status as OpStatus
+    from ibtool.rdma.loopback.selftest import run as selftest  # pyverbs is imported only here
 
     args = inv.args
     inv.host.require_live("ibtool loopback uses this host's RDMA devices through verbs")
-    ops = loopback.OPS if args.ops == "all" else tuple(o.strip() for o in args.ops.split(","))
-    unknown = [o for o in ops if o not in loopback.OPS]
+    ops = OPS if args.ops == "all" else tuple(o.strip() for o in args.ops.split(","))
+    unknown = [o for o in ops if o not in OPS]
     if unknown:
         raise UsageError(
-            f"unknown operation {unknown[0]!r}", f"choose from {','.join(loopback.OPS)}"
+            f"unknown operation {unknown[0]!r}", f"choose from {','.join(OPS)}"
         )
     qkey = _qkey(args.qkey)
     sel = selector(args)
@@ -179,7 +181,7 @@ def run(inv: Invocation) -> int:
     pkey = inv.host.pkey(device, port, args.pkey_index or 0, asked=asked)
     path = PathSpec(sl=args.sl or 0, pkey_index=pkey.index)
     source = _mcast_source(inv.host, device, port, gid_index) if "mcast" in ops else None
-    results = loopback.run(
+    results = selftest(
         device,
         port,
         gid_index,
@@ -192,7 +194,7 @@ def run(inv: Invocation) -> int:
         qkey=qkey,
         mcast_source=source,
     )
-    failed = [r for r in results if r.status in (loopback.Status.FAIL, loopback.Status.TIMEOUT)]
+    failed = [r for r in results if r.status in (OpStatus.FAIL, OpStatus.TIMEOUT)]
     # What the command line chose beyond the defaults (absent otherwise: the reports of a
     # plain run stay as they were).
     chosen = {"sl": args.sl, "qkey": None if qkey is None else f"{qkey:#010x}"}
@@ -254,7 +256,8 @@ def _datapath_port(ctx, device: str, port: int):
     import time
 
     from ibtool.api import HealthResult, Perfdata, Status
-    from ibtool.rdma import loopback
+    from ibtool.rdma.loopback.results import Status as OpStatus
+    from ibtool.rdma.loopback.selftest import run as selftest
 
     subject = f"{device}/{port}"
     left = ctx.deadline - time.monotonic()
@@ -267,10 +270,10 @@ def _datapath_port(ctx, device: str, port: int):
         gid_index = ctx.host.roce_gid_index(device, port)
     except CommandFailed as e:
         return HealthResult(Status.CRITICAL, subject, f"data path: {e.message}")
-    results = loopback.run(
+    results = selftest(
         device, port, gid_index, DATAPATH_OPS, DATAPATH_SIZE, DATAPATH_ITERS, min(5.0, left), 4
     )
-    bad = [r for r in results if r.status != loopback.Status.PASS]
+    bad = [r for r in results if r.status != OpStatus.PASS]
     if bad:
         text = "; ".join(
             f"{r.op} {r.status.value}" + (f": {r.error}" if r.error else "") for r in bad

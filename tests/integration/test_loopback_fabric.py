@@ -185,10 +185,11 @@ def test_every_operation_destroys_what_it_made_before_the_process_ends(testbed):
 
 
 def _every_operation(testbed) -> None:
-    from ibtool.rdma import loopback
+    from ibtool.rdma.loopback import selftest
+    from ibtool.rdma.loopback.results import OPS
 
-    got = loopback.run(
-        testbed["device"], 1, int(testbed["ipv4_gid_index"]), loopback.OPS, 512, 3, 5.0,
+    got = selftest.run(
+        testbed["device"], 1, int(testbed["ipv4_gid_index"]), OPS, 512, 3, 5.0,
         mcast_source=testbed["ipv4"],
     )  # fmt: skip
     assert {r.op: r.status.value for r in got if r.status.value != "PASS"} == {"apm": "UNSUPPORTED"}
@@ -200,7 +201,7 @@ def test_ctrl_c_in_a_multicast_round_leaves_the_group_before_the_process_ends(te
 
 
 def _ctrl_c_in_a_round(testbed, monkeypatch) -> None:
-    from ibtool.rdma import loopback, mcast
+    from ibtool.rdma.loopback import mcast, selftest
 
     rounds: list[list[dict]] = []
     real_round = mcast.Group.round
@@ -214,7 +215,7 @@ def _ctrl_c_in_a_round(testbed, monkeypatch) -> None:
     monkeypatch.setattr(mcast.Group, "round", interrupted)
     group = mcast.group_address(testbed["ipv4"])
     with pytest.raises(KeyboardInterrupt):
-        loopback.run(
+        selftest.run(
             testbed["device"], 1, int(testbed["ipv4_gid_index"]), ["send", "mcast"], 256, 10,
             5.0, mcast_source=testbed["ipv4"],
         )  # fmt: skip

@@ -20,7 +20,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from ibtool.errors import IbtoolError  # noqa: E402
-from ibtool.rdma import apm, completions, ladder, loopback, mcast  # noqa: E402
+from ibtool.rdma import completions, ladder  # noqa: E402
+from ibtool.rdma.loopback import apm, mcast, operations  # noqa: E402
 from ibtool.rdma.ping import session  # noqa: E402
 from ibtool.sources import verbs  # noqa: E402
 
@@ -31,9 +32,9 @@ OWN_NUMBERS = [
     (ladder.ACCESS_REMOTE_WRITE, "ibv_access_flags", "IBV_ACCESS_REMOTE_WRITE"),
     (ladder.ACCESS_REMOTE_READ, "ibv_access_flags", "IBV_ACCESS_REMOTE_READ"),
     (ladder.ACCESS_REMOTE_ATOMIC, "ibv_access_flags", "IBV_ACCESS_REMOTE_ATOMIC"),
-    (loopback.IBV_WC_RECV, "ibv_wc_opcode", "IBV_WC_RECV"),
-    (loopback.IBV_WC_RECV_RDMA_WITH_IMM, "ibv_wc_opcode", "IBV_WC_RECV_RDMA_WITH_IMM"),
-    (loopback.IBV_WC_WITH_IMM, "ibv_wc_flags", "IBV_WC_WITH_IMM"),
+    (operations.IBV_WC_RECV, "ibv_wc_opcode", "IBV_WC_RECV"),
+    (operations.IBV_WC_RECV_RDMA_WITH_IMM, "ibv_wc_opcode", "IBV_WC_RECV_RDMA_WITH_IMM"),
+    (operations.IBV_WC_WITH_IMM, "ibv_wc_flags", "IBV_WC_WITH_IMM"),
     (session.IBV_SEND_SIGNALED, "ibv_send_flags", "IBV_SEND_SIGNALED"),
     (apm.IBV_QP_ALT_PATH, "ibv_qp_attr_mask", "IBV_QP_ALT_PATH"),
     (apm.IBV_QP_PATH_MIG_STATE, "ibv_qp_attr_mask", "IBV_QP_PATH_MIG_STATE"),

@@ -355,7 +355,7 @@ async def test_a_click_selects_and_a_second_click_opens(node):
 
 
 def results(*statuses):
-    from ibtool.rdma.loopback import OpResult, Status
+    from ibtool.rdma.loopback.results import OpResult, Status
 
     return [
         OpResult(

@@ -14,7 +14,7 @@ import pytest
 
 from ibtool.rdma import wire
 from ibtool.rdma.ladder import Ladder
-from ibtool.rdma.loopback import OPS
+from ibtool.rdma.loopback.results import OPS
 from ibtool.rdma.ping import client as native
 from ibtool.rdma.ping import server as ping_server
 from ibtool.rdma.ping import session

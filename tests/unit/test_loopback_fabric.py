@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 from ibtool_plugins import loopback as loopback_plugin
 
-from ibtool.rdma import loopback, mcast
+from ibtool.errors import IbtoolError
+from ibtool.rdma.loopback import mcast, operations, selftest
+from ibtool.rdma.loopback.results import OPS
 from tests.fixtures import sysfs_trees
 from tests.unit.pyverbs_fakes import MIG_MIGRATED, RDMA_UDP_QKEY
 
@@ -229,7 +231,7 @@ def test_ctrl_c_during_multicast_leaves_the_group_and_destroys_everything(roce, 
 
     monkeypatch.setattr(mcast.Group, "round", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        loopback.run("mlx5_0", 1, 3, ["mcast"], 64, 5, 5.0, mcast_source="192.168.10.1")
+        selftest.run("mlx5_0", 1, 3, ["mcast"], 64, 5, 5.0, mcast_source="192.168.10.1")
     assert rounds == [[2], [2]]  # both members were attached while it ran
     assert nothing_left(fabric)
 
@@ -302,13 +304,13 @@ def test_an_hca_that_never_arms_the_alternate_path_fails(infiniband):
 
 def test_migration_needs_an_armed_qp(fake_pyverbs):
     # The fake's rule is the HCA's: MIGRATED only from ARMED (what apm.migrate relies on).
-    from ibtool.rdma import apm
+    from ibtool.rdma.loopback import apm
 
     fabric = fake_pyverbs("rdma-core-65")
     fabric.add_port("mlx5_0", 1, link_layer=1, lid=5, cap_flags=AUTO_PATH_MIG)
-    with loopback.Loopback("mlx5_0", 1, None, 64, 1) as lb:
+    with operations.Loopback("mlx5_0", 1, None, 64, 1) as lb:
         assert apm.mig_state(lb.ladder, lb.qp_a) == MIG_MIGRATED
-        with pytest.raises(loopback.IbtoolError, match=r"^migrate \(path_mig_state\): "):
+        with pytest.raises(IbtoolError, match=r"^migrate \(path_mig_state\): "):
             apm.migrate(lb.ladder, lb.qp_a)
 
 
@@ -363,7 +365,7 @@ def test_the_default_run_has_every_operation_and_fails_none_for_a_missing_featur
     r = ibtool("-j", "loopback", "--iters", "1")
     assert r.code == 0, r.err
     x = results(r)
-    assert list(x) == list(loopback.OPS)
+    assert list(x) == list(OPS)
     assert {op: v["status"] for op, v in x.items() if v["status"] != "PASS"} == {
         "apm": "UNSUPPORTED"
     }

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ibtool.rdma.loopback import pattern, pattern_wheel
+from ibtool.rdma.loopback.pattern import pattern, pattern_wheel
 
 
 @given(seed=st.integers(0, 1 << 32), size=st.integers(1, 5000))

@@ -16,7 +16,7 @@ from ibtool.rdma import wire
 from ibtool.rdma.completions import CompletionError, CompletionTimeout, poll_failed
 from ibtool.rdma.hwclock import HwClock
 from ibtool.rdma.ladder import DEFAULT_PATH, Ladder, PathSpec
-from ibtool.rdma.loopback import pattern_wheel
+from ibtool.rdma.loopback.pattern import pattern_wheel
 from ibtool.rdma.ping.admission import REFUSED
 from ibtool.rdma.ping.session import (
     HANDSHAKE_TIMEOUT,
