@@ -12,19 +12,19 @@ Two ways of seeing changes, and both are used where they exist:
 
 from __future__ import annotations
 
-import os
 import select
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from ibtool.errors import IbtoolError, NoDevicesError, UnsupportedError
+from ibtool.errors import IbtoolError, NoDevicesError, NotLiveError, UnsupportedError
 from ibtool.model.events import Event, Seen, diff
 from ibtool.sources.netlink.monitor import kernel_event
 
 
 class NetlinkPoller:
-    """Devices and ports from the host's netlink session."""
+    """Devices and ports from the host's netlink session (GET and PORT_GET dumps)."""
 
     source = "netlink"
 
@@ -37,50 +37,59 @@ class NetlinkPoller:
 
 
 class SysfsPoller:
-    """Devices and ports from the host's sysfs tree (--root's, or without RDMA netlink)."""
+    """Devices and ports as sysfs has them (--root's tree, or a host without RDMA netlink),
+    each poll read through a Host of its own (`open_host(warn)`): what the poll before warned
+    about is news again, and cli shows each warning once."""
 
     source = "sysfs"
 
-    def __init__(self, root: str, warn: Callable[[str], None]):
-        from ibtool.sources.sysfs.infiniband import SysfsSource
-
+    def __init__(self, open_host: Callable[[Callable[[str], None]], Any], warn):
+        self.open_host = open_host
         self.warn = warn
-        self.sysfs = SysfsSource(root, self._note)
-        self._notes: list[str] = []
-
-    def _note(self, message: str) -> None:
-        self._notes.append(message)
 
     def poll(self) -> Seen:
+        notes: list[str] = []
+        host = self.open_host(notes.append)
         try:
-            names = self.sysfs.device_names()
-        except NoDevicesError:
-            return Seen({}, {})  # no devices (yet): waiting for some is what monitors do
+            try:
+                names = host.device_names()
+            except NoDevicesError:
+                return Seen({}, {})  # no devices (yet): waiting for some is what monitors do
+            found = {}
+            for name in names:
+                start = len(notes)
+                ports = [host.port(name, n) for n in host.port_numbers(name)]
+                found[name] = (ports, notes[start:])
+            try:
+                still = set(host.device_names())
+            except NoDevicesError:
+                still = set()
+        finally:
+            host.close()
         devices: dict[str, int | None] = {}
         ports = []
-        self.sysfs.warned.clear()  # each poll notes what it finds; cli shows a warning once
-        for name in names:
-            self._notes = []
-            found = [self.sysfs.port(name, n) for n in self.sysfs.port_numbers(name)]
-            if not os.path.isdir(os.path.join(self.sysfs.class_dir, name)):
+        for name, (read, said) in found.items():
+            if name not in still:
                 continue  # removed while being read: its unreadable files are no news
-            for message in self._notes:
+            for message in said:
                 self.warn(message)
             devices[name] = None
-            ports.extend(found)
+            ports.extend(read)
         return Seen.of(devices, ports)
 
 
 class Watch:
     """A poller, the kernel's event listener where there is one, and what was last seen."""
 
-    def __init__(self, poller, listener, note: str | None, interval: float, warn):
+    def __init__(
+        self, poller, listener, note: str | None, interval: float, warn, first: Seen | None = None
+    ):
         self.poller = poller
         self.listener = listener
         self.note = note  # to say once the first poll is done
         self.interval = interval
         self.warn = warn
-        self.last = poller.poll()
+        self.last = first if first is not None else poller.poll()
 
     def events(self, deadline: float) -> Iterator[Event]:
         """Events as they happen, until `deadline` (time.monotonic())."""
@@ -116,35 +125,49 @@ class Watch:
 
 @contextmanager
 def watching(host, interval: float) -> Iterator[Watch]:
-    """A Watch on the host: netlink polls and kernel events where it has them."""
+    """A Watch on the host: netlink polls and kernel events where it has them, sysfs polls
+    (each through a Host of its own, as the engine reads the running host) where not."""
+    from ibtool.host import Host
+
     every = f"every {interval:g} s"
-    session = host.netlink_session
-    if session is None:
-        yield Watch(SysfsPoller(host.sysfs.root, host.warn), None, None, interval, host.warn)
-        return
+
+    def sysfs() -> SysfsPoller:
+        return SysfsPoller(lambda warn: Host(root=host.root, warn=warn), host.warn)
+
     try:
-        session.client  # noqa: B018 (opens it)
+        session = host.netlink("monitor polls RDMA netlink")
+    except NotLiveError:
+        yield Watch(sysfs(), None, None, interval, host.warn)  # a --root tree: sysfs only
+        return
+    poller = NetlinkPoller(session)
+    first = fallback = None
+    try:
+        events = session.system().monitor
     except IbtoolError as e:
-        note = f"monitor events are not supported by this kernel ({e.message}); polling sysfs"
-        poller = SysfsPoller(host.sysfs.root, host.warn)
-        yield Watch(poller, None, f"{note} {every}", interval, host.warn)
+        try:
+            first = poller.poll()  # the session's client opens, or says why it cannot
+        except IbtoolError as opening:
+            fallback = f"monitor events are not supported by this kernel ({opening.message})"
+        else:
+            if not isinstance(e, UnsupportedError):
+                raise
+            events = False  # no SYS_GET: a kernel before 5.2
+    if fallback is not None:
+        yield Watch(sysfs(), None, f"{fallback}; polling sysfs {every}", interval, host.warn)
         return
     listener = None
     note = None
     try:
-        try:
-            events = session.system().monitor
-        except UnsupportedError:
-            events = False  # no SYS_GET: a kernel before 5.2
         if not events:
             note = f"monitor events are not supported by this kernel (needs 6.12); polling {every}"
         else:
+            # Joined before the first poll: a change between the two is in one or the other.
             try:
                 listener = session.event_listener()
             except IbtoolError as e:
                 hint = f" ({e.hint})" if e.hint else ""
                 note = f"no monitor events: {e.message}{hint}; polling {every}"
-        yield Watch(NetlinkPoller(session), listener, note, interval, host.warn)
+        yield Watch(poller, listener, note, interval, host.warn, first)
     finally:
         if listener is not None:
             listener.close()

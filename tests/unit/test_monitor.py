@@ -539,3 +539,37 @@ def test_on_this_host_without_rdma_netlink_it_polls_sysfs():
         "ibtool: warning: monitor events are not supported by this kernel (no RDMA netlink in "
         "this kernel); polling sysfs every 0.05 s\n"
     )
+
+
+# -- the sysfs poll, through a Host of its own ---------------------------------------------------
+
+
+def test_the_sysfs_poll_reads_through_the_host_and_a_device_removed_while_read_is_no_news(
+    tmp_path,
+):
+    from ibtool.host import Host
+    from ibtool.live.watch import SysfsPoller
+
+    root = sysfs_trees.build("mlx5_ib_hca", tmp_path / "root")
+    link = root / "sys/class/infiniband/mlx5_0"
+    state = link / "ports/1/state"
+    warned: list[str] = []
+    removing = []
+
+    class Vanishing(Host):
+        def port_numbers(self, device):
+            numbers = super().port_numbers(device)
+            if removing:
+                self.warn(f"{device}: cannot read a file")
+                link.rename(link.with_name("gone"))  # unregistered half-way through the read
+            return numbers
+
+    poller = SysfsPoller(lambda warn: Vanishing(root=str(root), warn=warn), warned.append)
+    first = poller.poll()
+    assert list(first.devices) == ["mlx5_0"]
+    state.write_text("1: DOWN\n")
+    events = diff(first, poller.poll(), poller.source)
+    assert [(e.event, e.device, e.source) for e in events] == [("port_state", "mlx5_0", "sysfs")]
+    removing.append(True)
+    assert poller.poll().devices == {}
+    assert warned == []  # what the removed device could not give is not warned about
