@@ -287,7 +287,7 @@ def decode_cm(data: bytes, expect: CmMessage, max_size: int):
             f"ping --cm protocol version {version}, this ibtool speaks {CM_VERSION}"
         )
     if kind != expect:
-        name = CmMessage(kind).name if kind in CmMessage._value2member_map_ else str(kind)
+        name = next((m.name for m in CmMessage if m == kind), str(kind))
         raise ProtocolError(f"expected {expect.name}, got {name}")
     end = HEADER.size + length
     if end > len(data):
