@@ -8,7 +8,7 @@ import argparse
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from ibtool_plugins import ping as plugin
+from ibtool_plugins.ping import options
 
 from ibtool.errors import ExitCode, UsageError
 from ibtool.rdma import cm, wire
@@ -128,9 +128,9 @@ def test_every_valid_offer_round_trips(offer):
 )
 def test_cm_options_that_cannot_work_are_refused(args, message):
     parser = argparse.ArgumentParser()
-    plugin.configure(parser)
+    options.configure(parser)
     with pytest.raises(UsageError) as err:
-        plugin._settle(parser.parse_args(args))
+        options.settle(parser.parse_args(args))
     assert err.value.message == message
     assert err.value.hint
 
@@ -138,10 +138,10 @@ def test_cm_options_that_cannot_work_are_refused(args, message):
 @pytest.mark.parametrize("side", [["h"], ["--server", "--bind", "192.0.2.1"]])
 def test_cm_takes_a_service_level_traffic_class_and_mtu_on_either_side(side):
     parser = argparse.ArgumentParser()
-    plugin.configure(parser)
+    options.configure(parser)
     args = parser.parse_args(["--cm", "--sl", "3", "--tclass", "104", "--mtu", "1024", *side])
-    plugin._settle(args)
-    assert plugin._path(args) == PathSpec(3, 104, 3, 0)  # 1024 bytes: IBV_MTU_1024
+    options.settle(args)
+    assert options.path_spec(args) == PathSpec(3, 104, 3, 0)  # 1024 bytes: IBV_MTU_1024
 
 
 # -- the path over rdma_cm: rdma_init_qp_attr's RTR attributes, then the operator's ------------

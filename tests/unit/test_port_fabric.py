@@ -337,8 +337,8 @@ def test_rdma_cm_picks_the_pkey_itself(live_hfi1, argv, said):
 def test_pings_qp_path_carries_the_index():
     import argparse
 
-    from ibtool_plugins import ping
+    from ibtool_plugins.ping.options import path_spec
 
     args = argparse.Namespace(sl=3, tclass=0, mtu=None, pkey_index=1)
-    assert ping._path(args).pkey_index == 1
-    assert ping._path(argparse.Namespace(sl=0, tclass=0, mtu=None, pkey_index=None)).pkey_index == 0
+    assert path_spec(args).pkey_index == 1
+    assert path_spec(argparse.Namespace(sl=0, tclass=0, mtu=None, pkey_index=None)).pkey_index == 0

@@ -1,13 +1,12 @@
-"""`ibtool ping HOST` / `ibtool ping --server`: RC ping-pong over RDMA, reported like ping(8)."""
+"""`ibtool ping`'s command line: its options, their ranges, and what a run fills in or refuses
+by the peer (settle), before any verbs module is loaded."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 
-from ibtool import hookimpl
 from ibtool.argtypes import number, parse_size
-from ibtool.errors import CommandFailed, IbtoolError, Terminated, UsageError
+from ibtool.errors import CommandFailed, UsageError
 from ibtool.host import parse_selector
 from ibtool.model.records import PortState
 from ibtool.plugin.commands import Invocation
@@ -206,7 +205,8 @@ def configure(parser) -> None:
     parser.add_argument("--max-clients", type=number(int, *COUNT), help=argparse.SUPPRESS)
 
 
-def _pick_port(inv: Invocation) -> tuple[str, int]:
+def pick_port(inv: Invocation) -> tuple[str, int]:
+    """The port --dev names, or the first ACTIVE one."""
     if inv.args.dev:
         name, port = parse_selector(inv.args.dev)
         inv.host.select(inv.args.dev)
@@ -227,7 +227,7 @@ DEFAULTS = {
 }
 
 
-def _settle(args) -> None:
+def settle(args) -> None:
     """Fill in what the command line left out, by the peer; refuse what cannot work."""
     from ibtool.rdma.ping.session import MAX_PING_SIZE
 
@@ -356,7 +356,7 @@ def _settle_cm(args) -> None:
 LIMITS = ("max_sessions", "max_per_source", "idle_timeout", "max_rate", "max_memory", "allow")
 
 
-def _limits(args):
+def server_limits(args):
     """The server's admission.Limits: the options given, the defaults for the others."""
     from ibtool.rdma.ping.admission import Limits
 
@@ -366,347 +366,9 @@ def _limits(args):
     return Limits(**given)
 
 
-def _path(args):
+def path_spec(args):
+    """The path the options ask for: service level, traffic class, MTU cap, P_Key index."""
     from ibtool.rdma.ladder import MTU_CODES, PathSpec
 
     mtu = MTU_CODES[args.mtu] if args.mtu else None
     return PathSpec(args.sl, args.tclass, mtu, args.pkey_index or 0)
-
-
-def run(inv: Invocation) -> int:
-    args = inv.args
-    inv.host.require_live("ibtool ping uses this host's RDMA devices through verbs")
-    _settle(args)
-    if args.compat == "rping":
-        return _rping(inv)
-    if args.cm:
-        return _cm(inv)
-    device, port = _pick_port(inv)
-    gid_index = args.gid_index
-    if gid_index is None:
-        gid_index = inv.host.roce_gid_index(device, port)
-    asked = args.pkey_index is not None
-    pkey = inv.host.pkey(device, port, args.pkey_index or 0, asked=asked)
-    if args.server:
-        return _run_server(inv, lambda log: _serve(args, device, port, gid_index, log, pkey))
-    return _verbs_client(inv, device, port, gid_index, pkey)
-
-
-def _run_server(inv: Invocation, serve) -> int:
-    """Serve until interrupted (or --max-clients were served), each event a line."""
-    log = _server_log(inv)
-    try:
-        serve(log)
-    except KeyboardInterrupt:
-        log("server stopped")
-        raise  # main() says so and exits 130 (SIGINT) or 143 (SIGTERM)
-    return 0
-
-
-def _serve(args, device: str, port: int, gid_index, log, pkey) -> None:
-    from ibtool.rdma.ping import pingpong, server  # pyverbs is imported only here
-
-    where = (device, port, gid_index, args.bind, args.port, log, args.max_clients, _path(args))
-    if args.compat == "rc_pingpong":
-        pingpong.serve(*where, idle=args.timeout, pkey=pkey, limits=_limits(args))
-    else:
-        server.serve(*where, pkey=pkey, limits=_limits(args))
-
-
-def _server_log(inv: Invocation):
-    def log(line: str) -> None:
-        if inv.json:
-            inv.emit_json({"event": line})
-        else:
-            inv.print(line)
-        inv.out.flush()
-
-    return log
-
-
-def _rping(inv: Invocation) -> int:
-    """--compat rping: librdmacm's rping protocol over rdma_cm, either side."""
-    from ibtool.rdma.ping import rping  # pyverbs is imported only here
-
-    args = inv.args
-    if args.server:
-        serve = rping.serve
-        idle = _limits(args).idle_timeout
-        return _run_server(
-            inv, lambda log: serve(args.bind, args.port, log, args.max_clients, idle)
-        )
-
-    def open_client(stack):
-        client = rping.Client(args.host, args.port, args.size, args.timeout)
-        stack.callback(client.close)
-        # rdma_cm's own choice of path: an rping connection takes none of ours
-        return (client, *_over_rdma_cm(args, client, "rping", None, "compat rping"))
-
-    return _client(inv, open_client)
-
-
-def _cm(inv: Invocation) -> int:
-    """--cm: ibtool's own ping, connected through rdma_cm, either side."""
-    from ibtool.rdma import wire  # pyverbs is imported only here
-    from ibtool.rdma.ping import cmping
-
-    args = inv.args
-    if args.server:
-        serve = cmping.serve
-        where, idle = (args.bind, args.port), _limits(args).idle_timeout
-        return _run_server(inv, lambda log: serve(*where, log, args.max_clients, _path(args), idle))
-
-    def open_client(stack):
-        mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
-        client = cmping.Client(
-            args.host, args.port, args.size, mode, args.timeout, _path(args), args.hw_timestamps
-        )
-        stack.callback(client.close)
-        # rdma_cm's path, with what was asked of it
-        return (client, *_over_rdma_cm(args, client, None, args.mode, f"mode {args.mode}"))
-
-    return _client(inv, open_client)
-
-
-def _over_rdma_cm(args, client, compat, mode, what: str) -> tuple[str, dict]:
-    """The first line and what the report says of the path, for a client that rdma_cm
-    connected: `client.used` is the path its QP is on (None: not known); the P_Key is the
-    address's, not ibtool's to say."""
-    from ibtool.rdma.ladder import MTU_BYTES
-
-    header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, {what}"
-    path = dict(compat=compat, cm=True, mode=mode, mtu=None, sl=None, tclass=None)
-    used = client.used
-    if used is not None:
-        header += f", {used.describe()}"
-        path.update(mtu=MTU_BYTES.get(used.mtu), sl=used.sl, tclass=used.traffic_class)
-    path.update(pkey_index=None, pkey=None)
-    return header, path
-
-
-def _verbs_client(inv: Invocation, device: str, port: int, gid_index, pkey) -> int:
-    """ibtool's own protocol, or --compat rc_pingpong: an RC QP on DEVICE/PORT."""
-    from ibtool.rdma import wire  # pyverbs is imported only here
-    from ibtool.rdma.hwclock import HwClock
-    from ibtool.rdma.ladder import MTU_BYTES, Ladder
-    from ibtool.rdma.ping import client as native
-    from ibtool.rdma.ping import pingpong
-
-    args = inv.args
-    path = _path(args)
-
-    def open_client(stack):
-        ladder = stack.enter_context(Ladder(device, port, gid_index))
-        hw = HwClock(ladder) if args.hw_timestamps else None
-        if args.compat == "rc_pingpong":
-            client = pingpong.PingpongClient(
-                ladder, args.host, args.port, args.size, args.timeout, path, args.count, hw
-            )
-        else:
-            mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
-            client = native.Client(
-                ladder, args.host, args.port, args.size, mode, args.timeout, path, hw
-            )
-        stack.callback(client.close)
-        client.on_note = inv.warn
-        if args.compat:
-            client.connect()  # one session: a peer not there is the whole story
-        # This side's MTU; an ibtool server may agree on a smaller one (its port's).
-        mtu = MTU_BYTES[ladder.path_mtu(ladder.port_attr.active_mtu, path.mtu)]
-        report = dict(compat=args.compat, cm=False, mode=None if args.compat else args.mode)
-        report.update(mtu=mtu, sl=args.sl, tclass=args.tclass)
-        report.update(pkey_index=pkey.index, pkey=pkey.hex)
-        return client, _header(args, device, port, gid_index, mtu, pkey, path), report
-
-    return _client(inv, open_client)
-
-
-def _client(inv: Invocation, open_client) -> int:
-    """Ping and report like ping(8). `open_client(stack)` opens the client, pushing its
-    close (and that of whatever else it opens) on `stack`, so every way out closes it; it
-    gives the client, the first line, and what the report says of the path."""
-    from ibtool.rdma.ping.client import PingStats, run_client
-
-    args = inv.args
-    stats, rtts, replies, hw_rtts = PingStats(), [], [], []
-    interrupted: KeyboardInterrupt | None = None
-    failure: IbtoolError | None = None
-    with contextlib.ExitStack() as stack:
-        client, header, report = open_client(stack)
-        if not inv.json:
-            inv.print(header)
-
-        lines = not inv.json and not args.quiet
-
-        def on_reply(seq, rtt_us, hw_us):
-            # Between two pings, where every step lengthens the run (with -i 0): the reply is
-            # kept as a tuple and made into the report's entry after the run (_entry).
-            replies.append((seq, rtt_us, hw_us))
-            if hw_us is not None:
-                hw_rtts.append(hw_us)
-            if lines:
-                hw = f" hw={hw_us:.2f} us" if hw_us is not None else ""
-                inv.print(f"{args.size} bytes from {args.host}: seq={seq} rtt={rtt_us:.1f} us{hw}")
-                inv.out.flush()
-
-        def on_loss(seq, reason):
-            replies.append({"seq": seq, "error": reason})
-            inv.warn(f"seq={seq} lost: {reason}")
-
-        try:
-            run_client(
-                client, args.count, args.interval, args.deadline, on_reply, on_loss, stats, rtts
-            )
-        except KeyboardInterrupt as e:
-            interrupted = e  # Ctrl-C or SIGTERM: the summary still comes
-        except IbtoolError as e:
-            if not stats.sent:
-                raise  # the first exchange failed: the error is the whole story
-            failure = e  # the summary of the pings done, then the error (main() says it)
-    hw = stats.summary(hw_rtts) if args.hw_timestamps else None
-    replies = [_entry(r) for r in replies]
-    _summary(inv, args.host, stats, stats.summary(rtts), replies, failure, report, hw)
-    if failure is not None:
-        raise failure
-    if isinstance(interrupted, Terminated):
-        raise interrupted
-    if interrupted and stats.sent == 0:
-        return 130
-    incomplete = args.count is not None and stats.received < args.count and not interrupted
-    return 1 if stats.received == 0 or incomplete else 0
-
-
-def _entry(reply) -> dict:
-    """A reply (seq, rtt_us, hw_us) or a loss (already a dict) as the report's `replies`
-    lists it."""
-    if isinstance(reply, dict):
-        return reply
-    seq, rtt_us, hw_us = reply
-    entry = {"seq": seq, "rtt_us": round(rtt_us, 1)}
-    if hw_us is not None:
-        entry["hw_rtt_us"] = round(hw_us, 2)
-    return entry
-
-
-def _header(args, device: str, port: int, gid_index, mtu: int, pkey, path) -> str:
-    where = f"{device}/{port}" + (f" gid {gid_index}" if gid_index is not None else "")
-    peer = f"{args.host} ({'ibv_' + args.compat})" if args.compat else args.host
-    what = f"{args.size} bytes" + ("" if args.compat else f", mode {args.mode}")
-    return f"PING {peer} over {where}: {what}, {path.describe(mtu)}, pkey {pkey.label}"
-
-
-def _rounded(figures: dict, digits: int) -> dict:
-    return {k: (round(v, digits) if v is not None else None) for k, v in figures.items()}
-
-
-def _summary(inv, host, stats, rtt, replies, failure=None, path=None, hw=None) -> None:
-    """The end of the report; `path`: what the JSON says of the connection; `hw`: the
-    figures of the HCA's clock, with --hw-timestamps."""
-    loss = 100.0 * (stats.sent - stats.received) / stats.sent if stats.sent else 0.0
-    if inv.json:
-        report = {
-            "host": host,
-            **path,
-            "sent": stats.sent,
-            "received": stats.received,
-            "loss_pct": round(loss, 1),
-            "time_ms": round(stats.elapsed * 1000),
-            "rtt_us": _rounded(rtt, 1),
-            "replies": replies,
-        }
-        if hw is not None:
-            report["hw_rtt_us"] = _rounded(hw, 2)
-        if failure is not None:
-            report["error"] = failure.message  # what ended the run, as on standard error
-        inv.emit_json(report)
-        return
-    inv.print(f"--- {host} ibtool ping statistics ---")
-    inv.print(
-        f"{stats.sent} sent, {stats.received} received, {loss:.0f}% loss, "
-        f"time {stats.elapsed * 1000:.0f} ms"
-    )
-    for name, figures, digits in (("rtt", rtt, 1), ("hw rtt", hw, 2)):
-        if figures and figures["min"] is not None:
-            inv.print(
-                f"{name} min/avg/median/max/mdev = "
-                + "/".join(
-                    f"{figures[k]:.{digits}f}" for k in ("min", "avg", "median", "max", "mdev")
-                )
-                + " us"
-            )
-
-
-@hookimpl
-def ibtool_register_commands(cli):
-    cli.add(
-        "ping", run, configure=configure, help="RC ping-pong over RDMA with another host or process"
-    )
-
-
-# -- health --------------------------------------------------------------------------------------
-
-PEER_PINGS = 3
-
-
-def _ping_peer(ctx, device: str, port: int, gid_index, peer: str):
-    import time
-
-    from ibtool.api import HealthResult, Perfdata, Status
-    from ibtool.rdma import wire
-    from ibtool.rdma.ladder import Ladder
-    from ibtool.rdma.ping.client import Client, PingStats, run_client
-    from ibtool.rdma.ping.session import DEFAULT_PORT
-
-    left = ctx.deadline - time.monotonic()
-    if left <= 0:
-        budget = f"{ctx.config.datapath_budget:g} s"
-        return HealthResult(Status.UNKNOWN, peer, f"not pinged: the {budget} were spent")
-    stats, rtts = PingStats(), []
-    with Ladder(device, port, gid_index) as ladder:
-        client = Client(ladder, peer, DEFAULT_PORT, 64, wire.Mode.SEND, min(2.0, left))
-        try:
-            run_client(client, PEER_PINGS, 0.0, left, lambda *reply: None, lambda s, e: None,
-                            stats, rtts)  # fmt: skip
-        finally:
-            client.close()
-    lost = stats.sent - stats.received
-    if not rtts:
-        return HealthResult(Status.CRITICAL, peer, f"RDMA ping: {stats.sent} sent, none answered")
-    median = sorted(rtts)[len(rtts) // 2]
-    rtt = Perfdata(f"{peer} rtt", round(median, 1), "us", min=0)
-    summary = (
-        f"RDMA ping from {device}/{port}: {stats.received}/{stats.sent}, median {median:.0f} us"
-    )
-    return HealthResult(Status.WARNING if lost else Status.OK, peer, summary, (rtt,))
-
-
-def check_peers(ctx):
-    """With --datapath only: an RDMA ping (RC SEND, 3 of 64 bytes) to each `[datapath] peers`
-    host running `ibtool ping --server`, from the first ACTIVE port, within the budget."""
-    from ibtool.api import HealthResult, Status
-
-    if not ctx.datapath or not ctx.config.peers:
-        return
-    if not ctx.host.live:
-        yield HealthResult(Status.UNKNOWN, "", f"peers not pinged: {ctx.host.not_live}")
-        return
-    try:
-        active = [p for p in ctx.host.ports(fields=("state",)) if p.state == PortState.ACTIVE]
-        if not active:
-            yield HealthResult(Status.CRITICAL, "", "peers not pinged: no ACTIVE RDMA port")
-            return
-        device, port = active[0].device, active[0].port
-        gid_index = ctx.host.roce_gid_index(device, port)
-    except IbtoolError as e:
-        yield HealthResult(Status.UNKNOWN, "", f"peers not pinged: {e.message}")
-        return
-    for peer in ctx.config.peers:
-        try:
-            yield _ping_peer(ctx, device, port, gid_index, peer)
-        except IbtoolError as e:
-            yield HealthResult(Status.CRITICAL, peer, f"RDMA ping: {e.message}")
-
-
-@hookimpl
-def ibtool_health_checks(register):
-    register("peers", check_peers)

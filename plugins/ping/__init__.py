@@ -1,0 +1,29 @@
+"""`ibtool ping HOST` / `ibtool ping --server`: RC ping-pong over RDMA, reported like ping(8);
+and the `peers` health check.
+
+- options: the command line, its ranges, and what a run fills in or refuses by the peer
+- protocols: each protocol's run (native, rc_pingpong, rping, rdma_cm), either side
+- report: the client's pings and their report
+- health: the `peers` check
+"""
+
+from __future__ import annotations
+
+from ibtool_plugins.ping import health, options, protocols
+
+from ibtool import hookimpl
+
+
+@hookimpl
+def ibtool_register_commands(cli):
+    cli.add(
+        "ping",
+        protocols.run,
+        configure=options.configure,
+        help="RC ping-pong over RDMA with another host or process",
+    )
+
+
+@hookimpl
+def ibtool_health_checks(register):
+    register("peers", health.check_peers)

@@ -1,0 +1,159 @@
+"""Each protocol's run, either side: the native ping and rc_pingpong over the port's verbs,
+rping and the native ping over rdma_cm (`--compat rping`, `--cm`)."""
+
+from __future__ import annotations
+
+from ibtool_plugins.ping.options import path_spec, pick_port, server_limits, settle
+from ibtool_plugins.ping.report import header, ping_and_report
+
+from ibtool.plugin.commands import Invocation
+
+
+def run(inv: Invocation) -> int:
+    args = inv.args
+    inv.host.require_live("ibtool ping uses this host's RDMA devices through verbs")
+    settle(args)
+    if args.compat == "rping":
+        return _rping(inv)
+    if args.cm:
+        return _cm(inv)
+    device, port = pick_port(inv)
+    gid_index = args.gid_index
+    if gid_index is None:
+        gid_index = inv.host.roce_gid_index(device, port)
+    asked = args.pkey_index is not None
+    pkey = inv.host.pkey(device, port, args.pkey_index or 0, asked=asked)
+    if args.server:
+        return _run_server(inv, lambda log: _serve(args, device, port, gid_index, log, pkey))
+    return _verbs_client(inv, device, port, gid_index, pkey)
+
+
+def _run_server(inv: Invocation, serve) -> int:
+    """Serve until interrupted (or --max-clients were served), each event a line."""
+    log = _server_log(inv)
+    try:
+        serve(log)
+    except KeyboardInterrupt:
+        log("server stopped")
+        raise  # main() says so and exits 130 (SIGINT) or 143 (SIGTERM)
+    return 0
+
+
+def _serve(args, device: str, port: int, gid_index, log, pkey) -> None:
+    from ibtool.rdma.ping import pingpong, server  # pyverbs is imported only here
+
+    where = (device, port, gid_index, args.bind, args.port, log, args.max_clients, path_spec(args))
+    if args.compat == "rc_pingpong":
+        pingpong.serve(*where, idle=args.timeout, pkey=pkey, limits=server_limits(args))
+    else:
+        server.serve(*where, pkey=pkey, limits=server_limits(args))
+
+
+def _server_log(inv: Invocation):
+    def log(line: str) -> None:
+        if inv.json:
+            inv.emit_json({"event": line})
+        else:
+            inv.print(line)
+        inv.out.flush()
+
+    return log
+
+
+def _rping(inv: Invocation) -> int:
+    """--compat rping: librdmacm's rping protocol over rdma_cm, either side."""
+    from ibtool.rdma.ping import rping  # pyverbs is imported only here
+
+    args = inv.args
+    if args.server:
+        serve = rping.serve
+        idle = server_limits(args).idle_timeout
+        return _run_server(
+            inv, lambda log: serve(args.bind, args.port, log, args.max_clients, idle)
+        )
+
+    def open_client(stack):
+        client = rping.Client(args.host, args.port, args.size, args.timeout)
+        stack.callback(client.close)
+        # rdma_cm's own choice of path: an rping connection takes none of ours
+        return (client, *_over_rdma_cm(args, client, "rping", None, "compat rping"))
+
+    return ping_and_report(inv, open_client)
+
+
+def _cm(inv: Invocation) -> int:
+    """--cm: ibtool's own ping, connected through rdma_cm, either side."""
+    from ibtool.rdma import wire  # pyverbs is imported only here
+    from ibtool.rdma.ping import cmping
+
+    args = inv.args
+    if args.server:
+        serve = cmping.serve
+        where, idle = (args.bind, args.port), server_limits(args).idle_timeout
+        return _run_server(
+            inv, lambda log: serve(*where, log, args.max_clients, path_spec(args), idle)
+        )
+
+    def open_client(stack):
+        mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
+        client = cmping.Client(
+            args.host, args.port, args.size, mode, args.timeout, path_spec(args), args.hw_timestamps
+        )
+        stack.callback(client.close)
+        # rdma_cm's path, with what was asked of it
+        return (client, *_over_rdma_cm(args, client, None, args.mode, f"mode {args.mode}"))
+
+    return ping_and_report(inv, open_client)
+
+
+def _over_rdma_cm(args, client, compat, mode, what: str) -> tuple[str, dict]:
+    """The first line and what the report says of the path, for a client that rdma_cm
+    connected: `client.used` is the path its QP is on (None: not known); the P_Key is the
+    address's, not ibtool's to say."""
+    from ibtool.rdma.ladder import MTU_BYTES
+
+    header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, {what}"
+    path = dict(compat=compat, cm=True, mode=mode, mtu=None, sl=None, tclass=None)
+    used = client.used
+    if used is not None:
+        header += f", {used.describe()}"
+        path.update(mtu=MTU_BYTES.get(used.mtu), sl=used.sl, tclass=used.traffic_class)
+    path.update(pkey_index=None, pkey=None)
+    return header, path
+
+
+def _verbs_client(inv: Invocation, device: str, port: int, gid_index, pkey) -> int:
+    """ibtool's own protocol, or --compat rc_pingpong: an RC QP on DEVICE/PORT."""
+    from ibtool.rdma import wire  # pyverbs is imported only here
+    from ibtool.rdma.hwclock import HwClock
+    from ibtool.rdma.ladder import MTU_BYTES, Ladder
+    from ibtool.rdma.ping import client as native
+    from ibtool.rdma.ping import pingpong
+
+    args = inv.args
+    path = path_spec(args)
+
+    def open_client(stack):
+        ladder = stack.enter_context(Ladder(device, port, gid_index))
+        hw = HwClock(ladder) if args.hw_timestamps else None
+        if args.compat == "rc_pingpong":
+            client = pingpong.PingpongClient(
+                ladder, args.host, args.port, args.size, args.timeout, path, args.count, hw
+            )
+        else:
+            mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
+            client = native.Client(
+                ladder, args.host, args.port, args.size, mode, args.timeout, path, hw
+            )
+        stack.callback(client.close)
+        client.on_note = inv.warn
+        if args.compat:
+            client.connect()  # one session: a peer not there is the whole story
+        # This side's MTU; an ibtool server may agree on a smaller one (its port's).
+        mtu = MTU_BYTES[ladder.path_mtu(ladder.port_attr.active_mtu, path.mtu)]
+        report = dict(compat=args.compat, cm=False, mode=None if args.compat else args.mode)
+        report.update(mtu=mtu, sl=args.sl, tclass=args.tclass)
+        report.update(pkey_index=pkey.index, pkey=pkey.hex)
+        return client, header(args, device, port, gid_index, mtu, pkey, path), report
+
+    return ping_and_report(inv, open_client)
