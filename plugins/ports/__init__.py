@@ -3,7 +3,7 @@
 (NEWLINK, DELLINK over netlink); the port health check and the port metrics.
 
 - show: `port [show]`, a port's line and its details (-d)
-- link: `link add` and `link delete`, and what the kernel's refusals mean
+- link: `link add` and `link delete`, their words read and checked
 - check: the port health check
 - metrics: the port metrics
 """
