@@ -588,19 +588,3 @@ def _numeric(bind: str, port: int) -> str:
             "give the IP address of the IPoIB or RoCE netdev to serve on",
         )
     return address
-
-
-def serve_clients(next_request, max_clients: int | None, log, serve_one) -> None:
-    """A passive side's loop: each connection request `next_request()` returns, numbered,
-    served by `serve_one(conn, who)` (the pings it answered) and closed, until `max_clients`
-    were served; a client's failure is its log line, the next one is served."""
-    served = 0
-    while max_clients is None or served < max_clients:
-        conn = next_request()
-        served += 1
-        with conn:
-            who = f"client {served}"
-            try:
-                log(f"{who} done: {serve_one(conn, who)} pings answered")
-            except IbtoolError as e:
-                log(f"{who} dropped: {e.message}")

@@ -8,6 +8,7 @@ Modules, lower first (a module imports only those above it in this list):
 - client.py: the native client, its round trip, and run_client that counts any protocol's
 - acceptor.py: a TCP server's listener, handshake table and thread per admitted session
 - server.py: the native protocol's server sessions (`ibtool ping --server`)
+- serial.py: an rdma_cm server's loop, one client at a time (rping.py, cmping.py)
 - pingpong.py: rdma-core's ibv_rc_pingpong as a peer (`--compat rc_pingpong`)
 - rping.py: librdmacm's rping as a peer (`--compat rping`)
 - cmping.py: the native ping connected through rdma_cm (`--cm`)

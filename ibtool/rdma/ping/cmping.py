@@ -25,6 +25,7 @@ from ibtool.rdma.hwclock import HwClock
 from ibtool.rdma.ladder import DEFAULT_PATH, PathSpec
 from ibtool.rdma.ping import client
 from ibtool.rdma.ping.echo import answer_pings
+from ibtool.rdma.ping.serial import serve_clients
 from ibtool.rdma.ping.session import MAX_PING_SIZE, Log, Session, SessionEnded
 
 
@@ -223,7 +224,7 @@ def serve(
                 "ping over TCP instead (leave --cm out)",
             )
         log(f"listening on {listener.where} (rdma_cm), {listener.device}")
-        cm.serve_clients(
+        serve_clients(
             listener.request,
             max_clients,
             log,

@@ -27,6 +27,7 @@ from ibtool.rdma.ladder import (
     ACCESS_REMOTE_WRITE,
     PathSpec,
 )
+from ibtool.rdma.ping.serial import serve_clients
 
 DEFAULT_PORT = 7174  # rping.c: cb->port = htobe16(7174)
 DEFAULT_SIZE = 64  # rping.c: cb->size = 64
@@ -173,7 +174,7 @@ def serve(
     seconds (--idle-timeout) is dropped, so that one idle client cannot hold the server."""
     with cm.Listener(bind, port) as listener:
         log(f"listening on {listener.where} (rdma_cm, rping), {listener.device}")
-        cm.serve_clients(
+        serve_clients(
             lambda: listener.next_request(SQ_DEPTH, RQ_DEPTH),
             max_clients,
             log,
