@@ -138,6 +138,20 @@ class Host:
                 raise NotFoundError(f"{name} has no port {port}", f"ports of {name}: {have}")
         return [(name, port)]
 
+    def add_link(self, name: str, link_type: str, netdev: str) -> None:
+        """A software RDMA device (rxe, siw) `name` on `netdev`, as `rdma link add` makes it;
+        the running kernel only."""
+        from ibtool.sources import links
+
+        links.add(self, name, link_type, netdev)
+
+    def delete_link(self, name: str) -> None:
+        """Deletes the software RDMA device `name`, as `rdma link delete`; the running kernel
+        only."""
+        from ibtool.sources import links
+
+        links.delete(self, name)
+
     # -- names -------------------------------------------------------------------------------
 
     def device_names(self) -> list[str]:

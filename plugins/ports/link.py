@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from ibtool.errors import UsageError
 from ibtool.host import Host
-from ibtool.sources import links
 
 LINK_USAGE = (
     "ibtool link [show] [DEV[/PORT]] | ibtool link add NAME type { rxe | siw } netdev NETDEV "
@@ -35,11 +34,11 @@ def add(host: Host, words: list[str]) -> None:
             f"bad device name {name!r}",
             f"at most {IB_DEVICE_NAME_MAX - 1} bytes, without '%' or '/', e.g. rxe1",
         )
-    links.add(host, name, options["type"], options["netdev"])
+    host.add_link(name, options["type"], options["netdev"])
 
 
 def delete(host: Host, words: list[str]) -> None:
     """`link delete NAME`: the words after `delete`."""
     if len(words) != 1:
         raise UsageError("link delete takes one device name", LINK_USAGE)
-    links.delete(host, words[0])
+    host.delete_link(words[0])
