@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TextIO
 
 from ibtool import __version__
@@ -258,16 +258,18 @@ def main(
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
     host_factory: HostFactory = default_host,
+    environ: Mapping[str, str] | None = None,
 ) -> int:
     """Run ibtool with `argv` and return its exit status. `plugins`: plugin objects loaded
     beside the installed ones; `stdout`, `stderr`: where it writes; `host_factory`: what builds
     the host the commands read (not a --snapshot's) from the invocation, the running host or
-    the --root tree by default."""
+    the --root tree by default; `environ`: where plugin loading reads IBTOOL_PLUGINS and
+    IBTOOL_DISABLE_PLUGIN_AUTOLOAD (default: the process's environment)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     out = _Stdout(stdout if stdout is not None else sys.stdout)
     err = stderr or sys.stderr
     try:
-        code = _main(argv, plugins, out, err, host_factory)
+        code = _main(argv, plugins, out, err, host_factory, environ)
         out.flush()
         return code
     except OutputError as e:
@@ -284,6 +286,7 @@ def _main(
     out: _Stdout,
     err: TextIO,
     host_factory: HostFactory,
+    environ: Mapping[str, str] | None,
 ) -> int:
     warn = _Warnings(err)
     debug = "--debug" in argv
@@ -295,7 +298,7 @@ def _main(
         argv, blocked = split_plugin_blocks(argv)
         from ibtool.plugin.manager import build_plugins
 
-        loaded = build_plugins(blocked=blocked, extra=plugins, warn=warn)
+        loaded = build_plugins(blocked=blocked, extra=plugins, warn=warn, environ=environ)
         registry = CommandRegistry()
         _register_commands(loaded, registry, warn)
         _plugins_command(registry, loaded)

@@ -113,11 +113,12 @@ def noting_dashboard():
 
 
 def default_checks():
-    """ibtool health's own checks, as the command gets them."""
+    """ibtool health's own checks, as the command gets them (and no third-party plugin's this
+    machine may have installed)."""
     from ibtool.plugin.hooks import health_checks
-    from ibtool.plugin.manager import build_plugins
+    from ibtool.plugin.manager import ENV_DISABLE_AUTOLOAD, build_plugins
 
-    return health_checks(build_plugins(), lambda m: None)
+    return health_checks(build_plugins(environ={ENV_DISABLE_AUTOLOAD: "1"}), lambda m: None)
 
 
 @pytest.fixture

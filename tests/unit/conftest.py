@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ if str(REPO) not in sys.path:  # `pytest` (not `python -m pytest`) does not put 
     sys.path.insert(0, str(REPO))
 
 from ibtool.cli import main  # noqa: E402
+from ibtool.plugin.manager import ENV_DISABLE_AUTOLOAD  # noqa: E402
 from tests.fixtures import sysfs_trees  # noqa: E402
 from tests.unit.fake_host import sysfs_from  # noqa: E402
 
@@ -36,7 +38,11 @@ class Result:
 
 
 def run_cli(argv: list[str], **seams) -> Result:
-    """ibtool run in-process on `argv`; `seams` as cli.main takes them (host_factory)."""
+    """ibtool run in-process on `argv`; `seams` as cli.main takes them (host_factory). Only
+    ibtool's own plugins and those a test names are loaded, not the third-party ones this
+    machine has installed (the tests of that loading call cli.main themselves): the scan of
+    every installed distribution's metadata was also most of a command's time here."""
+    seams.setdefault("environ", {**os.environ, ENV_DISABLE_AUTOLOAD: "1"})
     out, err = io.StringIO(), io.StringIO()
     code = main(argv, stdout=out, stderr=err, **seams)
     return Result(int(code), out.getvalue(), err.getvalue())

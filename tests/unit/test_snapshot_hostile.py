@@ -464,23 +464,20 @@ def test_no_hostile_snapshot_writes_reads_or_leaves_anything_outside_its_tree(cl
 
 
 @pytest.fixture(scope="module")
-def vf500(tmp_path_factory) -> str:
-    """The largest host measured: an mlx5 PF with 500 RoCE VFs (28,348 sysfs entries)."""
+def vf500(tmp_path_factory, sriov_500_vfs) -> str:
+    """The largest host measured: an mlx5 PF with 500 RoCE VFs (28,348 sysfs entries), the
+    session's tree (tests/unit/conftest.py), saved once."""
     from ibtool.errors import IbtoolError
-    from tests.fixtures.sysfs_trees import sriov_vfs
-
-    where = tmp_path_factory.mktemp("vf500")
-    sriov_vfs(where / "tree", 500)
 
     def no_kernel():
         raise IbtoolError("no kernel here")
 
-    path = str(where / "vf500.json.gz")
+    path = str(tmp_path_factory.mktemp("vf500") / "vf500.json.gz")
     snapshot.save(
         path,
         lambda m: None,
         "test",
-        root=str(where / "tree"),
+        root=str(sriov_500_vfs.root),
         open_netlink=no_kernel,
         open_verbs=no_kernel,
     )
