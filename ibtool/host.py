@@ -17,6 +17,7 @@ from typing import Any
 from ibtool.errors import DataError, IbtoolError, NotFoundError, NotLiveError, UsageError
 from ibtool.model.records import CounterSample, Device, Gid, LinkLayer, PKey, Port
 from ibtool.sources.sysfs.infiniband import PORT_DETAILS, PORT_FIELDS, PORT_NETDEV, SysfsSource
+from ibtool.sources.sysfs.stack import StackFiles, module_sign
 
 # What `ibtool port` shows without -d: state, rate, LIDs and the netdev, all from sysfs.
 PORT_SHOWN = PORT_FIELDS + PORT_NETDEV
@@ -72,6 +73,7 @@ class Host:
         self.live = root == "/" if live is None else live
         self.not_live = not_live
         self.sysfs = sysfs or SysfsSource(root, self.warn)
+        self._stack = StackFiles(root)
         self._netlink = None
         if netlink is not None or self.live:
             from ibtool.sources.netlink.session import NetlinkSession, open_nldev
@@ -151,6 +153,31 @@ class Host:
         from ibtool.sources import links
 
         links.delete(self, name)
+
+    # -- the RDMA stack ----------------------------------------------------------------------
+
+    def stack_captured(self) -> bool:
+        """Whether module state can be told here: always on the running kernel; a --root tree
+        or a snapshot only when it holds /sys/module or the uverbs class."""
+        return self.live or self._stack.captured()
+
+    def module_loaded(self, module: str) -> tuple[bool, str]:
+        """Whether kernel module `module` (or its built-in function) is there, and the file
+        that tells (relative to the root: /sys/module/NAME, or the class it registers)."""
+        return self._stack.module_loaded(module), module_sign(module)
+
+    def uverbs_abi(self) -> str | None:
+        """The uverbs ABI version user space needs; None without ib_uverbs."""
+        return self._stack.uverbs_abi()
+
+    def uverbs_devices(self) -> dict[str, str]:
+        """RDMA device -> its uverbs char device name (uverbsN)."""
+        return self._stack.uverbs_devices()
+
+    def device_node_missing(self, uverbs: str) -> bool:
+        """Whether /dev/infiniband/`uverbs` is missing on the running kernel (udev did not make
+        it); False where there is no /dev to look at (a --root tree, a snapshot)."""
+        return self.root == "/" and not os.path.exists(f"/dev/infiniband/{uverbs}")
 
     # -- names -------------------------------------------------------------------------------
 

@@ -4,8 +4,6 @@ has, asked of it command by command."""
 
 from __future__ import annotations
 
-import os
-
 from ibtool import hookimpl
 from ibtool.api import HealthResult, Status
 from ibtool.errors import NoDevicesError, UsageError
@@ -107,29 +105,6 @@ def ibtool_register_commands(cli):
 
 # -- health --------------------------------------------------------------------------------------
 
-# What shows that a module's function is there, also when it is built into the kernel (a
-# built-in module has no /sys/module entry unless it has parameters): its class or device.
-MODULE_SIGNS = {
-    "ib_core": "sys/class/infiniband",
-    "ib_uverbs": "sys/class/infiniband_verbs/abi_version",
-    "rdma_ucm": "sys/class/misc/rdma_cm",
-    "ib_umad": "sys/class/infiniband_mad/abi_version",
-}
-
-
-def _uverbs(root: str) -> dict[str, str]:
-    """RDMA device -> its uverbs char device (infiniband_verbs/uverbsN/ibdev)."""
-    base = os.path.join(root, "sys/class/infiniband_verbs")
-    found = {}
-    for entry in sorted(os.listdir(base)) if os.path.isdir(base) else ():
-        try:
-            with open(os.path.join(base, entry, "ibdev")) as f:
-                found[f.read().strip()] = entry
-        except OSError:
-            continue
-    return found
-
-
 # The kinds of the findings that are not OK, for a program:
 # no_devices           no RDMA device (the message says why: no class directory, empty, ...)
 # not_captured         a capture without module state: loaded or not cannot be told
@@ -143,38 +118,32 @@ def check_system(ctx):
     NHC's "OFED" check), every RDMA device has its uverbs device. (The configured devices that are
     missing are the port check's: one result each, on captures too.)"""
     host, config = ctx.host, ctx.config
-    root = host.root
     try:
         names = host.device_names()
     except NoDevicesError as e:
         names = []
         yield HealthResult(Status.CRITICAL, "", e.message, kind="no_devices")
-    captured = ("sys/module", "sys/class/infiniband_verbs")
-    if not host.live and not any(os.path.isdir(os.path.join(root, d)) for d in captured):
+    if not host.stack_captured():
         # a --root tree or a snapshot that holds no module state: not the same as unloaded
         said = "modules and uverbs: not in this capture"
         yield HealthResult(Status.UNKNOWN, "", said, kind="not_captured")
         return
     loaded = True
     for module in config.modules:
-        sign = MODULE_SIGNS.get(module, f"sys/module/{module}")
-        if not os.path.exists(os.path.join(root, sign)):
+        present, sign = host.module_loaded(module)
+        if not present:
             loaded = False
             said = f"module not loaded (no /{sign}): modprobe {module}"
             yield HealthResult(Status.CRITICAL, module, said, kind="module_not_loaded")
-    try:
-        with open(os.path.join(root, MODULE_SIGNS["ib_uverbs"])) as f:
-            abi = f.read().strip()
-    except OSError:
-        abi = None
-    uverbs = _uverbs(root)
+    abi = host.uverbs_abi()
+    uverbs = host.uverbs_devices()
     for name in names:
         if name not in uverbs:
             if abi is not None:
                 said = "no uverbs device: user space cannot open it"
                 yield HealthResult(Status.CRITICAL, name, said, kind="no_uverbs_device")
             continue
-        if root == "/" and not os.path.exists(f"/dev/infiniband/{uverbs[name]}"):
+        if host.device_node_missing(uverbs[name]):
             said = f"/dev/infiniband/{uverbs[name]} missing (udev rules of rdma-core?)"
             yield HealthResult(Status.CRITICAL, name, said, kind="uverbs_node_missing")
     if names:

@@ -7,6 +7,8 @@
 - counters: CounterFiles, the PMA and driver (hw_counters) counters of ports and devices.
 - infiniband: SysfsSource, /sys/class/infiniband: devices, ports, GIDs, P_Key tables, on top of
   NetFiles and CounterFiles.
+- stack: StackFiles, the RDMA stack: modules (or their built-in function), the uverbs ABI and
+  char devices.
 
 These modules import only ibtool.model, ibtool.errors, ibtool.argtypes and one another (each
 only the ones listed above it).
