@@ -142,10 +142,10 @@ def _counter_names(inv: Invocation):
     return lambda: {s.name for s in inv.host.counters()}
 
 
-def _load_config(inv: Invocation, checks: dict):
+def _load_config(inv: Invocation, checks: dict | None = None):
     from ibtool.live.engine import load_config
 
-    return load_config(inv.args.config, checks, _counter_names(inv))
+    return load_config(inv.args.config, _counter_names(inv), checks)
 
 
 def _list(inv: Invocation, checks: dict) -> None:
@@ -295,8 +295,9 @@ def run_exporter(inv: Invocation) -> None:
         from ibtool.web import config as webconfig
 
         web = webconfig.Watcher(inv.args.web_config_file, inv.warn)
+    config = _load_config(inv)
     checks = health_checks(inv.plugins, inv.warn)
-    config = _load_config(inv, checks)
+    config.check_names(checks)
     checks = select_checks(checks, [], _names(inv.args.skip), config, inv.warn)
     scheme = "https" if web is not None and web.current().tls else "http"
     faults = exporter.Faults(inv.warn)

@@ -50,7 +50,7 @@ def _feed(inv: Invocation, closing: list):
 
     hosts = hosts_for(inv, note)
     closing.append(hosts.close)
-    config = load_config(inv.args.config, checks, hosts.counter_names)
+    config = load_config(inv.args.config, hosts.counter_names, checks)
     feed = Feed(
         hosts,
         checks=checks,

@@ -92,17 +92,21 @@ def hosts_for(inv, warn: Callable[[str], None], *, own_capture: bool = True) -> 
 
 
 def load_config(
-    path: str | None, checks: Mapping[str, Any], counters: Callable[[], Iterable[str]]
+    path: str | None,
+    counters: Callable[[], Iterable[str]],
+    checks: Mapping[str, Any] | None = None,
 ) -> HealthConfig:
     """The health checks' file (`path`, else /etc/ibtool/health.toml if there is one), as
     every face reads it: a threshold of a counter ibtool does not know must be one of the
-    host's `counters`, and a [checks.NAME] must name one of `checks`."""
+    host's `counters`, and a [checks.NAME] must name one of `checks` (when given; else the
+    caller asks `check_names` once it has them)."""
     from ibtool.health import config as healthconfig
 
     config = healthconfig.load(
         path or healthconfig.DEFAULT_PATH, required=path is not None, counters=counters
     )
-    config.check_names(checks)
+    if checks is not None:
+        config.check_names(checks)
     return config
 
 
