@@ -59,3 +59,18 @@ def test_the_engine_runs_the_checks_once_for_a_capture_and_keeps_their_findings(
     assert runs == [host]  # a capture read again is the same moment: nothing new to check
     assert first.row(("mlx5_0", 1)).health == second.row(("mlx5_0", 1)).health == Status.OK
     assert second.health_time == first.health_time
+
+
+def test_the_port_checks_own_kind_marks_the_link_below_its_configured_rate(tmp_path):
+    from ibtool.health.config import HealthConfig, PortExpect
+    from ibtool.plugin.hooks import health_checks
+    from ibtool.plugin.manager import build_plugins
+
+    root = sysfs_trees.build("mlx5_ib_hca", tmp_path / "root")
+    host = Host(root=str(root))
+    check = health_checks(build_plugins(), lambda m: None)["port"]
+    config = HealthConfig(ports={"*": PortExpect(rate=400.0)})
+    feed = Feed(lambda: host, live=False, source="test", checks={"port": check}, config=config)
+    row = feed.poll().row(("mlx5_0", 1))
+    (found,) = [f for f in row.findings if f.kind == "link_below_configured"]
+    assert row.degraded == found.summary
