@@ -172,3 +172,34 @@ def test_select_checks_names_a_wrong_one():
     assert select_checks(checks, [], ["a"], HealthConfig(), print) == {"b": 2}
     with pytest.raises(UsageError, match="no health check named 'c'"):
         select_checks(checks, ["c"], [], HealthConfig(), print)
+
+
+def test_the_dashboard_and_the_engine_reach_neither_the_data_path_nor_a_plugin():
+    """The loopback screen is handed its runner (plugins/tui.py); the engine and its faces read
+    the kernel through the Host only."""
+    import ast
+    from pathlib import Path
+
+    ibtool = Path(__file__).resolve().parents[2] / "ibtool"
+    wrong = []
+    for folder, banned in (
+        ("tui", ("ibtool.rdma", "ibtool.api", "ibtool_plugins", "plugins")),
+        (
+            "live",
+            ("ibtool.rdma", "ibtool.api", "ibtool_plugins", "plugins", "ibtool.sources.sysfs"),
+        ),
+        ("health", ("ibtool.api", "ibtool_plugins", "plugins")),
+    ):
+        for path in sorted((ibtool / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                wrong += [
+                    f"{path.name}:{node.lineno} {n}"
+                    for n in names
+                    if any(n == b or n.startswith(b + ".") for b in banned)
+                ]
+    assert wrong == []
