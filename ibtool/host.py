@@ -72,7 +72,7 @@ class Host:
         self.details = details
         self.live = root == "/" if live is None else live
         self.not_live = not_live
-        self.sysfs = sysfs or SysfsSource(root, self.warn)
+        self._sysfs = sysfs or SysfsSource(root, self.warn)
         self._stack = StackFiles(root)
         self._netlink = None
         if netlink is not None or self.live:
@@ -127,14 +127,14 @@ class Host:
 
     def select(self, selector: str | None) -> list[tuple[str, int | None]]:
         """The (device, port) pairs a selector names; port None means every port."""
-        names = self.sysfs.device_names()
+        names = self._sysfs.device_names()
         if not selector:
             return [(n, None) for n in names]
         name, port = parse_selector(selector)
         if name not in names:
             raise NotFoundError(f"unknown device {name!r}", f"devices here: {', '.join(names)}")
         if port is not None:
-            ports = self.sysfs.port_numbers(name)
+            ports = self._sysfs.port_numbers(name)
             if port not in ports:
                 have = ", ".join(f"{name}/{p}" for p in ports) or "none"
                 raise NotFoundError(f"{name} has no port {port}", f"ports of {name}: {have}")
@@ -183,25 +183,25 @@ class Host:
 
     def device_names(self) -> list[str]:
         """The RDMA devices' names, in natural order (mlx5_2 before mlx5_10)."""
-        return self.sysfs.device_names()
+        return self._sysfs.device_names()
 
     def port_numbers(self, device: str) -> list[int]:
         """The port numbers of `device`, in order."""
-        return self.sysfs.port_numbers(device)
+        return self._sysfs.port_numbers(device)
 
     def port(self, device: str, port: int, fields: tuple[str, ...] | None = None) -> Port:
         """One port as sysfs shows it, with `fields` only (default: every field sysfs has)."""
-        return self.sysfs.port(device, port, fields)
+        return self._sysfs.port(device, port, fields)
 
     def vlans(self) -> dict[str, tuple[int, str]]:
         """VLAN netdev -> (VLAN id, lower netdev), for the GID rule's VLAN match."""
-        return self.sysfs.vlans()
+        return self._sysfs.vlans()
 
     # -- records -----------------------------------------------------------------------------
 
     def devices(self, selector: str | None = None) -> list[Device]:
         devices = [
-            self.sysfs.device(name, details=self.details) for name, _ in self.select(selector)
+            self._sysfs.device(name, details=self.details) for name, _ in self.select(selector)
         ]
         if not self._merging():
             return devices
@@ -217,8 +217,8 @@ class Host:
             fields = PORT_SHOWN + (PORT_DETAILS if self.details else ())
         ports = []
         for name, port in self.select(selector):
-            numbers = [port] if port is not None else self.sysfs.port_numbers(name)
-            ports.extend(self._with_verbs(self.sysfs.port(name, p, fields)) for p in numbers)
+            numbers = [port] if port is not None else self._sysfs.port_numbers(name)
+            ports.extend(self._with_verbs(self._sysfs.port(name, p, fields)) for p in numbers)
         if not self._merging():
             return ports
         merger = self._netlink.merger()
@@ -233,11 +233,11 @@ class Host:
     def gids(self, selector: str | None = None) -> list[Gid]:
         gids = []
         for name, port in self.select(selector):
-            numbers = [port] if port is not None else self.sysfs.port_numbers(name)
+            numbers = [port] if port is not None else self._sysfs.port_numbers(name)
             iwarp = self.is_iwarp(name)
             for p in numbers:
-                link_layer = self.sysfs.link_layer(name, p)
-                gids.extend(self.sysfs.gids(name, p, link_layer, iwarp=iwarp))
+                link_layer = self._sysfs.link_layer(name, p)
+                gids.extend(self._sysfs.gids(name, p, link_layer, iwarp=iwarp))
         return gids
 
     def counters(self, selector: str | None = None) -> list[CounterSample]:
@@ -250,10 +250,10 @@ class Host:
         netlink = self._netlink.counter_reader() if self._netlink is not None else None
         for name, port in self.select(selector):
             if port is None:
-                samples.extend(self.sysfs.counters(name, 0))
-            numbers = [port] if port is not None else self.sysfs.port_numbers(name)
+                samples.extend(self._sysfs.counters(name, 0))
+            numbers = [port] if port is not None else self._sysfs.port_numbers(name)
             for p in numbers:
-                port_samples = self.sysfs.counters(name, p)
+                port_samples = self._sysfs.counters(name, p)
                 samples.extend(port_samples)
                 if netlink is not None:
                     samples.extend(netlink.extra(name, p, port_samples))
@@ -266,25 +266,25 @@ class Host:
 
     def incarnation(self, device: str) -> int | None:
         """What tells a device from one re-created under its name (None: gone)."""
-        return self.sysfs.incarnation(device)
+        return self._sysfs.incarnation(device)
 
     def carrier_changes(self, netdev: str) -> int | None:
         """How often a netdev's carrier went up or down since it was created (None: unknown)."""
-        return self.sysfs.carrier_changes(netdev)
+        return self._sysfs.carrier_changes(netdev)
 
     def is_iwarp(self, device: str) -> bool:
-        return self.sysfs.iwarp(device)
+        return self._sysfs.iwarp(device)
 
     def roce_gid_index(self, device: str, port: int) -> int | None:
         """The GID index the data path uses on a RoCE port (the `gids --best` rule), or None
         for an InfiniBand port, which is addressed by LID."""
         from ibtool.model.gidrule import best_gid
 
-        p = self.sysfs.port(device, port, ("link_layer", "netdev"))
+        p = self._sysfs.port(device, port, ("link_layer", "netdev"))
         if p.link_layer != LinkLayer.ETHERNET:
             return None
-        gids = list(self.sysfs.gids(device, port, p.link_layer))
-        return best_gid(gids, {(device, port): p}, self.sysfs.vlans(), p.netdev or "").index
+        gids = list(self._sysfs.gids(device, port, p.link_layer))
+        return best_gid(gids, {(device, port): p}, self._sysfs.vlans(), p.netdev or "").index
 
     def pkey(self, device: str, port: int, index: int, *, asked: bool = True) -> PKey:
         """Slot `index` of the port's P_Key table, for the data path's QPs. `asked`: the
@@ -292,11 +292,11 @@ class Host:
         partition) or a port without a table is a NotFoundError naming the table and its
         populated slots, and an unreadable slot a DataError; not asked (the default, 0), the
         slot is what it is (value None when there is none)."""
-        slots, entries = self.sysfs.pkey_table(device, port)
+        slots, entries = self._sysfs.pkey_table(device, port)
         found = next((k for k in entries or () if k.index == index), None)
         if found is not None and found.value is not None or not asked:
             return found or PKey(index, None)
-        table = os.path.join(self.sysfs.class_dir, device, "ports", str(port), "pkeys")
+        table = os.path.join(self._sysfs.class_dir, device, "ports", str(port), "pkeys")
         where = f"{device}/{port}"
         if found is not None:
             raise DataError(f"cannot read P_Key index {index} of {where} ({table}/{index})")

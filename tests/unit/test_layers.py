@@ -241,3 +241,34 @@ def test_every_folder_says_what_it_holds_and_what_it_may_import(folder):
     doc = ast.get_docstring(SOURCES[_name(folder / "__init__.py")][1]) or ""
     said = re.search(r"may import|imports? only", doc, re.IGNORECASE)
     assert said, f"{folder}/__init__.py: say what it may import"
+
+
+def _defined_here(tree: ast.Module) -> set[str]:
+    """The names a module defines or assigns as attributes (self._x = ..., def _x)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def test_no_object_s_private_attribute_is_read_where_it_is_not_defined():
+    """`host._sysfs` outside host.py, a library's `Enum._value2member_map_`: what is private
+    to another module's class, or to a library, is not this module's to read."""
+    allowed = {"_exit"}  # os._exit: documented, for a child that must not run atexit handlers
+    found = []
+    for _module, (path, tree) in SOURCES.items():
+        mine = _defined_here(tree)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and _private(node.attr)
+                and node.attr not in mine | allowed
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+            ):
+                found.append(f"{path.relative_to(CHECKOUT)}:{node.lineno} {ast.unparse(node)}")
+    assert found == []

@@ -225,7 +225,7 @@ def test_netlinks_device_capabilities_say_whether_a_port_can_migrate(tmp_path):
 
 @pytest.fixture
 def hfi1_host(tmp_path) -> Host:
-    return Host(sysfs=SysfsSource(str(sysfs_trees.build("hfi1_opa", tmp_path))), live=False)
+    return Host(root=str(sysfs_trees.build("hfi1_opa", tmp_path)))
 
 
 def test_a_populated_slot_is_the_pkey_the_qps_get(hfi1_host):
@@ -236,7 +236,7 @@ def test_a_populated_slot_is_the_pkey_the_qps_get(hfi1_host):
 def test_an_index_outside_the_table_names_the_table_and_the_populated_slots(hfi1_host):
     with pytest.raises(NotFoundError) as e:
         hfi1_host.pkey("hfi1_0", 1, 16)
-    table = f"{hfi1_host.sysfs.class_dir}/hfi1_0/ports/1/pkeys"
+    table = f"{hfi1_host.root}/sys/class/infiniband/hfi1_0/ports/1/pkeys"
     assert e.value.message == f"hfi1_0/1 has no P_Key index 16: {table} has 16 slots (0..15)"
     assert e.value.hint == "populated: index 0 (0x8001), index 1 (0x7fff)"
     assert e.value.exit_code == ExitCode.NOT_FOUND
@@ -245,12 +245,12 @@ def test_an_index_outside_the_table_names_the_table_and_the_populated_slots(hfi1
 def test_an_empty_slot_is_no_partition(hfi1_host):
     with pytest.raises(NotFoundError) as e:
         hfi1_host.pkey("hfi1_0", 1, 2)
-    table = f"{hfi1_host.sysfs.class_dir}/hfi1_0/ports/1/pkeys"
+    table = f"{hfi1_host.root}/sys/class/infiniband/hfi1_0/ports/1/pkeys"
     assert e.value.message == f"P_Key index 2 of hfi1_0/1 is empty ({table}/2: 0x0000)"
 
 
 def test_an_unreadable_slot_asked_for_is_a_data_error(hfi1_host):
-    slot = Path(hfi1_host.sysfs.class_dir) / "hfi1_0/ports/1/pkeys/1"
+    slot = Path(hfi1_host.root) / "sys/class/infiniband/hfi1_0/ports/1/pkeys/1"
     slot.write_text("garbage\n")
     with pytest.raises(DataError, match=r"cannot read P_Key index 1 of hfi1_0/1 \("):
         hfi1_host.pkey("hfi1_0", 1, 1)

@@ -68,7 +68,7 @@ def device(reply: Reply) -> Device:
     return Device(
         name=_required(reply, "RDMA_NLDEV_ATTR_DEV_NAME", "a device"),
         node_type=NodeType.parse(node_type) if node_type is not None else None,
-        protocol=Protocol(protocol) if protocol in Protocol._value2member_map_ else None,
+        protocol=next((p for p in Protocol if p.value == protocol), None),
         fw_ver=reply.get("RDMA_NLDEV_ATTR_FW_VERSION"),
         node_guid=guid(reply.get("RDMA_NLDEV_ATTR_NODE_GUID")),
         sys_image_guid=guid(reply.get("RDMA_NLDEV_ATTR_SYS_IMAGE_GUID")),
