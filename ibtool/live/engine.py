@@ -12,6 +12,7 @@ each poll, a capture is read once and kept.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -76,10 +77,12 @@ def hosts_for(inv, warn: Callable[[str], None], *, own_capture: bool = True) -> 
     poll, each warning to `warn`; else the capture, read once. `own_capture`: the capture is
     built here with `warn` (and closed by `Hosts.close`); otherwise it is the invocation's host,
     its warnings the command's."""
-    from ibtool.host import Host
+
+    def make():  # through the command's host factory (a test's seam), warnings to `warn`
+        return inv.host_factory(dataclasses.replace(inv, warn=warn, details=False))
 
     if inv.root == "/" and inv.snapshot is None:
-        return Hosts(lambda: Host(warn=warn), live=True, source="this host")
+        return Hosts(make, live=True, source="this host")
     source = f"snapshot {inv.snapshot}" if inv.snapshot is not None else f"--root {inv.root}"
     if not own_capture:
         return Hosts(lambda: inv.host, live=False, source=source)
@@ -88,7 +91,7 @@ def hosts_for(inv, warn: Callable[[str], None], *, own_capture: bool = True) -> 
 
         capture = SnapshotHost(inv.snapshot, warn, False, **inv.snapshot_kwargs())
         return Hosts(lambda: capture.host, live=False, source=source, close=capture.close)
-    return Hosts(lambda: Host(root=inv.root, warn=warn), live=False, source=source)
+    return Hosts(make, live=False, source=source)
 
 
 def load_config(

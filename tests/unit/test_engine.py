@@ -152,15 +152,31 @@ def test_the_warnings_of_a_poll_are_its_notes_and_passed_on(root):
 
 
 def test_hosts_for_this_host_a_tree_or_the_invocations_capture(root):
-    warn = [].append
-    live = hosts_for(SimpleNamespace(root="/", snapshot=None), warn)
+    import argparse
+
+    from ibtool.plugin.commands import Invocation
+
+    warnings: list[str] = []
+    built = []
+
+    def factory(inv):  # the command's seam: what it gives is what every poll reads
+        built.append((inv.root, inv.warn, inv.details))
+        return Host(root=inv.root, warn=inv.warn)
+
+    def invocation(root: str) -> Invocation:
+        return Invocation(argparse.Namespace(), root=root, details=True, host_factory=factory)
+
+    live = hosts_for(invocation("/"), warnings.append)
     assert live.live and live.source == "this host"
-    tree = hosts_for(SimpleNamespace(root=str(root), snapshot=None), warn)
+    assert live.open() is not live.open()  # the running host anew at each poll
+    assert built == [("/", warnings.append, False)] * 2
+    tree = hosts_for(invocation(str(root)), warnings.append)
     assert not tree.live and tree.open() is tree.open()
     assert tree.source == f"--root {root}"
+    assert built[2:] == [(str(root), warnings.append, False)]
     mine = object()
     inv = SimpleNamespace(root=str(root), snapshot=None, host=mine)
-    assert hosts_for(inv, warn, own_capture=False).open() is mine
+    assert hosts_for(inv, warnings.append, own_capture=False).open() is mine
 
 
 def test_select_checks_names_a_wrong_one():
