@@ -51,6 +51,32 @@ def run_cli(argv: list[str], **seams) -> Result:
 Ibtool = Callable[..., Result]
 
 
+class OnHost:
+    """ibtool on the running host (no --root) with the Host's seams a test gives in `seams`
+    (netlink=, release=, comm=, ...: see ibtool.host.Host), through cli.main's host_factory:
+    `on_host(*argv)`. What a test does not give is the running host's; a --root tree is read
+    as ever (only sysfs)."""
+
+    def __init__(self):
+        self.seams: dict = {}
+
+    def host(self, inv):
+        from ibtool.host import Host
+        from ibtool.plugin.commands import default_host
+
+        if inv.root != "/":
+            return default_host(inv)
+        return Host(warn=inv.warn, details=inv.details, **self.seams)
+
+    def __call__(self, *argv: str) -> Result:
+        return run_cli(list(argv), host_factory=self.host)
+
+
+@pytest.fixture
+def on_host() -> OnHost:
+    return OnHost()
+
+
 @pytest.fixture
 def cli() -> Ibtool:
     """ibtool with the arguments given, nothing added."""

@@ -14,7 +14,7 @@ from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, messages
 from ibtool.sources.sysfs.infiniband import SysfsSource
 from tests.fixtures import sysfs_trees
-from tests.fixtures.netlink import FakeKernel, replay
+from tests.fixtures.netlink import FakeKernel, client_on, replay
 
 
 def captured_kernel(request: bytes, seq: int) -> list[bytes]:
@@ -28,20 +28,41 @@ def captured_kernel(request: bytes, seq: int) -> list[bytes]:
     raise AssertionError(f"unexpected request {command}")
 
 
+class Kernel:
+    """The kernel behind the host's NETLINK_RDMA sockets: each a FakeKernel answering as
+    `answer` does (the captured kernel unless a test says otherwise), kept in `sockets`;
+    with `refusal`, opening one raises it instead."""
+
+    def __init__(self):
+        self.answer = captured_kernel
+        self.refusal: Exception | None = None
+        self.sockets: list[FakeKernel] = []
+
+    def socket(self) -> FakeKernel:
+        if self.refusal is not None:
+            raise self.refusal
+        self.sockets.append(FakeKernel(self.answer))
+        return self.sockets[-1]
+
+
 @pytest.fixture
-def host(monkeypatch):
-    sockets: list[FakeKernel] = []
+def kernel() -> Kernel:
+    return Kernel()
 
-    def open_socket(answer=captured_kernel):
-        sockets.append(FakeKernel(answer))
-        return sockets[-1]
 
-    monkeypatch.setattr(client, "open_socket", open_socket)
+@pytest.fixture
+def host(kernel):
     warnings: list[str] = []
     sysfs = SysfsSource(str(sysfs_trees.CAPTURED_RXE), warnings.append)
     # no verbs on this host: MTUs stay unknown, quietly
-    h = Host(warn=warnings.append, details=True, sysfs=sysfs, verbs=lambda: None)
-    h.sockets, h.warnings = sockets, warnings
+    h = Host(
+        warn=warnings.append,
+        details=True,
+        sysfs=sysfs,
+        netlink=client_on(kernel.socket),
+        verbs=lambda: None,
+    )
+    h.sockets, h.warnings = kernel.sockets, warnings
     return h
 
 
@@ -79,7 +100,7 @@ def test_port_state_lid_and_netdev_from_netlink_rate_from_sysfs(host):
     assert "active_mtu" not in port.sources  # no verbs here
 
 
-def test_netlink_wins_where_the_sources_disagree(host, monkeypatch):
+def test_netlink_wins_where_the_sources_disagree(host, kernel):
     # a port that went down between the sysfs read and the netlink reply: the kernel's answer
     def down(request, seq):
         out = captured_kernel(request, seq)
@@ -94,16 +115,13 @@ def test_netlink_wins_where_the_sources_disagree(host, monkeypatch):
             out[0] = bytes(data)
         return out
 
-    monkeypatch.setattr(client, "open_socket", lambda: FakeKernel(down))
+    kernel.answer = down
     (port,) = host.ports("rxe0/1")
     assert port.state == PortState.DOWN and port.sources["state"] == "netlink"
 
 
-def test_without_rdma_netlink_every_field_is_sysfs_and_a_note_says_why(host, monkeypatch):
-    def none():
-        raise client.socket_error(OSError(errno.EPROTONOSUPPORT, "Protocol not supported"))
-
-    monkeypatch.setattr(client, "open_socket", none)
+def test_without_rdma_netlink_every_field_is_sysfs_and_a_note_says_why(host, kernel):
+    kernel.refusal = client.socket_error(OSError(errno.EPROTONOSUPPORT, "Protocol not supported"))
     (port,) = host.ports("rxe0/1")
     assert set(port.sources.values()) == {"sysfs"}
     assert host.warnings == ["sysfs only: RDMA netlink: no RDMA netlink in this kernel"]
