@@ -14,7 +14,18 @@ from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client, messages
 from ibtool.sources.sysfs.infiniband import SysfsSource
 from tests.fixtures import sysfs_trees
-from tests.fixtures.netlink import FakeKernel, ack, done, nla, reply, string, u8, u32, u64
+from tests.fixtures.netlink import (
+    FakeKernel,
+    ack,
+    client_on,
+    done,
+    nla,
+    reply,
+    string,
+    u8,
+    u32,
+    u64,
+)
 from tests.unit.fake_host import counters_cli
 
 DEV_INDEX, DEV_NAME, PORT_INDEX = 1, 2, 3
@@ -30,10 +41,13 @@ class StatKernel:
     def __init__(self, enabled=(), stat_set_error: int = 0):
         self.enabled = {1: set(enabled), 2: set()}
         self.stat_set_error = stat_set_error
+        self.refusal: Exception | None = None  # what opening a socket raises instead
         self.sockets: list[FakeKernel] = []
         self.commands: list[int] = []
 
     def open(self) -> FakeKernel:
+        if self.refusal is not None:
+            raise self.refusal
         sock = FakeKernel(self.answer)
         self.sockets.append(sock)
         return sock
@@ -82,15 +96,18 @@ class StatKernel:
 
 
 @pytest.fixture
-def live(tmp_path, monkeypatch):
+def live(tmp_path):
     """An mlx5 InfiniBand HCA tree read as if it were the running kernel's, and its kernel."""
     root = sysfs_trees.build("mlx5_ib_hca", tmp_path)
 
     def make(**kernel_args):
         kernel = StatKernel(**kernel_args)
-        monkeypatch.setattr(client, "open_socket", kernel.open)
         warnings: list[str] = []
-        host = Host(warn=warnings.append, sysfs=SysfsSource(str(root), warnings.append))
+        host = Host(
+            warn=warnings.append,
+            sysfs=SysfsSource(str(root), warnings.append),
+            netlink=client_on(kernel.open),
+        )
         return host, kernel, warnings
 
     return make
@@ -117,20 +134,16 @@ def test_no_optional_counter_enabled_adds_nothing(live):
     assert A.RDMA_NLDEV_CMD_STAT_GET_STATUS not in kernel.commands
 
 
-def test_without_rdma_netlink_sysfs_stands_alone_with_a_note_under_details(live, monkeypatch):
-    host, _, warnings = live()
-
-    def no_netlink():
-        raise client.socket_error(OSError(errno.EPROTONOSUPPORT, "Protocol not supported"))
-
-    monkeypatch.setattr(client, "open_socket", no_netlink)
+def test_without_rdma_netlink_sysfs_stands_alone_with_a_note_under_details(live):
+    host, kernel, warnings = live()
+    kernel.refusal = client.socket_error(OSError(errno.EPROTONOSUPPORT, "Protocol not supported"))
     assert len(host.counters("mlx5_0/1")) > 0 and warnings == []
     host.details = True
     host.counters("mlx5_0/1")
     assert warnings == ["counters from sysfs only: RDMA netlink: no RDMA netlink in this kernel"]
 
 
-def test_a_port_whose_stat_get_fails_is_warned_about_and_the_other_shown(live, monkeypatch):
+def test_a_port_whose_stat_get_fails_is_warned_about_and_the_other_shown(live):
     host, kernel, warnings = live(enabled={"cc_rx_ce_pkts"})
     answer = kernel.answer
 
