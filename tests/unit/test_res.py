@@ -7,16 +7,25 @@ from __future__ import annotations
 
 import errno
 import json
-import platform
 
 import pytest
 
-from ibtool import host as host_module
 from ibtool.errors import ExitCode
 from ibtool.sources.netlink import attrs as A
-from ibtool.sources.netlink import client, messages, records
+from ibtool.sources.netlink import messages, records
 from tests.fixtures.captured_kernel import COMM, NAMES, NETLINK, RESOURCES, renumbered
-from tests.fixtures.netlink import FakeKernel, ack, done, nla, reply, string, u8, u32, u64
+from tests.fixtures.netlink import (
+    FakeKernel,
+    ack,
+    client_on,
+    done,
+    nla,
+    reply,
+    string,
+    u8,
+    u32,
+    u64,
+)
 
 HOLDER = next(pid for pid, name in COMM.items() if name == "python3")
 
@@ -54,8 +63,15 @@ def captured_kernel(overrides=None):
 
 
 @pytest.fixture
-def kernel(monkeypatch):
-    """The captured kernel behind the next NETLINK_RDMA socket; the processes of the capture
+def cli(on_host):
+    """ibtool on the running host, its RDMA netlink (and processes, release) the stand-in's
+    once a test gives them."""
+    return on_host
+
+
+@pytest.fixture
+def kernel(on_host):
+    """The captured kernel behind the host's NETLINK_RDMA socket; the processes of the capture
     under their names; the requests it got."""
     kernels: list[FakeKernel] = []
 
@@ -64,11 +80,10 @@ def kernel(monkeypatch):
             kernels.append(FakeKernel(captured_kernel(overrides)))
             return kernels[-1]
 
-        monkeypatch.setattr(client, "open_socket", open_socket)
+        on_host.seams["netlink"] = client_on(open_socket)
         return kernels
 
-    monkeypatch.setattr(host_module, "read_comm", COMM.get)
-    monkeypatch.setattr(platform, "release", lambda: "6.1.0-28-amd64")
+    on_host.seams.update(comm=COMM.get, release="6.1.0-28-amd64")
     return install
 
 
@@ -282,7 +297,7 @@ def _qp_entry(lqpn: int, driver: bool = False) -> bytes:
     return nla(20, b"".join(body))
 
 
-def test_a_dump_of_a_thousand_qps_in_many_parts(cli, monkeypatch):
+def test_a_dump_of_a_thousand_qps_in_many_parts(cli, on_host):
     header = (u32(1, 0), string(2, "rxe0"))
     parts = [range(i, i + 50) for i in range(1000, 2000, 50)]
 
@@ -304,8 +319,7 @@ def test_a_dump_of_a_thousand_qps_in_many_parts(cli, monkeypatch):
         ]
         return [*datagrams, done(seq)]
 
-    monkeypatch.setattr(client, "open_socket", lambda: FakeKernel(answer))
-    monkeypatch.setattr(host_module, "read_comm", lambda pid: "bench")
+    on_host.seams.update(netlink=client_on(lambda: FakeKernel(answer)), comm=lambda pid: "bench")
     result = cli("-j", "res", "qp")
     assert lqpns(result) == list(range(1000, 2000))
     assert result.json[0] == {
@@ -320,7 +334,7 @@ def test_a_dump_of_a_thousand_qps_in_many_parts(cli, monkeypatch):
     }
 
 
-def test_details_add_the_driver_attributes_as_rdma_dd_does(cli, monkeypatch):
+def test_details_add_the_driver_attributes_as_rdma_dd_does(cli, on_host):
     def answer(request, seq):
         (msg,) = messages.parse(request)
         if A.command_of(msg["header"]["type"]) == A.RDMA_NLDEV_CMD_GET:
@@ -335,15 +349,17 @@ def test_details_add_the_driver_attributes_as_rdma_dd_does(cli, monkeypatch):
             done(seq),
         ]
 
-    monkeypatch.setattr(client, "open_socket", lambda: FakeKernel(answer))
-    monkeypatch.setattr(host_module, "read_comm", lambda pid: None)  # the process has exited
+    on_host.seams.update(
+        netlink=client_on(lambda: FakeKernel(answer)),
+        comm=lambda pid: None,  # the process has exited
+    )
     (qp,) = cli("-d", "-j", "res", "qp").json
     assert qp["drv_sq_wqe_cnt"] == 64 and "comm" not in qp
     text = cli("-d", "res", "qp").out.splitlines()
     assert text[0].split()[-1] == "DRIVER" and text[1].endswith("sq_wqe_cnt 64")
 
 
-def test_u64_counts_in_the_summary_of_a_kernel_with_more_types(cli, monkeypatch):
+def test_u64_counts_in_the_summary_of_a_kernel_with_more_types(cli, on_host):
     entry = nla(16, string(17, "qp") + u64(18, 2**40))
     extra = nla(16, string(17, "frmr") + u64(18, 3))
 
@@ -354,7 +370,7 @@ def test_u64_counts_in_the_summary_of_a_kernel_with_more_types(cli, monkeypatch)
         body = (u32(1, 0), string(2, "rxe0"), nla(15, entry + extra))
         return [reply(9, *body, flags=A.NLM_F_MULTI, seq=seq), done(seq)]
 
-    monkeypatch.setattr(client, "open_socket", lambda: FakeKernel(answer))
+    on_host.seams["netlink"] = client_on(lambda: FakeKernel(answer))
     result = cli("-j", "res")
     # the types ibtool lists that this kernel does not count are unknown, not 0
     uncounted = dict.fromkeys(["pd", "cq", "cm_id", "mr", "ctx", "srq"])
