@@ -14,15 +14,21 @@ import pytest
 from ibtool.errors import ExitCode
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import client
-from tests.fixtures.netlink import FakeKernel, ack, replay, replying, u8
+from tests.fixtures.netlink import FakeKernel, ack, client_on, replay, replying, u8
 
 
 @pytest.fixture
-def kernel(monkeypatch):
-    """Make the next NETLINK_RDMA socket a FakeKernel answering with `answer`."""
+def cli(on_host):
+    """ibtool on the running host, its RDMA netlink the stand-in kernel's once one is given."""
+    return on_host
+
+
+@pytest.fixture
+def kernel(on_host):
+    """Make the host's NETLINK_RDMA socket a FakeKernel answering with `answer`."""
 
     def install(answer):
-        monkeypatch.setattr(client, "open_socket", lambda: FakeKernel(answer))
+        on_host.seams["netlink"] = client_on(lambda: FakeKernel(answer))
 
     return install
 
@@ -109,7 +115,7 @@ def test_system_takes_show_or_set_name_value(cli, argv):
 
 
 @pytest.fixture
-def recording_kernel(monkeypatch):
+def recording_kernel(on_host):
     """A kernel that acks every request, and the requests it got."""
     kernels: list[FakeKernel] = []
 
@@ -117,7 +123,7 @@ def recording_kernel(monkeypatch):
         kernels.append(FakeKernel(lambda request, seq: [ack(request)]))
         return kernels[-1]
 
-    monkeypatch.setattr(client, "open_socket", open_socket)
+    on_host.seams["netlink"] = client_on(open_socket)
     return kernels
 
 
