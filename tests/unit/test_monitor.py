@@ -21,12 +21,12 @@ from ibtool.errors import DataError, ExitCode, PermissionDeniedError
 from ibtool.model.events import Event, Seen, diff
 from ibtool.model.records import PhysState, Port, PortState
 from ibtool.sources.netlink import attrs as A
-from ibtool.sources.netlink import client, events, messages
+from ibtool.sources.netlink import events, messages
 from ibtool.sources.netlink.events import EventListener
 from ibtool.sources.netlink.monitor import kernel_event
 from ibtool.views.events import event_json, event_line
 from tests.fixtures import captured_kernel, sysfs_trees
-from tests.fixtures.netlink import FakeKernel, ack, done, reply, string, u8, u32
+from tests.fixtures.netlink import FakeKernel, ack, client_on, done, reply, string, u8, u32
 
 # -- kernel events ------------------------------------------------------------------------------
 
@@ -309,10 +309,16 @@ class Kernel:
 
 
 @pytest.fixture
-def stand_in(monkeypatch):
+def cli(on_host):
+    """ibtool on the running host, its RDMA netlink the stand-in kernel's once one is given."""
+    return on_host
+
+
+@pytest.fixture
+def stand_in(on_host, monkeypatch):
     def install(monitor_mode, *event_datagrams):
         kernel = Kernel(monitor_mode)
-        monkeypatch.setattr(client, "open_socket", lambda: FakeKernel(kernel.answer))
+        on_host.seams["netlink"] = client_on(lambda: FakeKernel(kernel.answer))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         for d in event_datagrams:
             theirs.send(d)
