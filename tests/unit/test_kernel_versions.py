@@ -22,9 +22,20 @@ import pytest
 
 from ibtool.errors import ExitCode, IbtoolError
 from ibtool.sources.netlink import attrs as A
-from ibtool.sources.netlink import client, features, messages
+from ibtool.sources.netlink import features, messages
 from tests.fixtures import sysfs_trees
-from tests.fixtures.netlink import FakeKernel, ack, done, nla, reply, string, u8, u32, u64
+from tests.fixtures.netlink import (
+    FakeKernel,
+    ack,
+    client_on,
+    done,
+    nla,
+    reply,
+    string,
+    u8,
+    u32,
+    u64,
+)
 from tests.unit.fake_host import counters_cli
 
 C = A  # the commands, by their uapi names
@@ -220,14 +231,20 @@ class Linux:
 
 
 @pytest.fixture
-def linux(monkeypatch):
-    """Install a stand-in kernel: its sockets serve every NldevClient; this process holds
+def cli(on_host):
+    """ibtool on the running host, its RDMA netlink the stand-in kernel's once one is given."""
+    return on_host
+
+
+@pytest.fixture
+def linux(on_host, monkeypatch):
+    """Install a stand-in kernel: its sockets serve the host's RDMA netlink; this process holds
     CAP_NET_ADMIN (as root) unless `privileged` is False, and then the socket opened for it
     by a child that dropped to nobody is refused the CAP_NET_ADMIN commands."""
 
     def install(release: Release, *, privileged: bool = True, **kw) -> Linux:
         kernel = Linux(release, **kw)
-        monkeypatch.setattr(client, "open_socket", lambda: kernel.socket(privileged))
+        on_host.seams["netlink"] = client_on(lambda: kernel.socket(privileged))
         monkeypatch.setattr(features, "has_cap_net_admin", lambda: privileged)
         monkeypatch.setattr(features, "unprivileged_socket", lambda: kernel.socket(False))
         return kernel
@@ -482,7 +499,7 @@ def live_mlx5(tmp_path, linux):
         from ibtool.sources.sysfs.infiniband import SysfsSource
 
         kernel = linux(release, devices=[Device("mlx5_0", 7, ports=2, **kw)])
-        return Host(sysfs=SysfsSource(str(root))), kernel
+        return Host(sysfs=SysfsSource(str(root)), netlink=client_on(kernel.socket)), kernel
 
     return make
 
