@@ -81,8 +81,8 @@ def mutate(dirs: list[str]) -> None:
 
 def serve(root: str, ready: str) -> None:
     """The dashboard, as `ibtool tui` runs it on a live host, on the tree."""
-    from ibtool.health.config import HealthConfig
     from ibtool.health import state as healthstate
+    from ibtool.health.config import HealthConfig
     from ibtool.host import Host
     from ibtool.live.feed import Feed
     from ibtool.plugin.hooks import health_checks

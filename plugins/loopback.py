@@ -158,9 +158,7 @@ def run(inv: Invocation) -> int:
     ops = OPS if args.ops == "all" else tuple(o.strip() for o in args.ops.split(","))
     unknown = [o for o in ops if o not in OPS]
     if unknown:
-        raise UsageError(
-            f"unknown operation {unknown[0]!r}", f"choose from {','.join(OPS)}"
-        )
+        raise UsageError(f"unknown operation {unknown[0]!r}", f"choose from {','.join(OPS)}")
     qkey = _qkey(args.qkey)
     sel = selector(args)
     pairs = inv.host.select(sel)

@@ -176,7 +176,8 @@ def test_probed_once(fake_pyverbs, monkeypatch):
 
 IMPORTS = """
 import sys, json
-import ibtool.sources.verbs, ibtool.rdma.ladder, ibtool.rdma.loopback.selftest, ibtool.rdma.ping.server
+import ibtool.sources.verbs, ibtool.rdma.ladder
+import ibtool.rdma.loopback.selftest, ibtool.rdma.ping.server
 print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'pyverbs')))
 """
 
