@@ -101,6 +101,16 @@ class Dashboard(App):
         self._notes_seen: set[str] = set()
         self._findings = None
 
+    @property
+    def polling(self) -> bool:
+        """Whether a poll is under way (its worker reading the host, its frame not shown yet)."""
+        return self._polling
+
+    @property
+    def poll_armed(self) -> bool:
+        """Whether the next poll is scheduled (not while paused, nor for a capture)."""
+        return self._timer is not None
+
     # -- layout --------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:

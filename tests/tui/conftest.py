@@ -138,7 +138,7 @@ async def settle(pilot) -> None:
     for _ in range(200):
         await app.workers.wait_for_complete()
         await pilot.pause()
-        if not app._polling:
+        if not app.polling:
             return
     raise AssertionError("the poll did not finish")
 
