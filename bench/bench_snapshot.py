@@ -26,8 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ibtool.snapshot import save as snapshot  # noqa: E402
 from ibtool.errors import IbtoolError  # noqa: E402
+from ibtool.snapshot import save as snapshot  # noqa: E402
 from tests.fixtures.peak import PEAK  # noqa: E402
 from tests.fixtures.sysfs_trees import sriov_vfs  # noqa: E402
 

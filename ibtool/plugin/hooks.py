@@ -1,6 +1,5 @@
 """The registering hooks of ibtool.plugin.hookspecs, called for the faces that use them, and the
-runs of
-what they register: health checks and metric collectors.
+runs of what they register: health checks and metric collectors.
 
 One plugin's fault costs that plugin only. A hook implementation that raises (SystemExit too),
 or registers a bad name, a name twice or something not callable, is one warning, and none of

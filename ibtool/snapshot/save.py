@@ -5,15 +5,14 @@ and netdevs, /proc/net/vlan/config), every RDMA netlink answer the read-only com
 (devices, ports, statistics, optional-counter status, resources of every kind, system
 settings and features), the verbs attributes `-d` shows, the names of the processes holding
 RDMA objects, and the kernel release, ibtool version, host name and time. `SnapshotHost`
-gives a Host whose sources answer from the file: every read-only command then prints what it printed
-live at that moment.
+gives a Host whose sources answer from the file: every read-only command then prints what it
+printed live at that moment.
 
-The answers are recorded where the host asks its sources (ibtool.snapshot.replay:
-method, arguments ->
-value or error), so a replayed command takes the same path as the live one did; the tree is
-ibtool.snapshot.tree's. The file is JSON
-(gzip-compressed when its name ends in .gz) with a format name and version: a file from a
-newer ibtool, or a damaged one, is one clear error.
+The answers are recorded where the host asks its sources (ibtool.snapshot.replay: method,
+arguments -> value or error), so a replayed command takes the same path as the live one did;
+the tree is ibtool.snapshot.tree's. The file is JSON (gzip-compressed when its name ends in
+.gz) with a format name and version: a file from a newer ibtool, or a damaged one, is one clear
+error.
 """
 
 from __future__ import annotations
