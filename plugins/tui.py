@@ -67,14 +67,15 @@ def loopback_runner(host_gid_index: Callable[[str, int], int | None]):
     from ibtool.tui.screens.loopback import ITERS, SIZE, TIMEOUT
 
     def runner(device, port, ops, report, cancelled) -> None:
-        from ibtool.rdma import loopback
+        from ibtool.rdma.loopback.operations import Loopback
+        from ibtool.rdma.loopback.selftest import run_op
 
         gid_index = host_gid_index(device, port)
-        with loopback.Loopback(device, port, gid_index, SIZE, 16) as lb:
+        with Loopback(device, port, gid_index, SIZE, 16) as lb:
             for op in ops:
                 if cancelled():
                     return
-                report(loopback.run_op(lb, op, ITERS, TIMEOUT, bandwidth_iters=128))
+                report(run_op(lb, op, ITERS, TIMEOUT, bandwidth_iters=128))
 
     return runner
 

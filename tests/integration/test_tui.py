@@ -20,6 +20,8 @@ pytestmark = pytest.mark.integration
 
 def live_dashboard():
     """The dashboard as `ibtool tui` builds it on this host, its own checks and loopback."""
+    from ibtool_plugins.tui import loopback_runner
+
     from ibtool.health import state as healthstate
     from ibtool.health.config import HealthConfig
     from ibtool.host import Host
@@ -27,7 +29,6 @@ def live_dashboard():
     from ibtool.plugin.hooks import health_checks
     from ibtool.plugin.manager import build_plugins
     from ibtool.tui.app import Dashboard
-    from plugins.tui import loopback_runner
 
     feed = Feed(
         lambda: Host(warn=feed.note),
