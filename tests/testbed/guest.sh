@@ -11,8 +11,12 @@
 # device listens. Policy routing sends locally generated packets for the other end's address out
 # of the own veth (table 77, consulted before the local table); accept_local lets the other
 # end take packets whose source address is local too.
+#
+# Pair mode (`testbed pair`, ROLE runner or peer): two guests, each with its own kernel, whose
+# virtio-net NICs share one QEMU link; one rxe0 on each NIC (setup_pair below).
 set -u
 OUT=$1
+ROLE=${2:-single}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cut -d' ' -f1 /proc/uptime > "$OUT/booted"   # first sign of life: the host waits for it
 exec 3>"$OUT/setup.log"
@@ -41,6 +45,19 @@ gid_index() {
             echo "$i"; return 0
         fi
     done
+}
+
+# write_topology ENV-FILE: /run/ibtool-testbed.json and OUT/topology.json from the env file.
+write_topology() {
+    /usr/bin/python3 - "$1" /run/ibtool-testbed.json "$OUT/topology.json" <<'PY'
+import json, sys
+env = dict(line.split("=", 1) for line in open(sys.argv[1]).read().splitlines() if "=" in line)
+info = {k[len("IBTOOL_TB_"):].lower(): v for k, v in env.items() if k.startswith("IBTOOL_TB_")}
+for path in sys.argv[2:]:
+    with open(path, "w") as f:
+        json.dump(info, f, indent=2)
+        f.write("\n")
+PY
 }
 
 setup() {
@@ -100,19 +117,149 @@ IBTOOL_TB_PEER_NETDEV=veth1
 IBTOOL_TB_PEER_IPV4=192.168.77.2
 IBTOOL_TB_PEER_IPV4_GID_INDEX=$(gid_index rxe1 ffff:c0a8:4d02 veth1)
 ENV
-    /usr/bin/python3 - /run/ibtool-testbed.env /run/ibtool-testbed.json "$OUT/topology.json" <<'PY'
-import json, sys
-env = dict(line.split("=", 1) for line in open(sys.argv[1]).read().splitlines() if "=" in line)
-info = {k[len("IBTOOL_TB_"):].lower(): v for k, v in env.items() if k.startswith("IBTOOL_TB_")}
-for path in sys.argv[2:]:
-    with open(path, "w") as f:
-        json.dump(info, f, indent=2)
-        f.write("\n")
-PY
+    write_topology /run/ibtool-testbed.env
     log "topology up after $(uptime_s) s of uptime: rxe0 on veth0 (192.168.77.1, fd77::1, VLAN veth0.100 192.168.100.1), rxe1 on veth1 (192.168.77.2)"
 }
 
-setup
+# -- pair mode -------------------------------------------------------------------------------
+# runner (guest A): 10.77.0.1/24, fd77:1::1/64; peer (guest B): 10.77.0.2/24, fd77:1::2/64; each
+# rxe0 on its virtio-net NIC (found by the MAC the host gave it, OUT/mac). The peer runs dropbear
+# for root (the client key's public half in OUT/authorized_keys, written by the host per run) and
+# writes its topology to its OUT (OUT/peer on the host: the runner reads it there, as
+# OUT/peer/topology.json); the runner waits for it, opens an ssh master connection to it and
+# exports both sides' facts. The peer's command is to wait: the host ends its VM when the
+# runner's command is done.
+
+# writable_root: /root as an overlay on a tmpfs upper layer. virtme-ng mounts /etc, /var, /tmp,
+# /home, ... as overlays, not /root (measured: `touch /root/x` fails, read-only file system);
+# ssh and dropbear read ~root/.ssh.
+writable_root() {
+    mkdir -p /run/ibtool-root/upper /run/ibtool-root/work
+    step mount -t overlay ibtool-root -o lowerdir=/root,upperdir=/run/ibtool-root/upper,workdir=/run/ibtool-root/work /root
+    mkdir -p /root/.ssh
+    chmod 700 /root /root/.ssh
+}
+
+setup_pair() {
+    local me other ip6 ip6_gid nic="" mac f
+    case $ROLE in
+        runner) me=1; other=2 ;;
+        peer) me=2; other=1 ;;
+        *) fail "unknown role $ROLE" ;;
+    esac
+    mac=$(cat "$OUT/mac")
+    ip6=fd77:1::$me
+    ip6_gid=fd77:0001:0000:0000:0000:0000:0000:000$me
+    echo "$(uptime_s) modprobe virtio_net rdma_rxe" >&3
+    timeout 60 modprobe virtio_net >&3 2>&1 || fail "module virtio_net cannot be loaded in the guest"
+    timeout 60 modprobe rdma_rxe >&3 2>&1 \
+        || fail "module rdma_rxe cannot be loaded in the guest (kernel $(uname -r)): see setup.log"
+    for _ in $(seq 200); do
+        for f in /sys/class/net/*/address; do
+            [ "$(cat "$f")" = "$mac" ] && nic=$(basename "$(dirname "$f")")
+        done
+        [ -n "$nic" ] && break
+        sleep 0.1
+    done
+    [ -n "$nic" ] || fail "no NIC with MAC $mac: $(cat /sys/class/net/*/address | tr '\n' ' ')"
+    sysctl -qw "net.ipv6.conf.$nic.keep_addr_on_down=1" net.ipv6.conf.default.keep_addr_on_down=1
+    step ip addr add "10.77.0.$me/24" dev "$nic"
+    step ip -6 addr add "$ip6/64" dev "$nic" nodad
+    step ip link set "$nic" up
+    step rdma link add rxe0 type rxe netdev "$nic"
+    echo "$(uptime_s) waiting for the GIDs" >&3
+    wait_gid rxe0 "ffff:0a4d:000$me"
+    wait_gid rxe0 "$ip6_gid"
+    writable_root
+    cat > /run/ibtool-testbed.env <<ENV
+IBTOOL_TESTBED=1
+IBTOOL_TESTBED_INFO=/run/ibtool-testbed.json
+HYPOTHESIS_STORAGE_DIRECTORY=/tmp/hypothesis
+IBTOOL_TB_PAIR=1
+IBTOOL_TB_ROLE=$ROLE
+IBTOOL_TB_KERNEL=$(uname -r)
+IBTOOL_TB_RELEASE=$(cat "$OUT/release" 2>/dev/null)
+IBTOOL_TB_OUT=$OUT
+IBTOOL_TB_REPO=$REPO
+IBTOOL_TB_DEVICE=rxe0
+IBTOOL_TB_NETDEV=$nic
+IBTOOL_TB_IPV4=10.77.0.$me
+IBTOOL_TB_IPV4_GID_INDEX=$(gid_index rxe0 "ffff:0a4d:000$me" "$nic")
+IBTOOL_TB_IPV6=$ip6
+IBTOOL_TB_IPV6_GID_INDEX=$(gid_index rxe0 "$ip6_gid" "$nic")
+IBTOOL_TB_PEER_HOST=10.77.0.$other
+ENV
+    if [ "$ROLE" = peer ]; then
+        # dropbear (dropbear-bin): no service of its own. -R makes the host keys on first use
+        # (into /etc/dropbear, an overlay here), -s refuses passwords, -F stays in the
+        # foreground (setsid detaches it from this script), -E logs to stderr.
+        install -m 600 "$OUT/authorized_keys" /root/.ssh/authorized_keys \
+            || fail "no client key in $OUT/authorized_keys"
+        mkdir -p /etc/dropbear
+        echo "$(uptime_s) dropbear -R -F -E -s -p 10.77.0.2:22" >&3
+        setsid dropbear -R -F -E -s -p 10.77.0.2:22 </dev/null >>"$OUT/dropbear.log" 2>&1 &
+        for _ in $(seq 200); do
+            grep -q ':0016 00000000:0000 0A' /proc/net/tcp && break   # 0x16 = 22, 0A = LISTEN
+            sleep 0.1
+        done
+        grep -q ':0016 00000000:0000 0A' /proc/net/tcp || fail "dropbear did not listen: $(cat "$OUT/dropbear.log")"
+        write_topology /run/ibtool-testbed.env
+        touch "$OUT/ready"   # after the topology: the runner waits for this, then reads it
+        log "peer up after $(uptime_s) s of uptime: rxe0 on $nic (10.77.0.2, $ip6), dropbear on :22"
+        return 0
+    fi
+    # The runner: the peer's facts (its OUT is OUT/peer here), then ssh to it.
+    local peer_topo=$OUT/peer/topology.json waited=0 peer_budget
+    peer_budget=$(cat "$OUT/peer-timeout" 2>/dev/null || echo 300)
+    echo "$(uptime_s) waiting for the peer ($OUT/peer/ready, up to $peer_budget s)" >&3
+    until [ -f "$OUT/peer/ready" ]; do
+        [ "$waited" -ge $((peer_budget * 10)) ] && fail "the peer did not come up within $peer_budget s (see $OUT/peer/setup.log)"
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    /usr/bin/python3 - "$peer_topo" >> /run/ibtool-testbed.env <<'PY' || fail "unreadable $peer_topo"
+import json, sys
+peer = json.load(open(sys.argv[1]))
+for key in ("device", "netdev", "ipv4", "ipv4_gid_index", "ipv6", "ipv6_gid_index", "kernel",
+            "release", "repo"):
+    print(f"IBTOOL_TB_PEER_{key.upper()}={peer.get(key, '')}")
+PY
+    install -m 600 "$OUT/ssh/id" /root/.ssh/id_ed25519 || fail "no client key in $OUT/ssh/id"
+    # `ssh peer CMD`: a master connection opened here, which every later ssh reuses (under TCG a
+    # new connection's key exchange takes seconds). ControlMaster=no in the config: a client
+    # that became a master itself would keep its caller's pipes open in the background.
+    mkdir -p /run/ibtool-ssh
+    cat > /root/.ssh/config <<SSH
+Host peer 10.77.0.$other
+    HostName 10.77.0.$other
+    User root
+    IdentityFile /root/.ssh/id_ed25519
+    StrictHostKeyChecking no
+    UserKnownHostsFile /dev/null
+    BatchMode yes
+    LogLevel ERROR
+    ConnectTimeout 30
+    ControlMaster no
+    ControlPath /run/ibtool-ssh/%C
+SSH
+    echo "$(uptime_s) ssh master connection to the peer" >&3
+    timeout 120 ssh -o ControlMaster=yes -o ControlPersist=yes -f -N peer </dev/null >&3 2>&1 \
+        || fail "ssh to the peer failed (see $OUT/setup.log, $OUT/peer/dropbear.log)"
+    step ssh peer true
+    write_topology /run/ibtool-testbed.env
+    log "runner up after $(uptime_s) s of uptime: rxe0 on $nic (10.77.0.1, $ip6); peer 10.77.0.2 kernel $(sed -n 's/^IBTOOL_TB_PEER_KERNEL=//p' /run/ibtool-testbed.env)"
+}
+
+if [ "$ROLE" = single ]; then
+    setup
+else
+    setup_pair
+fi
+if [ "$ROLE" = peer ]; then
+    # Serve until the host ends this VM (after the runner's command), within the VM's bound.
+    sleep "$(cat "$OUT/command-timeout" 2>/dev/null || echo 600)"
+    exit 0
+fi
 set -a
 # shellcheck disable=SC1091
 . /run/ibtool-testbed.env
