@@ -138,6 +138,10 @@ writable_root() {
     step mount -t overlay ibtool-root -o lowerdir=/root,upperdir=/run/ibtool-root/upper,workdir=/run/ibtool-root/work /root
     mkdir -p /root/.ssh
     chmod 700 /root /root/.ssh
+    # bash sources ~/.bashrc for every command sshd runs (bash(1), INVOCATION: "run by the remote
+    # shell daemon"); the host's own (here: pyenv init) cost seconds per command under TCG and
+    # put its shims first in PATH. The guest's is empty.
+    : > /root/.bashrc
 }
 
 setup_pair() {
