@@ -16,7 +16,18 @@ from typing import Any
 
 from ibtool.errors import DataError, IbtoolError, NotFoundError, NotLiveError, UsageError
 from ibtool.model.records import CounterSample, Device, Gid, LinkLayer, PKey, Port
+from ibtool.model.system import (
+    Dcb,
+    FilterRule,
+    Ipv4Conf,
+    MemLock,
+    Numa,
+    PciLink,
+    RoceDefaults,
+    Route,
+)
 from ibtool.sources.sysfs.infiniband import PORT_DETAILS, PORT_FIELDS, PORT_NETDEV, SysfsSource
+from ibtool.sources.sysfs.rooted import RootedFiles
 from ibtool.sources.sysfs.stack import StackFiles, module_sign
 
 # What `ibtool port` shows without -d: state, rate, LIDs and the netdev, all from sysfs.
@@ -60,13 +71,19 @@ class Host:
         live: bool | None = None,
         not_live: str = "--root trees hold only sysfs",
         comm: Callable[[int], str | None] | None = None,
+        rtnetlink: Callable[[], Any] | None = None,
+        iproute: Callable[[], Any] | None = None,
+        run: Callable[[list], Any] | None = None,
     ):
         """`sysfs`: the source to read instead of root's (tests give the live host a tree);
         `netlink`, `verbs`: what opens an RDMA netlink client and the verbs source (default:
         the running kernel's, and neither under --root); `release`: the kernel release to go
         by (default: the running one's); `live`: whether this is the running kernel, which
         can be changed (default: no --root); `not_live`: why it cannot, when not; `comm`:
-        the name of a process by pid (default: /proc's)."""
+        the name of a process by pid (default: /proc's); `rtnetlink`: what opens a
+        NETLINK_ROUTE socket for DCB, `iproute`: what opens a pyroute2 IPRoute for routes,
+        `run`: what runs nft and iptables-save (argv -> (status, stdout, stderr), None when
+        not installed); each defaults to the running kernel's, and none under --root."""
         self.warn = warn or (lambda message: None)
         self.root = root
         self.details = details
@@ -82,6 +99,10 @@ class Host:
         self._open_verbs = verbs if verbs is not None or not self.live else open_verbs
         self._release = release
         self._comm = comm
+        self._rtnetlink = rtnetlink
+        self._iproute = iproute
+        self._run = run
+        self._files: RootedFiles | None = None
         self._verbs: Any = None
         self._verbs_error: IbtoolError | None = None
 
@@ -361,3 +382,122 @@ class Host:
             max_vl_num=attrs.get("max_vl_num"),
             auto_path_mig=attrs.get("auto_path_mig"),
         )
+
+    # -- the host around the devices (what `doctor` checks) -----------------------------------
+
+    def _rooted(self) -> RootedFiles:
+        """The files under the root outside the RDMA class (/proc, configfs, /etc), read
+        bounded and never through a link out of the root; one warning per file per run."""
+        if self._files is None:
+            self._files = RootedFiles(self.root, self.warn)
+        return self._files
+
+    def ipv4_conf(self, netdev: str) -> Ipv4Conf:
+        """The IPv4 sysctls of `netdev` and all/ (rp_filter, arp_ignore, arp_announce,
+        accept_local) from /proc/sys/net/ipv4/conf; the `effective_*` properties are what the
+        kernel goes by. Unreadable values are None, each warned about."""
+        from ibtool.sources.proc import ProcFiles
+
+        return ProcFiles(self._rooted()).ipv4_conf(netdev)
+
+    def roce_defaults(self, device: str, port: int) -> RoceDefaults:
+        """The RoCE mode and ToS the RDMA CM gives connections on device/port, from configfs
+        (/sys/kernel/config/rdma_cm/DEV/ports/PORT/default_roce_{mode,tos}). Never creates
+        the configfs directory: without it, configured is False, mode and tos None, and the
+        kernel's defaults apply (cma.c cma_add_one: RoCE v2 where the port supports it, ToS
+        0; RoceDefaults.effective_mode / effective_tos). `mounted` says whether configfs is
+        mounted (None: cannot be told), `rdma_cm` whether rdma_cm's directory is there."""
+        from ibtool.sources.configfs import roce_defaults
+
+        return roce_defaults(self._rooted(), device, port)
+
+    def pci_links(self, device: str) -> tuple[PciLink, ...]:
+        """The PCIe links from the device's PCI function up through every bridge to the root
+        port, nearest first (current and max speed and width as sysfs prints them); () for a
+        device without a PCI function (rxe, siw) or whose device link leads out of the root."""
+        from ibtool.sources.sysfs.pci import PciFiles
+
+        return PciFiles(self._rooted()).links(device)
+
+    def numa(self, device: str) -> Numa:
+        """The NUMA node (None: -1, no node) and local CPUs of the device's PCI function."""
+        from ibtool.sources.sysfs.pci import PciFiles
+
+        return PciFiles(self._rooted()).numa(device)
+
+    def allowed_cpus(self, pid: int | None = None) -> frozenset[int] | None:
+        """The CPUs process `pid` (default: this one) may run on: sched_getaffinity(2) on the
+        running host, Cpus_allowed_list of /proc/PID/status (PID 'self' by default) in a
+        --root tree. None when unknown (warned)."""
+        from ibtool.sources.proc import ProcFiles, live_cpus_allowed
+
+        if self.root == "/":
+            return live_cpus_allowed(pid, self.warn)
+        return ProcFiles(self._rooted()).cpus_allowed(pid)
+
+    def memlock(self, pid: int | None = None) -> MemLock:
+        """RLIMIT_MEMLOCK of `pid` (default: this process; /proc/self/limits under the root),
+        in bytes: soft or hard None is unlimited; known=False (after a warning) when the
+        file is missing or malformed."""
+        from ibtool.sources.proc import ProcFiles
+
+        return ProcFiles(self._rooted()).memlock(pid)
+
+    def netdev_mtu(self, netdev: str) -> int | None:
+        """The netdev's MTU (/sys/class/net/NETDEV/mtu); None when unreadable (warned)."""
+        from ibtool.sources.proc import ProcFiles
+
+        return ProcFiles(self._rooted()).netdev_mtu(netdev)
+
+    def ipv4_addresses(self, netdev: str) -> tuple[str, ...]:
+        """The IPv4 addresses of `netdev` that RoCE GIDs carry (the kernel adds a GID per
+        address of a RoCE netdev, gid_attrs/ndevs naming it), in GID-table order: read from
+        sysfs, so the same under --root. A netdev no RDMA port uses has none here."""
+        found: list[str] = []
+        for name in self.device_names():
+            for gid in self.gids(name):
+                if gid.netdev == netdev and gid.ip and "." in gid.ip and gid.ip not in found:
+                    found.append(gid.ip)
+        return tuple(found)
+
+    def verbs_providers(self) -> tuple[str, ...]:
+        """The libibverbs providers installed (/etc/libibverbs.d/*.driver "driver NAME"),
+        sorted; () without the directory."""
+        from ibtool.sources.userspace import verbs_providers
+
+        return verbs_providers(self._rooted())
+
+    def dcb(self, netdev: str) -> Dcb | None:
+        """The netdev's DCB (PFC, DSCP to priority, trust) as `dcb` shows it, over
+        NETLINK_ROUTE (RTM_GETDCB, DCB_CMD_IEEE_GET). None when the netdev has no DCB (the
+        kernel answers EOPNOTSUPP: veth, rxe's netdevs), when the kernel cannot be asked
+        (a --root tree: see `live`), or after a warning when the request failed."""
+        if self._rtnetlink is None and not self.live:
+            return None
+        from ibtool.sources import rtnetlink
+
+        return rtnetlink.read_dcb(netdev, self.warn, self._rtnetlink or rtnetlink.open_route_socket)
+
+    def route(self, destination: str) -> Route | None:
+        """The kernel's route to `destination` (an IPv4 or IPv6 address; UsageError
+        otherwise), as `ip route get` asks it: netdev, source, gateway, type. A destination
+        without a route is type 'unreachable' (ENETUNREACH and the like); None under --root
+        or when the kernel could not be asked (warned)."""
+        if self._iproute is None and not self.live:
+            return None
+        from ibtool.sources import rtnetlink
+
+        return rtnetlink.read_route(destination, self.warn, self._iproute or rtnetlink.open_iproute)
+
+    def udp_filters(self, port: int = 4791) -> tuple[FilterRule, ...]:
+        """Netfilter rules on the input path that would drop or reject UDP to `port` (RoCE
+        v2's 4791 by default): from `nft -j list ruleset`, `iptables-save` and
+        `ip6tables-save` (each run for at most 5 s, its output capped), a rule with other
+        conditions (a source address) included with its text. A tool not installed is no
+        rule; one that fails (not root) a warning. () under --root (the rules are the
+        running kernel's)."""
+        if self._run is None and not self.live:
+            return ()
+        from ibtool.sources import firewall
+
+        return firewall.udp_filters(port, self.warn, self._run or firewall.run_command)

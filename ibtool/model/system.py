@@ -1,0 +1,232 @@
+"""The host around the RDMA devices, as `ibtool doctor` needs it: IPv4 sysctls, the RDMA CM's
+RoCE defaults, the PCIe links, NUMA, the locked-memory limit, DCB, a route, netfilter rules.
+
+Plain frozen records; None in a field always means "could not be told" (the reader warned),
+except where a record says otherwise (MemLock: unlimited).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else max(a, b)
+
+
+@dataclass(frozen=True)
+class Ipv4Conf:
+    """/proc/sys/net/ipv4/conf/{all,NETDEV}/ values (Documentation/networking/ip-sysctl.rst).
+
+    The `effective_*` properties are what the kernel goes by: the larger of all/ and the
+    netdev's for rp_filter, arp_ignore and arp_announce (IN_DEV_MAXCONF in
+    include/linux/inetdevice.h), either of them for accept_local (IN_DEV_ORCONF); None when
+    either value is unknown."""
+
+    netdev: str
+    rp_filter: int | None
+    arp_ignore: int | None
+    arp_announce: int | None
+    accept_local: int | None
+    all_rp_filter: int | None
+    all_arp_ignore: int | None
+    all_arp_announce: int | None
+    all_accept_local: int | None = None
+
+    @property
+    def effective_rp_filter(self) -> int | None:
+        """0 off, 1 strict (RFC 3704 reverse path), 2 loose."""
+        return _max(self.all_rp_filter, self.rp_filter)
+
+    @property
+    def effective_arp_ignore(self) -> int | None:
+        return _max(self.all_arp_ignore, self.arp_ignore)
+
+    @property
+    def effective_arp_announce(self) -> int | None:
+        return _max(self.all_arp_announce, self.arp_announce)
+
+    @property
+    def effective_accept_local(self) -> bool | None:
+        if self.all_accept_local is None or self.accept_local is None:
+            return None
+        return bool(self.all_accept_local or self.accept_local)
+
+
+# What cma.c gives a port when nothing was written to configfs (cma_add_one): RoCE v2
+# (CMA_PREFERRED_ROCE_GID_TYPE, IB_GID_TYPE_ROCE_UDP_ENCAP) where the port supports it, else
+# the first GID type it supports; ToS 0 (default_roce_tos).
+KERNEL_DEFAULT_ROCE_MODE = "RoCE v2"
+KERNEL_DEFAULT_ROCE_TOS = 0
+ROCE_MODES = ("IB/RoCE v1", "RoCE v2")  # ib_cache_gid_type_str, as configfs prints them
+
+
+@dataclass(frozen=True)
+class RoceDefaults:
+    """What the RDMA CM uses for a RoCE port's connections: /sys/kernel/config/rdma_cm/DEV/
+    ports/PORT/default_roce_mode and default_roce_tos (drivers/infiniband/core/cma_configfs.c).
+
+    `configured`: the device's rdma_cm directory exists (someone ran mkdir in configfs; the
+    kernel never makes it), so `mode` and `tos` were read; when False they are None and the
+    kernel's defaults apply (the `effective_*` properties). `mounted`: configfs is mounted at
+    /sys/kernel/config (None: cannot be told, e.g. a tree without /proc/self/mounts).
+    `rdma_cm`: /sys/kernel/config/rdma_cm exists (the rdma_cm module is loaded, built with
+    CONFIG_INFINIBAND_ADDR_TRANS_CONFIGFS)."""
+
+    mode: str | None
+    tos: int | None
+    configured: bool
+    mounted: bool | None = None
+    rdma_cm: bool = False
+
+    @property
+    def effective_mode(self) -> str | None:
+        """The mode read, or the kernel's default (RoCE v2 on a port that supports it) when
+        nothing was configured; None when configured but unreadable."""
+        return self.mode if self.configured else KERNEL_DEFAULT_ROCE_MODE
+
+    @property
+    def effective_tos(self) -> int | None:
+        return self.tos if self.configured else KERNEL_DEFAULT_ROCE_TOS
+
+
+@dataclass(frozen=True)
+class PciLink:
+    """One PCI function's link, as its sysfs attributes print it (Documentation/ABI/testing/
+    sysfs-bus-pci): speed "8.0 GT/s PCIe" (kernels before 4.19 print "8 GT/s"), width the
+    lane count. None: no such attribute (not PCIe) or "Unknown"."""
+
+    bdf: str  # domain:bus:device.function, e.g. 0000:03:00.0
+    current_speed: str | None
+    current_width: int | None
+    max_speed: str | None
+    max_width: int | None
+
+    @property
+    def current_gts(self) -> float | None:
+        return gts(self.current_speed)
+
+    @property
+    def max_gts(self) -> float | None:
+        return gts(self.max_speed)
+
+    @property
+    def degraded(self) -> bool:
+        """Trained below what the function can do (speed or width); False when unknown."""
+        cur, top = self.current_gts, self.max_gts
+        slower = cur is not None and top is not None and cur < top
+        narrower = (
+            self.current_width is not None
+            and self.max_width is not None
+            and self.current_width < self.max_width
+        )
+        return slower or narrower
+
+
+def gts(speed: str | None) -> float | None:
+    """'16.0 GT/s PCIe' -> 16.0."""
+    if not speed:
+        return None
+    try:
+        return float(speed.split()[0])
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Numa:
+    """The NUMA node of an RDMA device's PCI function (None: none, as numa_node -1 says, or
+    unknown) and the CPUs local to it (local_cpulist)."""
+
+    node: int | None
+    local_cpus: frozenset[int] | None
+
+
+@dataclass(frozen=True)
+class MemLock:
+    """RLIMIT_MEMLOCK ("Max locked memory" of /proc/PID/limits), in bytes.
+
+    `known` False: the limit could not be read (soft and hard are None then, meaning nothing);
+    known with soft or hard None: that limit is unlimited (RLIM_INFINITY)."""
+
+    soft: int | None
+    hard: int | None
+    known: bool = True
+
+    @property
+    def unlimited(self) -> bool:
+        return self.known and self.soft is None
+
+
+@dataclass(frozen=True)
+class Dcb:
+    """A netdev's DCB as the kernel reports it (DCB_CMD_IEEE_GET, include/uapi/linux/dcbnl.h).
+
+    `pfc_enabled`: the priorities with PFC on (ieee_pfc.pfc_en); `pfc_cap`: how many traffic
+    classes may have PFC. `dscp_prio`: (DSCP, priority) pairs of the APP table's DSCP
+    entries (selector 5), sorted; empty when the port does not map DSCP. `trust`: the
+    selectors the port trusts, in order, as `dcb apptrust` names them (Linux 6.1+); None when
+    the kernel or driver does not report it. `apps`: every APP entry (selector, priority,
+    protocol)."""
+
+    netdev: str
+    pfc_enabled: frozenset[int]
+    dscp_prio: tuple[tuple[int, int], ...]
+    trust: tuple[str, ...] | None
+    pfc_cap: int | None = None
+    apps: tuple[tuple[int, int, int], ...] = ()
+
+    def priority_of_dscp(self, dscp: int) -> int | None:
+        return dict(self.dscp_prio).get(dscp)
+
+
+# The route types of include/uapi/linux/rtnetlink.h (enum rtn_type: RTN_UNICAST = 1, ...).
+ROUTE_TYPES = (
+    "unspec",
+    "unicast",
+    "local",
+    "broadcast",
+    "anycast",
+    "multicast",
+    "blackhole",
+    "unreachable",
+    "prohibit",
+    "throw",
+    "nat",
+    "xresolve",
+)
+
+
+@dataclass(frozen=True)
+class Route:
+    """What the kernel answers RTM_GETROUTE for a destination (`ip route get`): the netdev
+    and source address it would use, the gateway (None: on-link), the route type
+    ('unicast', 'local', 'unreachable', 'prohibit', 'blackhole', ...). A destination
+    without a route is type 'unreachable' with dev None; `error` is then the kernel's errno
+    name (ENETUNREACH, ...)."""
+
+    destination: str
+    dev: str | None
+    src: str | None
+    gateway: str | None
+    type: str
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class FilterRule:
+    """A netfilter rule (or a chain's drop policy) on the input path that drops or rejects
+    UDP to the port asked about, as `nft list ruleset` or `iptables-save` has it.
+
+    `tool`: 'nft', 'iptables' or 'ip6tables'; `table`: 'inet filter' (nft: family and name)
+    or 'filter'; `handle`: the nft rule handle; `line`: the line of iptables-save's output;
+    None for a chain policy. `text`: the rule in the tool's own syntax; `verdict`: 'drop' or
+    'reject'."""
+
+    tool: str
+    table: str
+    chain: str
+    handle: int | None
+    line: int | None
+    text: str
+    verdict: str

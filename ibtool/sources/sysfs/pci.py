@@ -1,0 +1,123 @@
+"""An RDMA device's PCI side: the links from its function up to the root port, and its NUMA
+node and local CPUs (drivers/pci/pci-sysfs.c; Documentation/ABI/testing/sysfs-bus-pci).
+
+    current_link_speed, max_link_speed   "%s\\n" of pci_speed_string(): "2.5 GT/s PCIe" ...
+                                         "64.0 GT/s PCIe", "Unknown" (before 4.19: "8 GT/s",
+                                         "Unknown speed")
+    current_link_width, max_link_width   "%u\\n" (lanes)
+    numa_node                            "%d\\n", -1 without a node
+    local_cpulist                        "%*pbl\\n": "0-15,32-47"
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ibtool.model.system import Numa, PciLink
+from ibtool.sources.sysfs.rooted import RootedFiles
+
+_BDF_RE = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_SPEED_RE = re.compile(r"\d+(\.\d+)? GT/s( PCIe)?")
+_UNKNOWN_SPEEDS = ("Unknown", "Unknown speed")
+# A PCIe link has at most 32 lanes (x32 in the spec); widths the kernel prints are below 256.
+_MAX_WIDTH = 255
+# Bridges above a function: a real hierarchy has a few switches at most.
+_MAX_DEPTH = 16
+# A CPU number the kernel prints (NR_CPUS is at most 8192 in current configs).
+MAX_CPU = 1 << 16
+
+
+def parse_cpulist(text: str) -> frozenset[int]:
+    """'0-3,8,10-11' (bitmap_print_to_pagebuf's list form) -> {0, 1, 2, 3, 8, 10, 11}; an
+    empty list is the empty set."""
+    cpus: set[int] = set()
+    if not text.strip():
+        return frozenset()
+    for part in text.strip().split(","):
+        first, sep, last = part.partition("-")
+        if not first.isdigit() or (sep and not last.isdigit()):
+            raise ValueError(text)
+        lo, hi = int(first), int(last) if sep else int(first)
+        if lo > hi or hi >= MAX_CPU:
+            raise ValueError(text)
+        cpus.update(range(lo, hi + 1))
+    return frozenset(cpus)
+
+
+def _parse_speed(text: str) -> str | None:
+    if text in _UNKNOWN_SPEEDS:
+        return None
+    if not _SPEED_RE.fullmatch(text):
+        raise ValueError(text)
+    return text
+
+
+def _parse_width(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or int(text) > _MAX_WIDTH:
+        raise ValueError(text)
+    return int(text)
+
+
+def _parse_node(text: str) -> int | None:
+    if text == "-1":
+        return None
+    if not text.isascii() or not text.isdigit() or int(text) > MAX_CPU:
+        raise ValueError(text)
+    return int(text)
+
+
+class PciFiles:
+    """The PCI facts of the RDMA devices under a root, read through `files`."""
+
+    def __init__(self, files: RootedFiles) -> None:
+        self.files = files
+
+    def function(self, device: str) -> str | None:
+        """The device's PCI function directory (its `device` link resolved within the root);
+        None for a device without one (rxe, siw) or whose link leads out of the root."""
+        link = self.files.path("sys/class/infiniband", device, "device")
+        if not os.path.lexists(link):
+            return None
+        real = self.files.inside(link)
+        if real is None or not os.path.isdir(real):
+            if real is not None:
+                self.files.bad(link, "dangling link")
+            return None
+        if not _BDF_RE.fullmatch(os.path.basename(real)):
+            return None  # a parent on another bus (a platform or auxiliary device)
+        return real
+
+    def links(self, device: str) -> tuple[PciLink, ...]:
+        """The device's function, then every bridge above it up to the root port, nearest
+        first; () without a PCI function. A hop without link attributes (conventional PCI)
+        is listed with None fields."""
+        fn = self.function(device)
+        chain: list[PciLink] = []
+        d = fn
+        while d is not None and _BDF_RE.fullmatch(os.path.basename(d)) and len(chain) < _MAX_DEPTH:
+            chain.append(self._link(d))
+            d = os.path.dirname(d)
+        return tuple(chain)
+
+    def _link(self, d: str) -> PciLink:
+        def read(name: str, parse):
+            return self.files.parsed(os.path.join(d, name), parse, required=False)
+
+        return PciLink(
+            bdf=os.path.basename(d),
+            current_speed=read("current_link_speed", _parse_speed),
+            current_width=read("current_link_width", _parse_width),
+            max_speed=read("max_link_speed", _parse_speed),
+            max_width=read("max_link_width", _parse_width),
+        )
+
+    def numa(self, device: str) -> Numa:
+        """numa_node and local_cpulist of the device's PCI function; Numa(None, None) without
+        one."""
+        fn = self.function(device)
+        if fn is None:
+            return Numa(None, None)
+        node = self.files.parsed(os.path.join(fn, "numa_node"), _parse_node, required=False)
+        cpus = self.files.parsed(os.path.join(fn, "local_cpulist"), parse_cpulist, required=False)
+        return Numa(node, cpus)
