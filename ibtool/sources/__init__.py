@@ -5,6 +5,11 @@ records, never its library's objects.
     netlink  RDMA netlink: the NLDEV client, the session that merges it with sysfs (a package)
     verbs    pyverbs: the one place that knows which pyverbs it has
     links    rxe/siw links added and deleted through `rdma link` (iproute2)
+    proc     /proc: IPv4 sysctls, a process's limits and allowed CPUs; a netdev's MTU
+    configfs the RDMA CM's RoCE defaults (/sys/kernel/config/rdma_cm)
+    userspace  the libibverbs providers installed (/etc/libibverbs.d)
+    rtnetlink  NETLINK_ROUTE: a netdev's DCB, the route to an address
+    firewall   nft / iptables rules that drop UDP to a port on the input path
 
 May import ibtool.views, ibtool.web, ibtool.model, ibtool.errors, ibtool.argtypes; never the
 Host or anything above it.
