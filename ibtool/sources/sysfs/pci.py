@@ -113,11 +113,11 @@ class PciFiles:
         )
 
     def numa(self, device: str) -> Numa:
-        """numa_node and local_cpulist of the device's PCI function; Numa(None, None) without
-        one."""
+        """numa_node and local_cpulist of the device's PCI function (every PCI device has them
+        on a NUMA kernel: missing ones are warned about); Numa(None, None) without one."""
         fn = self.function(device)
         if fn is None:
             return Numa(None, None)
-        node = self.files.parsed(os.path.join(fn, "numa_node"), _parse_node, required=False)
-        cpus = self.files.parsed(os.path.join(fn, "local_cpulist"), parse_cpulist, required=False)
+        node = self.files.parsed(os.path.join(fn, "numa_node"), _parse_node)
+        cpus = self.files.parsed(os.path.join(fn, "local_cpulist"), parse_cpulist)
         return Numa(node, cpus)
