@@ -11,6 +11,10 @@
 #                     of every command and the data path booted on each one's kernel and root
 #   make matrix       the smoke on every release (bullseye bookworm trixie sid) and its table
 #   make capture      refresh tests/fixtures/captured from the testbed (sysfs tree, netlink)
+#   make pair         two testbed guests on one link (runner and peer, each its own kernel):
+#                     the two-host tests, `pytest -m pair tests/integration`, in the runner
+#   make pair-ends    the same with bullseye's kernel and root against sid's
+#                     (not in `make test`: CI time; see tests/testbed/README.md)
 #   make deps / venv  the Debian packages / .venv (re-made when pyproject.toml changes)
 
 PYTHON := /usr/bin/python3
@@ -21,7 +25,7 @@ TESTBED := tests/testbed/testbed
 OLDEST := bullseye
 NEWEST := sid
 
-.PHONY: demo test unit integration ends matrix deps venv capture bench lint
+.PHONY: demo test unit integration ends matrix deps venv capture bench lint pair pair-ends
 .NOTPARALLEL:
 
 test: deps venv unit integration ends
@@ -61,6 +65,12 @@ $(STAMP): pyproject.toml | deps
 
 capture: venv
 	$(TESTBED) capture
+
+pair: venv
+	$(TESTBED) pair-suite
+
+pair-ends: deps
+	$(TESTBED) --release $(OLDEST) pair-suite --peer-release $(NEWEST)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -150,8 +150,15 @@ class Host:
         self.kernel = facts["kernel"]
         self.release = facts.get("release", "")
         self.repo = facts["repo"]
+        self.rdma_core = facts.get("rdma_core", "")  # the Debian package version, e.g. 33.2-1
         self.python = sys.executable if not remote else f"{self.repo}/.venv/bin/python"
         self.started: list[Process] = []
+
+    def rdma_core_major(self) -> int:
+        try:
+            return int(self.rdma_core.split(".", 1)[0].split(":")[-1])
+        except ValueError:
+            return 0
 
     def __repr__(self) -> str:
         return f"<{self.name} {self.ipv4} {self.release} {self.kernel}>"

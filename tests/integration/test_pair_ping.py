@@ -96,10 +96,24 @@ def test_ibtool_ping(pair, direction):
     pair.wait_nothing_left(before)
 
 
+# ibtool ping --cm sends its parameters as rdma_cm private data, which pyverbs has from
+# rdma-core 42 (ibtool/rdma/ping/cmping.py); before that it refuses, exit 6, with a hint.
+CM_REFUSED = "ibtool ping --cm needs rdma_cm connection private data, which this pyverbs lacks"
+
+
 @pytest.mark.parametrize("direction", DIRECTIONS)
 def test_ibtool_ping_cm(pair, direction):
     client, server = ends(pair, direction)
     port = 18711 if direction == DIRECTIONS[0] else 18712
+    old = [h for h in (server, client) if h.rdma_core_major() < 42]
+    if old:  # the first ibtool started there says so, and nothing else is tried
+        args = ["ping", "--server", "--cm", "--bind", old[0].ipv4, "--port", str(port)]
+        if old[0] is client:
+            args = ["ping", "--cm", server.ipv4, "--port", str(port), "-c", "1"]
+        refused = old[0].run(old[0].ibtool(*args), timeout=120)
+        assert (refused.returncode, refused.stdout) == (6, ""), refused.stderr
+        assert CM_REFUSED in refused.stderr
+        pytest.skip(f"--cm refused on the {old[0].name}: rdma-core {old[0].rdma_core} < 42")
     before = pair.resources()
     srv = server.start(
         server.ibtool(

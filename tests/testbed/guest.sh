@@ -185,6 +185,7 @@ IBTOOL_TB_KERNEL=$(uname -r)
 IBTOOL_TB_RELEASE=$(cat "$OUT/release" 2>/dev/null)
 IBTOOL_TB_OUT=$OUT
 IBTOOL_TB_REPO=$REPO
+IBTOOL_TB_RDMA_CORE=$(dpkg-query -W -f='${Version}' rdma-core 2>/dev/null)
 IBTOOL_TB_DEVICE=rxe0
 IBTOOL_TB_NETDEV=$nic
 IBTOOL_TB_IPV4=10.77.0.$me
@@ -225,7 +226,7 @@ ENV
 import json, sys
 peer = json.load(open(sys.argv[1]))
 for key in ("device", "netdev", "ipv4", "ipv4_gid_index", "ipv6", "ipv6_gid_index", "kernel",
-            "release", "repo"):
+            "release", "repo", "rdma_core"):
     print(f"IBTOOL_TB_PEER_{key.upper()}={peer.get(key, '')}")
 PY
     install -m 600 "$OUT/ssh/id" /root/.ssh/id_ed25519 || fail "no client key in $OUT/ssh/id"
