@@ -95,7 +95,13 @@ class PciFiles:
         fn = self.function(device)
         chain: list[PciLink] = []
         d = fn
-        while d is not None and _BDF_RE.fullmatch(os.path.basename(d)) and len(chain) < _MAX_DEPTH:
+        top = os.path.realpath(self.files.root)
+        while (
+            d is not None
+            and d != top
+            and _BDF_RE.fullmatch(os.path.basename(d))
+            and len(chain) < _MAX_DEPTH
+        ):
             chain.append(self._link(d))
             d = os.path.dirname(d)
         return tuple(chain)
