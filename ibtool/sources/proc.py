@@ -85,9 +85,14 @@ class ProcFiles:
         netdev, or IPv4 off on it) gives None for its values and one warning."""
         base = self.files.path("proc/sys/net/ipv4/conf")
         values: dict[str, int | None] = {}
+        captured = self.files.isdir(base)
+        if not captured and self.files.inside(base) is not None:
+            self.files.bad(base, "missing")  # a tree without /proc/sys: one warning
         for scope in ("all", netdev):
             d = os.path.join(base, scope)
-            if scope != "all" and not valid_netdev_name(netdev):
+            if not captured:
+                d = None
+            elif scope != "all" and not valid_netdev_name(netdev):
                 self.files.bad(d, f"not a netdev name: {quoted(netdev)}")
                 d = None
             elif not self.files.isdir(d):

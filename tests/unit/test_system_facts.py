@@ -811,3 +811,13 @@ def test_rtnetlink_module_constants_follow_the_uapi():
         21,
         13,
     )
+
+
+def test_a_tree_without_proc_sys_warns_once(tree):
+    host, warnings = host_of(tree("cxgb4_iwarp"))
+    conf = host.ipv4_conf("enp2s0f4")
+    assert conf.rp_filter is None and conf.all_rp_filter is None
+    assert warnings == ["/proc/sys/net/ipv4/conf: missing"]
+    assert host.memlock() == MemLock(None, None, known=False)
+    assert host.verbs_providers() == ()
+    assert host.roce_defaults("cxgb4_0", 1) == RoceDefaults(None, None, False, None, False)
