@@ -93,7 +93,7 @@ class RoceDefaults:
 @dataclass(frozen=True)
 class PciLink:
     """One PCI function's link, as its sysfs attributes print it (Documentation/ABI/testing/
-    sysfs-bus-pci): speed "8.0 GT/s PCIe" (kernels before 4.19 print "8 GT/s"), width the
+    sysfs-bus-pci): speed "8.0 GT/s PCIe" (4.x kernels print "8 GT/s"), width the
     lane count. None: no such attribute (not PCIe) or "Unknown"."""
 
     bdf: str  # domain:bus:device.function, e.g. 0000:03:00.0

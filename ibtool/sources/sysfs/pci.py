@@ -2,7 +2,7 @@
 node and local CPUs (drivers/pci/pci-sysfs.c; Documentation/ABI/testing/sysfs-bus-pci).
 
     current_link_speed, max_link_speed   "%s\\n" of pci_speed_string(): "2.5 GT/s PCIe" ...
-                                         "64.0 GT/s PCIe", "Unknown" (before 4.19: "8 GT/s",
+                                         "64.0 GT/s PCIe", "Unknown" (4.x kernels: "8 GT/s",
                                          "Unknown speed")
     current_link_width, max_link_width   "%u\\n" (lanes)
     numa_node                            "%d\\n", -1 without a node
