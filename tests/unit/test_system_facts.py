@@ -821,3 +821,15 @@ def test_a_tree_without_proc_sys_warns_once(tree):
     assert host.memlock() == MemLock(None, None, known=False)
     assert host.verbs_providers() == ()
     assert host.roce_defaults("cxgb4_0", 1) == RoceDefaults(None, None, False, None, False)
+
+
+def test_the_running_kernel_answers_for_the_loopback():
+    """lo has no dcbnl_ops (EOPNOTSUPP: no DCB, no warning) and a local route to 127.0.0.1;
+    where the sandbox forbids NETLINK_ROUTE, both are None after a warning."""
+    warnings: list[str] = []
+    host = Host(warn=warnings.append)
+    assert host.dcb("lo") is None
+    route = host.route("127.0.0.1")
+    if route is not None:
+        assert (route.dev, route.type) == ("lo", "local")
+    assert len(warnings) <= 2
