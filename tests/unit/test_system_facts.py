@@ -448,6 +448,7 @@ def test_dcb_of_a_connectx_trusting_dscp():
 
 
 def test_dcb_with_a_trust_table():
+    # Linux 6.1+ with a driver that has dcbnl_getapptrust (sparx5, lan966x, DSA switches)
     sock = FakeRouteSocket(lambda seq: mlx5_reply(seq, trust=(5, 255)))
     host, _ = dcb_host(sock)
     assert host.dcb("enp3s0f0").trust == ("dscp", "pcp")
