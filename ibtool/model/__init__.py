@@ -6,7 +6,8 @@
     gidrule   which GID index to use for an address, VLAN and RoCE version
     events    changes between two moments (Seen) as Events
     health    a check's findings: Status, Perfdata, HealthResult (with a machine kind)
-    names     how device and netdev names sort
+    names     how device and netdev names sort; a peer's text made printable
+    doctor    one end's facts (validated when a peer sends them) and the checklist verdicts
 
 May import ibtool.errors and ibtool.argtypes only: everything else stands on it.
 """

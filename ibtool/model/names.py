@@ -1,10 +1,33 @@
-"""How names of devices and netdevs sort: as a person counts, not as strings compare."""
+"""How names of devices and netdevs sort (as a person counts, not as strings compare), and how
+a peer's text is made safe to show (printable)."""
 
 from __future__ import annotations
 
 import re
+import unicodedata
 
 
 def natural_key(name: str) -> list:
     """mlx5_2 sorts before mlx5_10."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+MAX_TEXT = 200  # characters of a peer's text shown, after escaping
+# Control (C0, DEL, C1: ESC and CSI start terminal escape sequences), format (bidi overrides,
+# zero-width), surrogate, and line and paragraph separator characters.
+_UNPRINTABLE = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
+
+
+def printable(text: str, limit: int = MAX_TEXT) -> str:
+    """A peer's text made safe to print: each control, format or separator character written
+    as its Python escape (\\x1b, \\n, \\u202e), so the text can neither drive the terminal nor
+    start a line of its own; cut to `limit` characters, the cut marked with "..."."""
+    pieces, size = [], 0
+    for ch in text:
+        if unicodedata.category(ch) in _UNPRINTABLE:
+            ch = ch.encode("unicode_escape").decode("ascii")
+        if size + len(ch) > limit:
+            return "".join(pieces) + "..."
+        pieces.append(ch)
+        size += len(ch)
+    return "".join(pieces)

@@ -40,6 +40,7 @@ CORE = "core"
 BUILTIN = (
     "counters",
     "devices",
+    "doctor",
     "gids",
     "health",
     "loopback",

@@ -13,27 +13,26 @@ import enum
 import socket
 import struct
 import time
-import unicodedata
 from dataclasses import dataclass
 
 from ibtool.errors import DataError, ExitCode
+from ibtool.model.names import MAX_TEXT, printable  # noqa: F401 (MAX_TEXT: the bound peers meet)
 
 MAGIC = b"IBTP"
 VERSION = 1
 HEADER = struct.Struct("!4sBBH")
 MAX_PAYLOAD = 1024
+MAX_FACTS_PAYLOAD = 16384  # FACTS only: a port's facts as JSON (ibtool.model.doctor.MAX_FACTS)
 _ENDPOINT = struct.Struct("!IIHB16sQIIB")  # qpn psn lid mtu gid addr rkey size mode
 MAX_BUFFER = 1 << 30  # no ping needs more than 1 GiB registered
-MAX_TEXT = 200  # characters of a peer's text shown, after escaping
-# Control (C0, DEL, C1: ESC and CSI start terminal escape sequences), format (bidi overrides,
-# zero-width), surrogate, and line and paragraph separator characters.
-_UNPRINTABLE = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
 
 
 class MessageType(enum.IntEnum):
     ENDPOINT = 1  # my QP and buffer: connect to me
     READY = 2  # my QP is in RTS: start
     ERROR = 3  # a reason in UTF-8, then the peer closes
+    FACTS_QUERY = 4  # ibtool doctor: tell me your side (no payload) ...
+    FACTS = 5  # ... the server's facts as JSON (model/doctor.py), then it closes
 
 
 class Mode(enum.IntEnum):
@@ -94,23 +93,12 @@ class Endpoint:
         return self
 
 
-def printable(text: str, limit: int = MAX_TEXT) -> str:
-    """A peer's text made safe to print: each control, format or separator character written
-    as its Python escape (\\x1b, \\n, \\u202e), so the text can neither drive the terminal nor
-    start a line of its own; cut to `limit` characters, the cut marked with "..."."""
-    pieces, size = [], 0
-    for ch in text:
-        if unicodedata.category(ch) in _UNPRINTABLE:
-            ch = ch.encode("unicode_escape").decode("ascii")
-        if size + len(ch) > limit:
-            return "".join(pieces) + "..."
-        pieces.append(ch)
-        size += len(ch)
-    return "".join(pieces)
+def _limit(kind: MessageType) -> int:
+    return MAX_FACTS_PAYLOAD if kind == MessageType.FACTS else MAX_PAYLOAD
 
 
 def encode(mtype: MessageType, payload: bytes = b"") -> bytes:
-    if len(payload) > MAX_PAYLOAD:
+    if len(payload) > _limit(mtype):
         raise ValueError("payload too large")
     return HEADER.pack(MAGIC, VERSION, mtype, len(payload)) + payload
 
@@ -137,8 +125,8 @@ def decode_header(header: bytes) -> tuple[MessageType, int]:
         kind = MessageType(mtype)
     except ValueError:
         raise ProtocolError(f"unknown message type {mtype}") from None
-    if length > MAX_PAYLOAD:
-        raise ProtocolError(f"payload of {length} bytes exceeds {MAX_PAYLOAD}")
+    if length > _limit(kind):
+        raise ProtocolError(f"payload of {length} bytes exceeds {_limit(kind)}")
     return kind, length
 
 
@@ -152,10 +140,12 @@ def decode_payload(kind: MessageType, payload: bytes):
         except ValueError:
             raise ProtocolError(f"unknown mode {mode}") from None
         return Endpoint(qpn, psn, lid, mtu, gid, addr, rkey, size, mode).validate()
-    if kind == MessageType.READY:
+    if kind in (MessageType.READY, MessageType.FACTS_QUERY):
         if payload:
-            raise ProtocolError("READY carries no payload")
+            raise ProtocolError(f"{kind.name} carries no payload")
         return None
+    if kind == MessageType.FACTS:
+        return bytes(payload)  # JSON, validated by ibtool.model.doctor.Facts.from_wire
     return printable(payload.decode("utf-8", errors="replace"))  # ERROR
 
 

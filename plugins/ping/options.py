@@ -201,6 +201,11 @@ def configure(parser) -> None:
         metavar="CIDR",
         help="serve only clients from this network (repeatable; default: everyone)",
     )
+    limits.add_argument(
+        "--no-facts",
+        action="store_true",
+        help="do not answer `ibtool doctor` queries with this side's facts",
+    )
     # For tests and scripted runs: serve this many clients, then exit.
     parser.add_argument("--max-clients", type=number(int, *COUNT), help=argparse.SUPPRESS)
 
@@ -283,6 +288,11 @@ def settle(args) -> None:
             f"{bounds[0]} with {over}: the rdma_cm servers serve one client at a time",
             "pyverbs gives no rdma_cm peer's address to match --allow or count per source; "
             "the TCP servers (no --cm, or --compat rc_pingpong) take the limits",
+        )
+    if args.no_facts and (not args.server or args.compat or args.cm):
+        raise UsageError(
+            "--no-facts is an option of ibtool's own TCP server",
+            "only `ibtool ping --server` (no --compat, no --cm) answers doctor queries",
         )
     if args.server and args.host:
         raise UsageError("--server takes no HOST", "use --bind ADDR to choose an address")

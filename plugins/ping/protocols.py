@@ -24,7 +24,10 @@ def run(inv: Invocation) -> int:
     asked = args.pkey_index is not None
     pkey = inv.host.pkey(device, port, args.pkey_index or 0, asked=asked)
     if args.server:
-        return _run_server(inv, lambda log: _serve(args, device, port, gid_index, log, pkey))
+        facts = None if args.no_facts else _facts(inv, device, port, gid_index)
+        return _run_server(
+            inv, lambda log: _serve(args, device, port, gid_index, log, pkey, facts)
+        )
     return _verbs_client(inv, device, port, gid_index, pkey)
 
 
@@ -39,14 +42,31 @@ def _run_server(inv: Invocation, serve) -> int:
     return 0
 
 
-def _serve(args, device: str, port: int, gid_index, log, pkey) -> None:
+def _facts(inv: Invocation, device: str, port: int, gid_index):
+    """What answers an `ibtool doctor` query: the served port's facts, read anew each time
+    (the operator may have just fixed what the last query showed); one query at a time,
+    as the Host is not shared between threads."""
+    import threading
+
+    lock = threading.Lock()
+
+    def facts() -> bytes:
+        from ibtool.doctor.facts import collect
+
+        with lock:
+            return collect(inv.host, device, port, gid_index).to_wire()
+
+    return facts
+
+
+def _serve(args, device: str, port: int, gid_index, log, pkey, facts) -> None:
     from ibtool.rdma.ping import pingpong, server  # pyverbs is imported only here
 
     where = (device, port, gid_index, args.bind, args.port, log, args.max_clients, path_spec(args))
     if args.compat == "rc_pingpong":
         pingpong.serve(*where, idle=args.timeout, pkey=pkey, limits=server_limits(args))
     else:
-        server.serve(*where, pkey=pkey, limits=server_limits(args))
+        server.serve(*where, pkey=pkey, limits=server_limits(args), facts=facts)
 
 
 def _server_log(inv: Invocation):

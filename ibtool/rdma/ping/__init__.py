@@ -12,6 +12,7 @@ Modules, lower first (a module imports only those above it in this list):
 - pingpong.py: rdma-core's ibv_rc_pingpong as a peer (`--compat rc_pingpong`)
 - rping.py: librdmacm's rping as a peer (`--compat rping`)
 - cmping.py: the native ping connected through rdma_cm (`--cm`)
+- facts.py: `ibtool doctor`'s query of a server's facts (no verbs)
 
 The package may import ibtool.errors, ibtool.argtypes, ibtool.model and the rest of
 ibtool.rdma (wire, ladder, completions, hwclock, cm, loopback's pattern); nothing above

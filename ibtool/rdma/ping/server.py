@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import Callable
 
 from ibtool.errors import IbtoolError
 from ibtool.model.records import PKey
@@ -41,10 +42,13 @@ def serve(
     path: PathSpec = DEFAULT_PATH,
     pkey: PKey | None = None,
     limits: Limits | None = None,
+    facts: Callable[[], bytes] | None = None,
 ) -> None:
     """Serve clients, several at once within `limits`, until interrupted (or `max_clients`
     were admitted and have left), on the service level, traffic class and P_Key index of
-    `path`, the path MTU capped by it; `pkey`: that P_Key table slot, for the first line."""
+    `path`, the path MTU capped by it; `pkey`: that P_Key table slot, for the first line;
+    `facts`: what answers an `ibtool doctor` query (this side's facts as JSON), None to refuse
+    such queries."""
     log = locked(log)
     with serving(device, port, gid_index, bind, tcp_port, log, "listening", pkey) as (
         listener,
@@ -52,7 +56,10 @@ def serve(
     ):
         server = Acceptor(listener, ladder, log, limits, max_clients, first_endpoint)
 
-        def one(conn: socket.socket, peer: str, guard: Guard, remote: wire.Endpoint) -> None:
+        def one(conn: socket.socket, peer: str, guard: Guard, remote) -> None:
+            if remote is wire.MessageType.FACTS_QUERY:
+                answer_facts(conn, peer, log, facts)
+                return
             try:
                 count = _serve_client(ladder, conn, log, peer, path, guard, remote)
                 log(f"client {peer} done: {count} pings answered")
@@ -67,9 +74,27 @@ def serve(
         server.run(one, tells=True)
 
 
+def answer_facts(conn: socket.socket, peer: str, log: Log, facts: Callable[[], bytes] | None):
+    """An `ibtool doctor` query: this side's facts, then the close; nothing is built."""
+    if facts is None:
+        _try_send(conn, wire.encode_error("this server does not answer doctor queries"))
+        log(f"client {peer}: doctor query refused")
+        return
+    try:
+        answer = wire.encode(wire.MessageType.FACTS, facts())
+    except (IbtoolError, OSError, ValueError) as e:
+        why = getattr(e, "message", None) or str(e)
+        _try_send(conn, wire.encode_error(f"facts not read: {why}"))
+        log(f"client {peer}: doctor query failed: {why}")
+        return
+    _try_send(conn, answer)
+    log(f"client {peer}: doctor query answered")
+
+
 def first_endpoint(buf: bytes) -> tuple[int, object]:
     """The native protocol's first message in `buf`: (bytes still needed, None) or (0, the
-    client's Endpoint); garbage raises ProtocolError, an ERROR PeerError."""
+    client's Endpoint, or MessageType.FACTS_QUERY for `ibtool doctor`); garbage raises
+    ProtocolError, an ERROR PeerError."""
     if len(buf) < wire.HEADER.size:
         return wire.HEADER.size - len(buf), None
     kind, length = wire.decode_header(bytes(buf[: wire.HEADER.size]))
@@ -79,6 +104,8 @@ def first_endpoint(buf: bytes) -> tuple[int, object]:
     value = wire.decode_payload(kind, bytes(buf[wire.HEADER.size :]))
     if kind == wire.MessageType.ERROR:
         raise wire.PeerError(f"peer says: {value}")
+    if kind == wire.MessageType.FACTS_QUERY:
+        return 0, kind
     if kind != wire.MessageType.ENDPOINT:
         raise wire.ProtocolError(f"expected ENDPOINT, got {kind.name}")
     return 0, value

@@ -1,0 +1,10 @@
+"""`ibtool doctor [PEER]`: why two hosts do not talk over RDMA, or are slow.
+
+    facts    this end's Facts, read through the Host (and what a ping server tells a doctor)
+    checks   the checklist: each check a Finding from this end's facts and the peer's
+    probe    the active probe at the end: a ping of each RDMA operation along the path
+    run      a doctor run: the port, both ends' facts, the checks, the probe
+
+May import ibtool.rdma, ibtool.host, ibtool.sources, ibtool.views, ibtool.model,
+ibtool.errors and ibtool.argtypes.
+"""

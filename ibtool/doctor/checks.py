@@ -1,0 +1,497 @@
+"""The checklist: each check reads this end's Facts and, when the peer told its own, the
+peer's, and gives one Finding (PASS / WARN / FAIL / SKIP) with the evidence and the fix.
+
+The order is the order a path is built in, and roughly how often each cause turns up in the
+threads operators file (NCCL, UCX, perftest, rdma-core): the stack, the port, the GID, the
+rdma_cm mode, memlock, the MTU, routing and ARP on multi-NIC hosts, UDP 4791, the traffic
+class against DCB, the P_Key, PCIe, NUMA. A check never raises: what it cannot know is a SKIP
+saying why.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from ibtool.model.doctor import Facts, Finding, Verdict
+
+PASS, WARN, FAIL, SKIP = Verdict.PASS, Verdict.WARN, Verdict.FAIL, Verdict.SKIP
+PROBE_MEMORY = 1 << 20  # what doctor's probe pins: two buffers, a QP, a CQ (a generous bound)
+PKEY_FULL = 0x8000
+PKEY_BASE = 0x7FFF
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the checks know beyond the facts: the peer as given, what the wire showed."""
+
+    peer: str | None = None  # the address or name the operator gave
+    peer_ip: str | None = None  # what it resolved to
+    route: object | None = None  # the kernel's route to the peer's RDMA address (Host.route)
+    no_facts: str | None = None  # why the peer told nothing, when it did not
+    tclass: int | None = None  # the traffic class the run uses (--tclass)
+    siblings: tuple[str, ...] = ()  # other netdevs with an address in the GID netdev's subnet
+    extra: dict = field(default_factory=dict)
+
+
+def run_checks(local: Facts, peer: Facts | None, ctx: Context) -> list[Finding]:
+    return [check(local, peer, ctx) for check in CHECKS]
+
+
+def _both(local: Facts, peer: Facts | None, one: Callable[[Facts], tuple]) -> tuple:
+    """(verdict, evidence, fix) of `one` on each end, combined: the worst verdict, each side's
+    evidence labelled."""
+    here = one(local)
+    if peer is None:
+        return here
+    there = one(peer)
+    verdict = Verdict.worst([here[0], there[0]])
+    evidence = f"here: {here[1]}; peer: {there[1]}"
+    fixes = [f for v, f in ((here[0], here[2]), (there[0], f"on the peer: {there[2]}"))
+             if v in (WARN, FAIL) and f and not f.endswith(": None")]  # fmt: skip
+    return verdict, evidence, "; ".join(fixes) or None
+
+
+def _finding(check: str, result: tuple) -> Finding:
+    verdict, evidence, fix = result
+    return Finding(check, verdict, evidence, fix if verdict in (WARN, FAIL) else None)
+
+
+def _roce(f: Facts) -> bool:
+    return f.link_layer == "Ethernet"
+
+
+# -- the stack -------------------------------------------------------------------------------
+
+
+def check_stack(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    def one(f: Facts):
+        if f.modules is None:
+            return SKIP, "module state not known (a capture without /sys/module)", None
+        missing = [m for m in ("ib_core", "ib_uverbs", "rdma_ucm") if m not in f.modules]
+        if "ib_uverbs" in missing:
+            return FAIL, "ib_uverbs not loaded: no verbs for user space", "modprobe ib_uverbs"
+        if f.uverbs is None:
+            return (FAIL, f"{f.device} has no uverbs device: user space cannot open it",
+                    "modprobe ib_uverbs (and the device's driver: mlx5_ib, rdma_rxe, ...)")
+        if f.uverbs_node is False:
+            return (FAIL, f"/dev/infiniband/{f.uverbs} missing",
+                    "udevadm trigger (rdma-core's udev rules create the node)")
+        if "rdma_ucm" in missing:
+            return (FAIL, "rdma_ucm not loaded: rdma_cm applications (librdmacm: rping, "
+                    "perftest -R, UCX, ibtool ping --cm) cannot connect", "modprobe rdma_ucm")
+        if f.rdma_cm_node is False:
+            return FAIL, "/dev/infiniband/rdma_cm missing", "udevadm trigger"
+        if f.provider is False:
+            return (FAIL, f"no libibverbs provider for driver {f.driver} in /etc/libibverbs.d",
+                    "install the providers (Debian: ibverbs-providers; RHEL: libibverbs)")
+        said = f"{', '.join(f.modules)} loaded, {f.uverbs}"
+        if f.provider:
+            said += f", provider for {f.driver}"
+        return PASS, said, None
+
+    return _finding("stack", _both(local, peer, one))
+
+
+def check_port(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    def one(f: Facts):
+        where = f"{f.device}/{f.port}"
+        if f.state is None:
+            return SKIP, f"{where}: state not known", None
+        said = f"{where} {f.state}, {f.physical_state or '?'}" + (f", {f.rate}" if f.rate else "")
+        if f.state == "ACTIVE":
+            if f.link_layer == "InfiniBand" and not f.lid:
+                return FAIL, f"{said}, no LID", "check the subnet manager (sminfo, ibstat)"
+            return PASS, said, None
+        if _roce(f):
+            fix = f"ip link set dev {f.netdev or 'NETDEV'} up; check the cable and the switch port"
+        else:
+            fix = "check the cable and the subnet manager (ibstat, sminfo)"
+        return FAIL, said, fix
+
+    return _finding("port", _both(local, peer, one))
+
+
+# -- addressing ------------------------------------------------------------------------------
+
+
+def _used_gid(f: Facts):
+    return next((g for g in f.gids if g.index == f.gid_index), None)
+
+
+def _family(ip: str | None) -> str:
+    if ip is None:
+        return "none"
+    addr = ipaddress.ip_address(ip)
+    if addr.version == 4:
+        return "IPv4"
+    return "link-local IPv6" if addr.is_link_local else "IPv6"
+
+
+def check_gid(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    if not _roce(local):
+        return Finding("gid", SKIP, "InfiniBand port: addressed by LID, GIDs need no choosing")
+
+    def one(f: Facts):
+        if f.gid_index is None:
+            kinds = sorted({_family(g.ip) for g in f.gids if g.type == "RoCE v2"}) or ["none"]
+            return (FAIL, f"no routable RoCE v2 GID on {f.netdev} (RoCE v2 GIDs: "
+                    f"{', '.join(kinds)})", f"ip addr add ADDRESS/PREFIX dev {f.netdev}")
+        g = _used_gid(f)
+        if g is None:
+            return SKIP, f"GID {f.gid_index} not in the table", None
+        said = f"GID {g.index} {g.ip or g.gid} {g.type} on {g.netdev}"
+        if g.vlan is not None:
+            said += f" (VLAN {g.vlan})"
+        if g.type != "RoCE v2":
+            return (WARN, f"{said}: RoCE v1 is not routable",
+                    "use a RoCE v2 GID (ibtool gids --best)")
+        if _family(g.ip) == "link-local IPv6":
+            return (FAIL, f"{said}: link-local only, no IPv4 or global IPv6 address",
+                    f"ip addr add ADDRESS/PREFIX dev {g.netdev}")
+        return PASS, said, None
+
+    verdict, evidence, fix = _both(local, peer, one)
+    a, b = _used_gid(local), _used_gid(peer) if peer is not None else None
+    if a is not None and b is not None and verdict != FAIL:
+        if a.type != b.type:
+            verdict, fix = FAIL, "use the same RoCE version on both ends (RoCE v2: gids --best)"
+            evidence += f"; {a.type} here against {b.type} on the peer"
+        elif _family(a.ip) != _family(b.ip):
+            verdict, fix = FAIL, "give both ends an address of one family on their RoCE netdevs"
+            evidence += f"; {_family(a.ip)} here against {_family(b.ip)} on the peer"
+        elif (a.vlan is None) != (b.vlan is None):
+            verdict = WARN
+            fix = "tag both ends alike: a VLAN GID against an untagged one meets only if routed"
+            evidence += f"; VLAN {a.vlan} here against VLAN {b.vlan} on the peer"
+    return _finding("gid", (verdict, evidence, fix))
+
+
+def _default_mode(f: Facts) -> tuple[str, bool]:
+    """rdma_cm's RoCE mode for the port: configfs, or the kernel's default, the first GID
+    type the port supports (drivers/infiniband/core/cma.c, cma_add_one: find_first_bit of
+    roce_gid_type_mask_support), RoCE v1 on ports that have both."""
+    if f.roce_mode is not None:
+        return ("RoCE v2" if "v2" in f.roce_mode else "RoCE v1"), True
+    types = {g.type for g in f.gids}
+    return ("RoCE v1" if "RoCE v1" in types else "RoCE v2"), False
+
+
+def check_roce_mode(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    if not _roce(local):
+        return Finding("roce_mode", SKIP, "InfiniBand port: no RoCE mode")
+
+    def one(f: Facts):
+        mode, configured = _default_mode(f)
+        said = f"rdma_cm default {mode}" + ("" if configured else " (kernel default)")
+        fix = (f"echo 'RoCE v2' > /sys/kernel/config/rdma_cm/{f.device}/ports/{f.port}/"
+               "default_roce_mode (mkdir /sys/kernel/config/rdma_cm/DEV first; or cma_roce_mode)")
+        if mode == "RoCE v1":
+            return WARN, f"{said}: rdma_cm connections are not routable", fix
+        return PASS, said, None
+
+    return _finding("roce_mode", _both(local, peer, one))
+
+
+# -- limits ----------------------------------------------------------------------------------
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def check_memlock(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    def one(f: Facts):
+        if f.memlock_soft is None:
+            return SKIP, "memlock limit not known", None
+        if f.memlock_soft == -1:
+            return PASS, "memlock unlimited", None
+        said = f"memlock {_size(f.memlock_soft)}"
+        fix = ("prlimit --memlock=unlimited --pid PID; for jobs: 'memlock unlimited' in "
+               "/etc/security/limits.d/ (LimitMEMLOCK=infinity in systemd units)")
+        if f.ipc_lock:
+            return (PASS, f"{said}, not binding: this process has CAP_IPC_LOCK (jobs without "
+                    "it are bound)", None)
+        if f.memlock_soft < PROBE_MEMORY:
+            return FAIL, f"{said}: memory registration beyond it fails (ENOMEM)", fix
+        return WARN, f"{said}: MPI and NCCL jobs register more; RDMA stacks ask for unlimited", fix
+
+    return _finding("memlock", _both(local, peer, one))
+
+
+# -- MTU -------------------------------------------------------------------------------------
+
+
+def check_mtu(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    def said(f: Facts) -> str:
+        text = f"active MTU {f.active_mtu}" if f.active_mtu else "active MTU ?"
+        return text + (f" (netdev {f.netdev} {f.netdev_mtu})" if f.netdev_mtu else "")
+
+    if local.active_mtu is None and local.netdev_mtu is None:
+        return Finding("mtu", SKIP, "MTU not known")
+    if peer is None:
+        return Finding("mtu", PASS, f"here: {said(local)}; the peer's not known")
+    evidence = f"here: {said(local)}; peer: {said(peer)}"
+    if local.active_mtu and peer.active_mtu and local.active_mtu != peer.active_mtu:
+        small = local if local.active_mtu < peer.active_mtu else peer
+        big = peer if small is local else local
+        side = "here" if small is local else "on the peer"
+        return Finding(
+            "mtu",
+            FAIL,
+            f"{evidence}: a QP whose path MTU is {big.active_mtu} loses every packet larger "
+            f"than {small.active_mtu} (retry exceeded)",
+            f"set one MTU on both netdevs (ip link set dev {small.netdev} mtu "
+            f"{big.netdev_mtu} {side}), or use path MTU {small.active_mtu}",
+        )
+    if local.netdev_mtu and peer.netdev_mtu and local.netdev_mtu != peer.netdev_mtu:
+        return Finding(
+            "mtu",
+            WARN,
+            f"{evidence}: the netdev MTUs differ",
+            "set one MTU on both netdevs (ip link set dev NETDEV mtu N)",
+        )
+    return Finding("mtu", PASS, evidence)
+
+
+# -- routing, ARP, filters -------------------------------------------------------------------
+
+
+def check_arp(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    if not _roce(local):
+        return Finding("arp", SKIP, "InfiniBand port: no IP routing on the data path")
+    if local.rp_filter is None:
+        return Finding("arp", SKIP, f"{local.netdev}'s IPv4 settings not known")
+    settings = (f"rp_filter {local.rp_filter}, arp_ignore {local.arp_ignore}, "
+                f"arp_announce {local.arp_announce}")  # fmt: skip
+    if not ctx.siblings:
+        return Finding("arp", PASS, f"{local.netdev} alone in its subnet; {settings}")
+    others = ", ".join(ctx.siblings)
+    if local.rp_filter == 1:
+        return Finding(
+            "arp",
+            FAIL,
+            f"{local.netdev} shares its subnet with {others} and rp_filter is strict (1): "
+            "RoCE v2 packets that arrive on the other NIC are dropped",
+            f"sysctl -w net.ipv4.conf.all.rp_filter=2 net.ipv4.conf.{local.netdev}.rp_filter=2",
+        )
+    if local.arp_ignore == 0 or local.arp_announce == 0:
+        return Finding(
+            "arp",
+            WARN,
+            f"{local.netdev} shares its subnet with {others}; {settings}: every NIC answers ARP "
+            "for every address (ARP flux), so the peer may send to the wrong NIC",
+            f"sysctl -w net.ipv4.conf.{local.netdev}.arp_ignore=2 "
+            f"net.ipv4.conf.{local.netdev}.arp_announce=2 (rdma-core Documentation/librdmacm.md)",
+        )
+    return Finding("arp", PASS, f"{local.netdev} shares its subnet with {others}; {settings}")
+
+
+def check_route(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    if not _roce(local):
+        return Finding("route", SKIP, "InfiniBand port: no IP routing on the data path")
+    route = ctx.route
+    if ctx.peer is None:
+        return Finding("route", SKIP, "no peer given")
+    if route is None:
+        return Finding("route", SKIP, "the kernel's route not known (not the running kernel)")
+    target = route.destination
+    if route.type == "local":
+        return Finding("route", FAIL, f"{target} is an address of this host", "give the peer's")
+    if route.type != "unicast" or not route.dev:
+        return Finding("route", FAIL, f"no route to {target} ({route.type})",
+                       f"ip route add {target} dev {local.netdev}")  # fmt: skip
+    said = f"{target} via {route.dev}" + (f" gateway {route.gateway}" if route.gateway else "")
+    said += f" from {route.src}" if route.src else ""
+    gid = _used_gid(local)
+    wanted = {local.netdev} | ({gid.netdev} if gid is not None and gid.netdev else set())
+    if route.dev not in wanted:
+        return Finding(
+            "route",
+            FAIL,
+            f"{said}, not {' or '.join(sorted(n for n in wanted if n))} ({local.device}'s): "
+            "RoCE v2 packets leave by another NIC than the GID's",
+            f"ip route add {target}/32 dev {local.netdev}"
+            + (f" src {gid.ip}" if gid is not None and gid.ip else ""),
+        )
+    if gid is not None and gid.ip and route.src and route.src != gid.ip:
+        return Finding("route", WARN, f"{said}, not from the GID's address {gid.ip}",
+                       f"ip route change {target} dev {route.dev} src {gid.ip}")  # fmt: skip
+    return Finding("route", PASS, said)
+
+
+def check_udp(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    if not _roce(local):
+        return Finding("udp4791", SKIP, "InfiniBand port: no UDP")
+
+    def one(f: Facts):
+        if f.udp_filters is None:
+            return SKIP, "netfilter rules not known", None
+        if not f.udp_filters:
+            return PASS, "no netfilter rule drops UDP 4791", None
+        rule = f.udp_filters[0]
+        more = f" (+{len(f.udp_filters) - 1} more)" if len(f.udp_filters) > 1 else ""
+        if f.driver not in ("rxe", "rdma_rxe", None):
+            return (PASS, f"'{rule}'{more} drops UDP 4791, but {f.driver} takes RoCE in the NIC "
+                    "before netfilter", None)
+        return (FAIL, f"'{rule}'{more} drops RoCE v2 (UDP 4791) on input",
+                "delete the rule (nft -a list ruleset shows its handle; nft delete rule ... "
+                "handle N) or accept udp dport 4791 before it")
+
+    return _finding("udp4791", _both(local, peer, one))
+
+
+# -- QoS -------------------------------------------------------------------------------------
+
+
+def check_qos(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    if not _roce(local):
+        return Finding("qos", SKIP, "InfiniBand port: service levels, not DSCP")
+
+    def one(f: Facts):
+        tos = ctx.tclass if ctx.tclass is not None else f.roce_tos or 0
+        dscp = tos >> 2
+        where = "--tclass" if ctx.tclass is not None else (
+            "default_roce_tos" if f.roce_tos is not None else "default")
+        said = f"ToS {tos} ({where}) is DSCP {dscp}"
+        if f.dcb is None:
+            return SKIP, f"{said}; DCB not known", None
+        if not f.dcb:
+            return SKIP, f"{said}; {f.netdev} has no DCB (lossless settings live elsewhere)", None
+        trust = f.trust or ()
+        mapping = dict(f.dscp_prio or ())
+        if "dscp" in trust or (not trust and mapping):
+            prio = mapping.get(dscp, 0)
+            said += f" -> priority {prio} (trust {','.join(trust) or 'dscp'})"
+        else:
+            prio = 0
+            said += f" -> priority 0 (trust {','.join(trust) or 'pcp'}: DSCP ignored)"
+        pfc = sorted(f.pfc or ())
+        if not pfc:
+            return WARN, f"{said}; PFC on no priority: RoCE runs lossy", (
+                f"dcb pfc set dev {f.netdev} prio-pfc {prio}:on (and on the switch)")
+        if prio not in pfc:
+            lossless = pfc[0]
+            dscps = sorted(d for d, p in mapping.items() if p == lossless)
+            want = f"ToS {dscps[0] << 2} (DSCP {dscps[0]})" if dscps else f"priority {lossless}"
+            return FAIL, f"{said}, lossy: PFC is on priority {','.join(map(str, pfc))}", (
+                f"use {want}: --tclass, or echo {dscps[0] << 2 if dscps else 'TOS'} > "
+                f"/sys/kernel/config/rdma_cm/{f.device}/ports/{f.port}/default_roce_tos")
+        return PASS, f"{said}, lossless (PFC on)", None
+
+    return _finding("qos", _both(local, peer, one))
+
+
+# -- P_Key -----------------------------------------------------------------------------------
+
+
+def check_pkey(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    def one(f: Facts):
+        if not f.pkeys:
+            return SKIP, "P_Key table not known", None
+        first = f.pkeys[0]
+        member = "full" if first & PKEY_FULL else "limited"
+        return PASS, f"P_Key 0x{first:04x} ({member}) at index 0 of {len(f.pkeys)}", None
+
+    verdict, evidence, fix = _both(local, peer, one)
+    if peer is None or not local.pkeys or not peer.pkeys:
+        return _finding("pkey", (verdict, evidence, fix))
+    ours, theirs = local.pkeys[0], peer.pkeys[0]
+    if ours & PKEY_BASE != theirs & PKEY_BASE:
+        return Finding("pkey", FAIL, f"{evidence}: different partitions at index 0",
+                       "use one partition on both ends (--pkey-index, or the SM's partitions)")
+    if not (ours | theirs) & PKEY_FULL:
+        return Finding("pkey", FAIL, f"{evidence}: two limited members never talk",
+                       "make one end a full member (0x8000 set) in the SM's partitions.conf")
+    return Finding("pkey", PASS, evidence)
+
+
+# -- hardware --------------------------------------------------------------------------------
+
+_GTS = {"2.5": 1, "5.0": 2, "8.0": 3, "16.0": 4, "32.0": 5, "64.0": 6}
+
+
+def _gen(speed: str | None) -> int | None:
+    if not speed:
+        return None
+    return _GTS.get(speed.split()[0])
+
+
+def check_pcie(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    def one(f: Facts):
+        if not f.pci:
+            return SKIP, f"{f.device} has no PCI device (software RDMA)", None
+        down = []
+        for i, link in enumerate(f.pci):
+            up = f.pci[i + 1] if i + 1 < len(f.pci) else None
+            # What the link can train to: the lower maximum of its two ends (the port above).
+            max_w = min(w for w in (link.max_width, up.max_width if up else None) if w) \
+                if link.max_width else None
+            gens = [g for g in (_gen(link.max_speed), _gen(up.max_speed) if up else None) if g]
+            if link.width and max_w and link.width < max_w:
+                down.append(f"{link.bdf} x{link.width} of x{max_w}")
+            if gens and _gen(link.speed) and _gen(link.speed) < min(gens):
+                down.append(f"{link.bdf} {link.speed} of {link.max_speed}")
+        head = f.pci[0]
+        if head.speed is None or head.width is None:
+            return SKIP, f"{head.bdf}: link speed or width not known", None
+        said = f"{head.bdf} {head.speed} x{head.width}"
+        if down:
+            return (WARN, f"trained down: {'; '.join(down)}",
+                    "reseat the card or move it to a full slot; check the BIOS's link settings")
+        return PASS, f"{said} (maximum)", None
+
+    return _finding("pcie", _both(local, peer, one))
+
+
+def _cpus(text: str | None) -> set[int] | None:
+    if text is None:
+        return None
+    out: set[int] = set()
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def check_numa(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    def one(f: Facts):
+        if f.numa_node is None:
+            return SKIP, f"{f.device} has no NUMA node", None
+        near, allowed = _cpus(f.local_cpus), _cpus(f.allowed_cpus)
+        said = f"{f.device} on NUMA node {f.numa_node}" + (
+            f" (CPUs {f.local_cpus})" if f.local_cpus else "")
+        if near is None or allowed is None:
+            return PASS, said, None
+        if not near & allowed:
+            return (WARN, f"{said}; this process runs on CPUs {f.allowed_cpus}, all remote",
+                    f"numactl --cpunodebind={f.numa_node} --membind={f.numa_node} COMMAND")
+        if allowed <= near:
+            return PASS, f"{said}; this process runs on local CPUs", None
+        return PASS, f"{said}; pin jobs there (numactl -N {f.numa_node})", None
+
+    return _finding("numa", _both(local, peer, one))
+
+
+def check_peer(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    if ctx.peer is None:
+        return Finding("peer", SKIP, "no peer given: this host's side only")
+    if peer is None:
+        return Finding("peer", WARN, f"{ctx.peer} told nothing: {ctx.no_facts}; this side only",
+                       f"run `ibtool ping --server` on {ctx.peer}")  # fmt: skip
+    who = peer.hostname or ctx.peer
+    said = f"{who} {peer.device}/{peer.port}, kernel {peer.kernel}, ibtool {peer.ibtool}"
+    return Finding("peer", PASS, said)
+
+
+CHECKS = (check_peer, check_stack, check_port, check_gid, check_roce_mode, check_memlock,
+          check_mtu, check_arp, check_route, check_udp, check_qos, check_pkey, check_pcie,
+          check_numa)  # fmt: skip
+
+
+def worst(findings: Iterator[Finding]) -> Verdict:
+    return Verdict.worst(f.verdict for f in findings)

@@ -1,0 +1,156 @@
+"""A doctor run: which port, this end's facts, the peer's (asked of its ping server), what the
+kernel's routing shows, the checklist, and the probe at the end.
+
+Nothing here changes either host: the facts are read, the peer is asked on a connection that
+builds nothing, and the probe's QPs are destroyed before the run ends.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+from ibtool.doctor.checks import Context, run_checks
+from ibtool.doctor.facts import collect
+from ibtool.errors import IbtoolError, NotFoundError
+from ibtool.model.doctor import Facts, Finding, Verdict
+from ibtool.model.records import PortState
+from ibtool.sources.addresses import ipv4_addresses, same_subnet
+
+
+@dataclass(frozen=True)
+class Options:
+    peer: str | None = None
+    tcp_port: int = 18520
+    compat: str | None = None  # "rc_pingpong" or "rping": a stock peer, asked nothing
+    gid_index: int | None = None
+    tclass: int | None = None
+    count: int = 3
+    size: int = 64
+    timeout: float = 2.0
+    probe: bool = True
+
+
+@dataclass
+class Report:
+    local: Facts
+    peer: Facts | None
+    findings: list[Finding] = field(default_factory=list)
+    peer_address: str | None = None
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.worst(f.verdict for f in self.findings)
+
+    def to_json(self) -> dict:
+        return {
+            "status": self.verdict.value,
+            "peer": self.peer_address,
+            "checks": [f.to_json() for f in self.findings],
+            "local": self.local.to_json(),
+            "remote": self.peer.to_json() if self.peer is not None else None,
+        }
+
+
+def resolve(peer: str) -> str:
+    """The peer's address (the first of its name's)."""
+    try:
+        return socket.getaddrinfo(peer, None, type=socket.SOCK_STREAM)[0][4][0]
+    except (OSError, IndexError, UnicodeError) as e:
+        raise NotFoundError(f"cannot resolve {peer}: {getattr(e, 'strerror', None) or e}",
+                            "give the peer's address") from None  # fmt: skip
+
+
+def pick_port(host, selector: str | None, route_dev: str | None) -> tuple[str, int]:
+    """The port doctor looks at: the one asked for; else the one whose netdev the kernel routes
+    the peer through; else the first ACTIVE one; else the first."""
+    ports = host.ports(selector, fields=("state", "netdev", "link_layer"))
+    if not ports:
+        raise NotFoundError("no RDMA port" + (f" matches {selector}" if selector else ""))
+    if selector is None and route_dev is not None:
+        vlans = host.vlans()
+        lower = vlans.get(route_dev, (None, route_dev))[1]
+        for p in ports:
+            if p.netdev in (route_dev, lower):
+                return p.device, p.port
+    active = [p for p in ports if p.state == PortState.ACTIVE]
+    chosen = (active or ports)[0]
+    return chosen.device, chosen.port
+
+
+def ask_peer(opts: Options) -> tuple[Facts | None, str | None]:
+    """The peer's facts, or None and why not."""
+    from ibtool.rdma.ping.facts import query_facts
+
+    if opts.compat:
+        return None, f"a stock {opts.compat} peer has no facts to tell"
+    try:
+        data = query_facts(opts.peer, opts.tcp_port, opts.timeout)
+    except IbtoolError as e:
+        return None, e.message
+    try:
+        return Facts.from_wire(data), None
+    except ValueError as e:
+        return None, f"its facts are unusable: {e}"
+
+
+def _route(host, destination: str | None):
+    if destination is None or not host.live:
+        return None
+    return host.route(destination)
+
+
+def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
+    peer_ip = resolve(opts.peer) if opts.peer else None
+    first_route = None
+    if peer_ip is not None and host.live:
+        try:
+            first_route = host.route(peer_ip)
+        except (IbtoolError, OSError) as e:
+            warn(f"route to {peer_ip}: {getattr(e, 'message', None) or e}")
+    device, port = pick_port(host, selector, first_route.dev if first_route else None)
+    local = collect(host, device, port, opts.gid_index)
+    peer, no_facts = (None, None)
+    if opts.peer:
+        peer, no_facts = ask_peer(opts)
+    # The RDMA path goes to the peer's GID address, which may not be the one we asked.
+    target = peer_ip
+    if peer is not None and peer.gid_index is not None:
+        used = next((g for g in peer.gids if g.index == peer.gid_index), None)
+        if used is not None and used.ip:
+            target = used.ip
+    route = first_route if target == peer_ip else None
+    if route is None and target is not None:
+        try:
+            route = _route(host, target)
+        except (IbtoolError, OSError) as e:
+            warn(f"route to {target}: {getattr(e, 'message', None) or e}")
+    siblings: tuple[str, ...] = ()
+    gid = next((g for g in local.gids if g.index == local.gid_index), None)
+    netdev = gid.netdev if gid is not None and gid.netdev else local.netdev
+    if host.live and netdev:
+        try:
+            siblings = same_subnet(netdev, ipv4_addresses())
+        except (OSError, ImportError, ValueError) as e:
+            warn(f"IPv4 addresses not read: {e}")
+    ctx = Context(opts.peer, peer_ip, route, no_facts, opts.tclass, siblings)
+    report = Report(local, peer, run_checks(local, peer, ctx), opts.peer)
+    if opts.peer and opts.probe:
+        report.findings.extend(_probe(local, opts))
+    return report
+
+
+def _probe(local: Facts, opts: Options) -> list[Finding]:
+    from ibtool.doctor import probe
+
+    try:
+        if opts.compat == "rping":
+            return probe.probe_rping(opts.peer, opts.tcp_port, opts.count, opts.size, opts.timeout)
+        where = (local.device, local.port, local.gid_index, opts.peer, opts.tcp_port, opts.count,
+                 opts.size, opts.timeout)  # fmt: skip
+        if opts.compat == "rc_pingpong":
+            return probe.probe_pingpong(*where)
+        return probe.probe_native(*where, opts.tclass)
+    except IbtoolError as e:
+        hint = f" ({e.hint})" if e.hint else ""
+        return [Finding("probe", Verdict.FAIL, f"not run: {e.message}{hint}")]

@@ -1,0 +1,74 @@
+"""`ibtool doctor [PEER]`: why two hosts do not talk over RDMA, or are slow. A checklist of
+this host's side, and with a PEER running `ibtool ping --server`, both sides compared and an
+RDMA probe along the path."""
+
+from __future__ import annotations
+
+from ibtool import hookimpl
+from ibtool.argtypes import number
+from ibtool.plugin.commands import Invocation
+
+COMPAT = {"rc_pingpong": 18515, "rping": 7174}  # ibv_rc_pingpong's -p, rping's -p defaults
+NATIVE_PORT = 18520  # ibtool ping --server's
+
+
+def configure(parser) -> None:
+    parser.add_argument("peer", nargs="?", metavar="PEER",
+                        help="the other host (running `ibtool ping --server`, or a stock peer "
+                        "with --compat)")  # fmt: skip
+    parser.add_argument("--dev", metavar="DEV[/PORT]",
+                        help="this host's RDMA device and port (default: the one the kernel "
+                        "routes PEER through, else the first ACTIVE port)")  # fmt: skip
+    parser.add_argument("--port", type=number(int, 1, 65535), metavar="N",
+                        help="the peer's TCP port (default 18520; rc_pingpong 18515, rping "
+                        "7174)")  # fmt: skip
+    parser.add_argument("--compat", choices=sorted(COMPAT),
+                        help="the peer runs a stock ibv_rc_pingpong or rping server: nothing is "
+                        "asked of it, the probe speaks its protocol")  # fmt: skip
+    parser.add_argument("--gid-index", type=number(int, 0, 255),
+                        help="the GID index to check and probe with (default: the --best rule)")
+    parser.add_argument("--tclass", type=number(int, 0, 255), metavar="N",
+                        help="the traffic class the application uses (default: the port's "
+                        "rdma_cm default_roce_tos, else 0)")  # fmt: skip
+    parser.add_argument("-c", "--count", type=number(int, 1, 1000), default=3, metavar="N",
+                        help="round trips of each probed operation (default 3)")  # fmt: skip
+    parser.add_argument("--size", type=number(int, 1, 1 << 20), default=64, metavar="BYTES",
+                        help="probe message size (default 64)")  # fmt: skip
+    parser.add_argument("--timeout", type=number(float, 0.1, 60.0), default=2.0, metavar="S",
+                        help="seconds for the peer's answer and for each probe's round "
+                        "trip (default 2)")  # fmt: skip
+    parser.add_argument("--no-probe", action="store_true",
+                        help="check only: no RDMA round trips")  # fmt: skip
+
+
+def run(inv: Invocation) -> int:
+    from ibtool.doctor.run import Options, diagnose
+    from ibtool.views import doctor as view
+
+    args = inv.args
+    opts = Options(
+        peer=args.peer,
+        tcp_port=args.port or (COMPAT[args.compat] if args.compat else NATIVE_PORT),
+        compat=args.compat,
+        gid_index=args.gid_index,
+        tclass=args.tclass,
+        count=args.count,
+        size=args.size,
+        timeout=args.timeout,
+        probe=not args.no_probe and inv.host.live,
+    )
+    report = diagnose(inv.host, args.dev, opts, inv.warn)
+    if inv.json:
+        inv.emit_json(report.to_json())
+    else:
+        inv.print(view.head(report.local, report.peer, report.peer_address))
+        for line in view.lines(report.findings):
+            inv.print(line)
+        inv.print(view.summary(report.findings))
+    return report.verdict.exit_code
+
+
+@hookimpl
+def ibtool_register_commands(cli):
+    cli.add("doctor", run, configure=configure,
+            help="why two hosts do not talk over RDMA: both ends checked, then probed")
