@@ -31,7 +31,8 @@ class Context:
     route: object | None = None  # the kernel's route to the peer's RDMA address (Host.route)
     no_facts: str | None = None  # why the peer told nothing, when it did not
     tclass: int | None = None  # the traffic class the run uses (--tclass)
-    siblings: tuple[str, ...] = ()  # other netdevs with an address in the GID netdev's subnet
+    # other netdevs with an address in the GID netdev's subnet; None: not known (a capture)
+    siblings: tuple[str, ...] | None = ()
     extra: dict = field(default_factory=dict)
 
 
@@ -59,7 +60,26 @@ def _finding(check: str, result: tuple) -> Finding:
 
 
 def _roce(f: Facts) -> bool:
+    return f.link_layer == "Ethernet" and f.protocol != "iw"
+
+
+def _ip(f: Facts) -> bool:
+    """RoCE and iWARP: the data path is IP, routed by the kernel's tables."""
     return f.link_layer == "Ethernet"
+
+
+def _not_roce(check: str, f: Facts) -> Finding | None:
+    if f.protocol == "iw":
+        return Finding(check, SKIP, "iWARP port: it connects through rdma_cm over TCP, by IP "
+                       "address")  # fmt: skip
+    if not _roce(f):
+        return Finding(check, SKIP, "InfiniBand port: " + _IB_WHY[check])
+    return None
+
+
+_IB_WHY = {"gid": "addressed by LID, GIDs need no choosing", "roce_mode": "no RoCE mode",
+           "udp4791": "no UDP", "qos": "service levels, not DSCP",
+           "arp": "no IP routing on the data path", "route": "no IP routing on the data path"}
 
 
 # -- the stack -------------------------------------------------------------------------------
@@ -130,8 +150,9 @@ def _family(ip: str | None) -> str:
 
 
 def check_gid(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
-    if not _roce(local):
-        return Finding("gid", SKIP, "InfiniBand port: addressed by LID, GIDs need no choosing")
+    skipped = _not_roce("gid", local)
+    if skipped is not None:
+        return skipped
 
     def one(f: Facts):
         if f.gid_index is None:
@@ -179,8 +200,9 @@ def _default_mode(f: Facts) -> tuple[str, bool]:
 
 
 def check_roce_mode(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
-    if not _roce(local):
-        return Finding("roce_mode", SKIP, "InfiniBand port: no RoCE mode")
+    skipped = _not_roce("roce_mode", local)
+    if skipped is not None:
+        return skipped
 
     def one(f: Facts):
         mode, configured = _default_mode(f)
@@ -262,12 +284,19 @@ def check_mtu(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
 
 
 def check_arp(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
-    if not _roce(local):
-        return Finding("arp", SKIP, "InfiniBand port: no IP routing on the data path")
+    if not _ip(local):
+        return Finding("arp", SKIP, "InfiniBand port: " + _IB_WHY["arp"])
     if local.rp_filter is None:
         return Finding("arp", SKIP, f"{local.netdev}'s IPv4 settings not known")
     settings = (f"rp_filter {local.rp_filter}, arp_ignore {local.arp_ignore}, "
                 f"arp_announce {local.arp_announce}")  # fmt: skip
+    if ctx.siblings is None:
+        if local.rp_filter == 1:
+            return Finding("arp", WARN, f"{settings}: strict rp_filter drops RoCE v2 on hosts "
+                           "with several NICs in one subnet (this host's addresses not known)",
+                           f"sysctl -w net.ipv4.conf.all.rp_filter=2 "
+                           f"net.ipv4.conf.{local.netdev}.rp_filter=2")  # fmt: skip
+        return Finding("arp", PASS, f"{settings} (this host's other addresses not known)")
     if not ctx.siblings:
         return Finding("arp", PASS, f"{local.netdev} alone in its subnet; {settings}")
     others = ", ".join(ctx.siblings)
@@ -292,8 +321,8 @@ def check_arp(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
 
 
 def check_route(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
-    if not _roce(local):
-        return Finding("route", SKIP, "InfiniBand port: no IP routing on the data path")
+    if not _ip(local):
+        return Finding("route", SKIP, "InfiniBand port: " + _IB_WHY["route"])
     route = ctx.route
     if ctx.peer is None:
         return Finding("route", SKIP, "no peer given")
@@ -325,8 +354,9 @@ def check_route(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
 
 
 def check_udp(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
-    if not _roce(local):
-        return Finding("udp4791", SKIP, "InfiniBand port: no UDP")
+    skipped = _not_roce("udp4791", local)
+    if skipped is not None:
+        return skipped
 
     def one(f: Facts):
         if f.udp_filters is None:
@@ -349,8 +379,9 @@ def check_udp(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
 
 
 def check_qos(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
-    if not _roce(local):
-        return Finding("qos", SKIP, "InfiniBand port: service levels, not DSCP")
+    skipped = _not_roce("qos", local)
+    if skipped is not None:
+        return skipped
 
     def one(f: Facts):
         tos = ctx.tclass if ctx.tclass is not None else f.roce_tos or 0
@@ -425,25 +456,31 @@ def check_pcie(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
     def one(f: Facts):
         if not f.pci:
             return SKIP, f"{f.device} has no PCI device (software RDMA)", None
-        down = []
-        for i, link in enumerate(f.pci):
-            up = f.pci[i + 1] if i + 1 < len(f.pci) else None
-            # What the link can train to: the lower maximum of its two ends (the port above).
-            max_w = min(w for w in (link.max_width, up.max_width if up else None) if w) \
-                if link.max_width else None
-            gens = [g for g in (_gen(link.max_speed), _gen(up.max_speed) if up else None) if g]
-            if link.width and max_w and link.width < max_w:
-                down.append(f"{link.bdf} x{link.width} of x{max_w}")
-            if gens and _gen(link.speed) and _gen(link.speed) < min(gens):
-                down.append(f"{link.bdf} {link.speed} of {link.max_speed}")
         head = f.pci[0]
         if head.speed is None or head.width is None:
             return SKIP, f"{head.bdf}: link speed or width not known", None
+        down = []
+        # Each function's current_link_* is the link below it or to its parent: a function
+        # and its parent port show the same link. A link is judged once, at its lower end,
+        # against the lower maximum of its two ends; the top of the walk (the root port)
+        # shows the link to the function below it, judged already.
+        for i, link in enumerate(f.pci[:-1] if len(f.pci) > 1 else f.pci):
+            if i and (link.speed, link.width) == (f.pci[i - 1].speed, f.pci[i - 1].width):
+                continue
+            up = f.pci[i + 1] if i + 1 < len(f.pci) else None
+            widths = [w for w in (link.max_width, up.max_width if up else None) if w]
+            gens = [g for g in (_gen(link.max_speed), _gen(up.max_speed) if up else None) if g]
+            slow = bool(gens and _gen(link.speed) and _gen(link.speed) < min(gens))
+            narrow = bool(widths and link.width and link.width < min(widths))
+            if slow or narrow:
+                best = min((up, link) if up else (link,), key=lambda x: _gen(x.max_speed) or 99)
+                down.append(f"{link.bdf} {link.speed} x{link.width} of "
+                            f"{best.max_speed} x{min(widths) if widths else '?'}")  # fmt: skip
         said = f"{head.bdf} {head.speed} x{head.width}"
         if down:
             return (WARN, f"trained down: {'; '.join(down)}",
                     "reseat the card or move it to a full slot; check the BIOS's link settings")
-        return PASS, f"{said} (maximum)", None
+        return PASS, f"{said} (its maximum)", None
 
     return _finding("pcie", _both(local, peer, one))
 

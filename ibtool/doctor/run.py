@@ -125,7 +125,7 @@ def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
             route = _route(host, target)
         except (IbtoolError, OSError) as e:
             warn(f"route to {target}: {getattr(e, 'message', None) or e}")
-    siblings: tuple[str, ...] = ()
+    siblings: tuple[str, ...] | None = None
     gid = next((g for g in local.gids if g.index == local.gid_index), None)
     netdev = gid.netdev if gid is not None and gid.netdev else local.netdev
     if host.live and netdev:

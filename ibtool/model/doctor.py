@@ -95,6 +95,7 @@ class Facts:
     device: str | None = None
     port: int | None = None
     driver: str | None = None
+    protocol: str | None = None  # "ib", "roce", "iw", "opa" (RDMA_NLDEV_ATTR_DEV_PROTOCOL)
     link_layer: str | None = None  # "InfiniBand" or "Ethernet"
     state: str | None = None  # "ACTIVE", ...
     physical_state: str | None = None
@@ -260,6 +261,7 @@ _FIELDS = {
     "port": _int(1, 255),
     "device": _name,
     "driver": _name,
+    "protocol": lambda v: v if v in ("ib", "roce", "iw", "opa", "usnic") else None,
     "netdev": _name,
     "lid": _int(0, 0xFFFF),
     "active_mtu": _int(256, 1 << 16),

@@ -136,6 +136,8 @@ def test_strict_rp_filter_with_two_nics_in_one_subnet_fails():
     f = checks.check_arp(roce(rp_filter=2, arp_ignore=2, arp_announce=2), None, ctx)
     assert f.verdict == PASS
     assert checks.check_arp(roce(rp_filter=1), None, Context(peer="b")).verdict == PASS
+    unknown = checks.check_arp(roce(rp_filter=1), None, Context(peer="b", siblings=None))
+    assert unknown.verdict == WARN and "addresses not known" in unknown.evidence
 
 
 def test_a_route_out_of_another_nic_fails():
@@ -182,8 +184,7 @@ def test_pcie_trained_down_warns_and_a_slot_limit_does_not():
             PciFact("0000:3a:00.0", "16.0 GT/s PCIe", 16, "16.0 GT/s PCIe", 16))  # fmt: skip
     f = only(checks.check_pcie, roce(pci=down))
     assert f.verdict == WARN
-    assert f.evidence == ("trained down: 0000:3b:00.0 x8 of x16; "
-                          "0000:3b:00.0 8.0 GT/s PCIe of 16.0 GT/s PCIe")  # fmt: skip
+    assert f.evidence == "trained down: 0000:3b:00.0 8.0 GT/s PCIe x8 of 16.0 GT/s PCIe x16"
     slot = (PciFact("0000:3b:00.0", "8.0 GT/s PCIe", 8, "16.0 GT/s PCIe", 16),
             PciFact("0000:3a:00.0", "8.0 GT/s PCIe", 8, "8.0 GT/s PCIe", 8))  # fmt: skip
     assert only(checks.check_pcie, roce(pci=slot)).verdict == PASS
@@ -194,6 +195,15 @@ def test_numa_warns_when_every_allowed_cpu_is_remote():
     assert f.verdict == WARN and "numactl --cpunodebind=1 --membind=1" in f.fix
     assert only(checks.check_numa, roce(numa_node=0, local_cpus="0-15",
                                         allowed_cpus="0-7")).verdict == PASS  # fmt: skip
+
+
+def test_iwarp_skips_what_only_roce_has_and_keeps_ip_routing():
+    iw = roce(protocol="iw", gid_index=None, gids=())
+    for check in (checks.check_gid, checks.check_roce_mode, checks.check_udp, checks.check_qos):
+        f = only(check, iw)
+        assert f.verdict == SKIP and f.evidence.startswith("iWARP port"), f
+    ctx = Context(peer="b", route=Route("10.77.0.2", "eth1"))
+    assert checks.check_route(iw, None, ctx).verdict == FAIL
 
 
 def test_a_peer_that_told_nothing_is_a_warning_with_the_reason():
