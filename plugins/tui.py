@@ -80,6 +80,28 @@ def loopback_runner(host_gid_index: Callable[[str, int], int | None]):
     return runner
 
 
+def doctor_runner(
+    open_host: Callable[[], object], done: Callable[[object], None], live: bool, warn
+):
+    """The dashboard's doctor: ibtool doctor's checklist of one port, as the screen's Runner.
+    `open_host()` gives the Host to read and `done(host)` is called after; `live`: the running
+    host, where a peer given is probed as ibtool doctor probes it; a capture is only checked
+    (as `ibtool --root DIR doctor PEER`: no RDMA round trip from a capture). ibtool doctor's
+    defaults otherwise: 3 round trips, 2 s."""
+
+    def runner(device: str, port: int, peer, cancelled):
+        from ibtool.doctor.run import Options, diagnose
+
+        opts = Options(peer=peer or None, probe=live and bool(peer), count=3, timeout=2.0)
+        host = open_host()
+        try:
+            return diagnose(host, f"{device}/{port}", opts, warn)
+        finally:
+            done(host)
+
+    return runner
+
+
 def run(inv: Invocation) -> int:
     if inv.json:
         raise UsageError("ibtool tui has no JSON output", "use ibtool port/counters -j")
@@ -111,11 +133,19 @@ def run(inv: Invocation) -> int:
                     host.close()
 
             loopback = loopback_runner(gid_index)
+            doctor = doctor_runner(
+                lambda: Host(warn=feed.note), lambda h: h.close(), True, feed.note
+            )
+        else:  # the capture's one host, as the polls read it (Hosts.done closes no capture)
+            hosts = feed.engine.hosts
+            doctor = doctor_runner(hosts.open, hosts.done, False, feed.note)
         app = Dashboard(
             feed,
             interval=inv.args.interval,
             panels=panel_factories(inv.plugins, inv.warn),
             loopback=loopback,
+            doctor=doctor,
+            peers=feed.engine.config.peers,
         )
         app.run()
     finally:

@@ -24,6 +24,8 @@ from ibtool.model.health import Status
 from ibtool.tui import format
 from ibtool.tui.messages import Polled
 from ibtool.tui.screens.detail import PortScreen
+from ibtool.tui.screens.doctor import DoctorScreen
+from ibtool.tui.screens.doctor import Runner as DoctorRunner
 from ibtool.tui.screens.help import HelpScreen
 from ibtool.tui.screens.loopback import LoopbackScreen, Runner
 from ibtool.tui.widgets.events import EventLog
@@ -68,6 +70,7 @@ class Dashboard(App):
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),  # as every other tool
         Binding("enter", "open", "Port detail", show=False),
         Binding("l", "loopback", "Loopback"),
+        Binding("d", "doctor", "Doctor", tooltip="Doctor: why the port's peer is not reached"),
         Binding("p", "pause", "Pause"),
         Binding("r", "refresh", "Read", tooltip="Read now (a capture: read it again)"),
         # < and > are in the help, not the footer: at 80 columns it has room for the rest only
@@ -87,6 +90,8 @@ class Dashboard(App):
         interval: float = 1.0,
         panels: dict[str, Callable] | None = None,
         loopback: Runner | None = None,
+        doctor: DoctorRunner | None = None,
+        peers: tuple[str, ...] | None = None,
     ) -> None:
         super().__init__()
         self.feed = feed
@@ -94,6 +99,12 @@ class Dashboard(App):
         self.paused = False
         self.frame: Frame | None = None
         self.loopback_runner = loopback
+        self.doctor_runner = doctor
+        # the doctor's peer: the last one run in this session, else the health config's first
+        # [datapath] peer
+        if peers is None:
+            peers = getattr(getattr(getattr(feed, "engine", None), "config", None), "peers", ())
+        self.doctor_peer: str | None = next(iter(peers or ()), None)
         self._panel_factories = panels or {}
         self.panels: list = []
         self._timer = None
@@ -318,6 +329,8 @@ class Dashboard(App):
             return self.screen is self.overview and self._filtering()
         if action == "filter":  # the overview's ports: not from a port's detail
             return self.screen is self.overview
+        if action in ("loopback", "doctor"):  # of the overview's port or the detail's
+            return self.screen is self.overview or isinstance(self.screen, PortScreen)
         return True
 
     def action_clear_filter(self) -> None:
@@ -399,6 +412,25 @@ class Dashboard(App):
             )
             return
         self.push_screen(LoopbackScreen(key[0], key[1], self.loopback_runner))
+
+    def action_doctor(self) -> None:
+        """`ibtool doctor` on the selected port, on this host or the capture: any state (why
+        a port is down is what it says)."""
+        key = self._selected()
+        if key is None:
+            return
+        if self.doctor_runner is None:
+            self.notify("this dashboard has no doctor", severity="error")
+            return
+        if self.frame is not None and self.frame.row(key) is None:
+            self.notify(f"{key[0]}/{key[1]} is not there any more", severity="error")
+            return
+        screen = DoctorScreen(key[0], key[1], self.doctor_runner, peer=self.doctor_peer)
+        self.push_screen(screen, self._doctor_closed)
+
+    def _doctor_closed(self, peer: str | None) -> None:
+        if peer is not None:
+            self.doctor_peer = peer
 
 
 def screenshot_directory() -> Path:
