@@ -25,8 +25,11 @@ def configure(parser) -> None:
     parser.add_argument("--compat", choices=sorted(COMPAT),
                         help="the peer runs a stock ibv_rc_pingpong or rping server: nothing is "
                         "asked of it, the probe speaks its protocol")  # fmt: skip
-    parser.add_argument("--gid-index", type=number(int, 0, 255),
-                        help="the GID index to check and probe with (default: the --best rule)")
+    parser.add_argument(
+        "--gid-index",
+        type=number(int, 0, 255),
+        help="the GID index to check and probe with (default: the --best rule)",
+    )
     parser.add_argument("--tclass", type=number(int, 0, 255), metavar="N",
                         help="the traffic class the application uses (default: the port's "
                         "rdma_cm default_roce_tos, else 0)")  # fmt: skip
@@ -70,5 +73,9 @@ def run(inv: Invocation) -> int:
 
 @hookimpl
 def ibtool_register_commands(cli):
-    cli.add("doctor", run, configure=configure,
-            help="why two hosts do not talk over RDMA: both ends checked, then probed")
+    cli.add(
+        "doctor",
+        run,
+        configure=configure,
+        help="why two hosts do not talk over RDMA: both ends checked, then probed",
+    )

@@ -31,6 +31,7 @@ class Context:
     route: object | None = None  # the kernel's route to the peer's RDMA address (Host.route)
     no_facts: str | None = None  # why the peer told nothing, when it did not
     tclass: int | None = None  # the traffic class the run uses (--tclass)
+    compat: str | None = None  # the peer runs this stock tool: it is asked nothing
     # other netdevs with an address in the GID netdev's subnet; None: not known (a capture)
     siblings: tuple[str, ...] | None = ()
     extra: dict = field(default_factory=dict)
@@ -77,9 +78,14 @@ def _not_roce(check: str, f: Facts) -> Finding | None:
     return None
 
 
-_IB_WHY = {"gid": "addressed by LID, GIDs need no choosing", "roce_mode": "no RoCE mode",
-           "udp4791": "no UDP", "qos": "service levels, not DSCP",
-           "arp": "no IP routing on the data path", "route": "no IP routing on the data path"}
+_IB_WHY = {
+    "gid": "addressed by LID, GIDs need no choosing",
+    "roce_mode": "no RoCE mode",
+    "udp4791": "no UDP",
+    "qos": "service levels, not DSCP",
+    "arp": "no IP routing on the data path",
+    "route": "no IP routing on the data path",
+}
 
 
 # -- the stack -------------------------------------------------------------------------------
@@ -93,19 +99,32 @@ def check_stack(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
         if "ib_uverbs" in missing:
             return FAIL, "ib_uverbs not loaded: no verbs for user space", "modprobe ib_uverbs"
         if f.uverbs is None:
-            return (FAIL, f"{f.device} has no uverbs device: user space cannot open it",
-                    "modprobe ib_uverbs (and the device's driver: mlx5_ib, rdma_rxe, ...)")
+            return (
+                FAIL,
+                f"{f.device} has no uverbs device: user space cannot open it",
+                "modprobe ib_uverbs (and the device's driver: mlx5_ib, rdma_rxe, ...)",
+            )
         if f.uverbs_node is False:
-            return (FAIL, f"/dev/infiniband/{f.uverbs} missing",
-                    "udevadm trigger (rdma-core's udev rules create the node)")
+            return (
+                FAIL,
+                f"/dev/infiniband/{f.uverbs} missing",
+                "udevadm trigger (rdma-core's udev rules create the node)",
+            )
         if "rdma_ucm" in missing:
-            return (FAIL, "rdma_ucm not loaded: rdma_cm applications (librdmacm: rping, "
-                    "perftest -R, UCX, ibtool ping --cm) cannot connect", "modprobe rdma_ucm")
+            return (
+                FAIL,
+                "rdma_ucm not loaded: rdma_cm applications (librdmacm: rping, "
+                "perftest -R, UCX, ibtool ping --cm) cannot connect",
+                "modprobe rdma_ucm",
+            )
         if f.rdma_cm_node is False:
             return FAIL, "/dev/infiniband/rdma_cm missing", "udevadm trigger"
         if f.provider is False:
-            return (FAIL, f"no libibverbs provider for driver {f.driver} in /etc/libibverbs.d",
-                    "install the providers (Debian: ibverbs-providers; RHEL: libibverbs)")
+            return (
+                FAIL,
+                f"no libibverbs provider for driver {f.driver} in /etc/libibverbs.d",
+                "install the providers (Debian: ibverbs-providers; RHEL: libibverbs)",
+            )
         said = f"{', '.join(f.modules)} loaded, {f.uverbs}"
         if f.provider:
             said += f", provider for {f.driver}"
@@ -157,8 +176,11 @@ def check_gid(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
     def one(f: Facts):
         if f.gid_index is None:
             kinds = sorted({_family(g.ip) for g in f.gids if g.type == "RoCE v2"}) or ["none"]
-            return (FAIL, f"no routable RoCE v2 GID on {f.netdev} (RoCE v2 GIDs: "
-                    f"{', '.join(kinds)})", f"ip addr add ADDRESS/PREFIX dev {f.netdev}")
+            return (
+                FAIL,
+                f"no routable RoCE v2 GID on {f.netdev} (RoCE v2 GIDs: {', '.join(kinds)})",
+                f"ip addr add ADDRESS/PREFIX dev {f.netdev}",
+            )
         g = _used_gid(f)
         if g is None:
             return SKIP, f"GID {f.gid_index} not in the table", None
@@ -166,11 +188,17 @@ def check_gid(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
         if g.vlan is not None:
             said += f" (VLAN {g.vlan})"
         if g.type != "RoCE v2":
-            return (WARN, f"{said}: RoCE v1 is not routable",
-                    "use a RoCE v2 GID (ibtool gids --best)")
+            return (
+                WARN,
+                f"{said}: RoCE v1 is not routable",
+                "use a RoCE v2 GID (ibtool gids --best)",
+            )
         if _family(g.ip) == "link-local IPv6":
-            return (FAIL, f"{said}: link-local only, no IPv4 or global IPv6 address",
-                    f"ip addr add ADDRESS/PREFIX dev {g.netdev}")
+            return (
+                FAIL,
+                f"{said}: link-local only, no IPv4 or global IPv6 address",
+                f"ip addr add ADDRESS/PREFIX dev {g.netdev}",
+            )
         return PASS, said, None
 
     verdict, evidence, fix = _both(local, peer, one)
@@ -207,8 +235,10 @@ def check_roce_mode(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
     def one(f: Facts):
         mode, configured = _default_mode(f)
         said = f"rdma_cm default {mode}" + ("" if configured else " (kernel default)")
-        fix = (f"echo 'RoCE v2' > /sys/kernel/config/rdma_cm/{f.device}/ports/{f.port}/"
-               "default_roce_mode (mkdir /sys/kernel/config/rdma_cm/DEV first; or cma_roce_mode)")
+        fix = (
+            f"echo 'RoCE v2' > /sys/kernel/config/rdma_cm/{f.device}/ports/{f.port}/"
+            "default_roce_mode (mkdir /sys/kernel/config/rdma_cm/DEV first; or cma_roce_mode)"
+        )
         if mode == "RoCE v1":
             return WARN, f"{said}: rdma_cm connections are not routable", fix
         return PASS, said, None
@@ -233,11 +263,16 @@ def check_memlock(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
         if f.memlock_soft == -1:
             return PASS, "memlock unlimited", None
         said = f"memlock {_size(f.memlock_soft)}"
-        fix = ("prlimit --memlock=unlimited --pid PID; for jobs: 'memlock unlimited' in "
-               "/etc/security/limits.d/ (LimitMEMLOCK=infinity in systemd units)")
+        fix = (
+            "prlimit --memlock=unlimited --pid PID; for jobs: 'memlock unlimited' in "
+            "/etc/security/limits.d/ (LimitMEMLOCK=infinity in systemd units)"
+        )
         if f.ipc_lock:
-            return (PASS, f"{said}, not binding: this process has CAP_IPC_LOCK (jobs without "
-                    "it are bound)", None)
+            return (
+                PASS,
+                f"{said}, not binding: this process has CAP_IPC_LOCK (jobs without it are bound)",
+                None,
+            )
         if f.memlock_soft < PROBE_MEMORY:
             return FAIL, f"{said}: memory registration beyond it fails (ENOMEM)", fix
         return WARN, f"{said}: MPI and NCCL jobs register more; RDMA stacks ask for unlimited", fix
@@ -366,11 +401,18 @@ def check_udp(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
         rule = f.udp_filters[0]
         more = f" (+{len(f.udp_filters) - 1} more)" if len(f.udp_filters) > 1 else ""
         if f.driver not in ("rxe", "rdma_rxe", None):
-            return (PASS, f"'{rule}'{more} drops UDP 4791, but {f.driver} takes RoCE in the NIC "
-                    "before netfilter", None)
-        return (FAIL, f"'{rule}'{more} drops RoCE v2 (UDP 4791) on input",
-                "delete the rule (nft -a list ruleset shows its handle; nft delete rule ... "
-                "handle N) or accept udp dport 4791 before it")
+            return (
+                PASS,
+                f"'{rule}'{more} drops UDP 4791, but {f.driver} takes RoCE in the NIC "
+                "before netfilter",
+                None,
+            )
+        return (
+            FAIL,
+            f"'{rule}'{more} drops RoCE v2 (UDP 4791) on input",
+            "delete the rule (nft -a list ruleset shows its handle; nft delete rule ... "
+            "handle N) or accept udp dport 4791 before it",
+        )
 
     return _finding("udp4791", _both(local, peer, one))
 
@@ -386,8 +428,11 @@ def check_qos(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
     def one(f: Facts):
         tos = ctx.tclass if ctx.tclass is not None else f.roce_tos or 0
         dscp = tos >> 2
-        where = "--tclass" if ctx.tclass is not None else (
-            "default_roce_tos" if f.roce_tos is not None else "default")
+        where = (
+            "--tclass"
+            if ctx.tclass is not None
+            else ("default_roce_tos" if f.roce_tos is not None else "default")
+        )
         said = f"ToS {tos} ({where}) is DSCP {dscp}"
         if f.dcb is None:
             return SKIP, f"{said}; DCB not known", None
@@ -403,15 +448,23 @@ def check_qos(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
             said += f" -> priority 0 (trust {','.join(trust) or 'pcp'}: DSCP ignored)"
         pfc = sorted(f.pfc or ())
         if not pfc:
-            return WARN, f"{said}; PFC on no priority: RoCE runs lossy", (
-                f"dcb pfc set dev {f.netdev} prio-pfc {prio}:on (and on the switch)")
+            return (
+                WARN,
+                f"{said}; PFC on no priority: RoCE runs lossy",
+                (f"dcb pfc set dev {f.netdev} prio-pfc {prio}:on (and on the switch)"),
+            )
         if prio not in pfc:
             lossless = pfc[0]
             dscps = sorted(d for d, p in mapping.items() if p == lossless)
             want = f"ToS {dscps[0] << 2} (DSCP {dscps[0]})" if dscps else f"priority {lossless}"
-            return FAIL, f"{said}, lossy: PFC is on priority {','.join(map(str, pfc))}", (
-                f"use {want}: --tclass, or echo {dscps[0] << 2 if dscps else 'TOS'} > "
-                f"/sys/kernel/config/rdma_cm/{f.device}/ports/{f.port}/default_roce_tos")
+            return (
+                FAIL,
+                f"{said}, lossy: PFC is on priority {','.join(map(str, pfc))}",
+                (
+                    f"use {want}: --tclass, or echo {dscps[0] << 2 if dscps else 'TOS'} > "
+                    f"/sys/kernel/config/rdma_cm/{f.device}/ports/{f.port}/default_roce_tos"
+                ),
+            )
         return PASS, f"{said}, lossless (PFC on)", None
 
     return _finding("qos", _both(local, peer, one))
@@ -433,11 +486,19 @@ def check_pkey(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
         return _finding("pkey", (verdict, evidence, fix))
     ours, theirs = local.pkeys[0], peer.pkeys[0]
     if ours & PKEY_BASE != theirs & PKEY_BASE:
-        return Finding("pkey", FAIL, f"{evidence}: different partitions at index 0",
-                       "use one partition on both ends (--pkey-index, or the SM's partitions)")
+        return Finding(
+            "pkey",
+            FAIL,
+            f"{evidence}: different partitions at index 0",
+            "use one partition on both ends (--pkey-index, or the SM's partitions)",
+        )
     if not (ours | theirs) & PKEY_FULL:
-        return Finding("pkey", FAIL, f"{evidence}: two limited members never talk",
-                       "make one end a full member (0x8000 set) in the SM's partitions.conf")
+        return Finding(
+            "pkey",
+            FAIL,
+            f"{evidence}: two limited members never talk",
+            "make one end a full member (0x8000 set) in the SM's partitions.conf",
+        )
     return Finding("pkey", PASS, evidence)
 
 
@@ -478,8 +539,11 @@ def check_pcie(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
                             f"{best.max_speed} x{min(widths) if widths else '?'}")  # fmt: skip
         said = f"{head.bdf} {head.speed} x{head.width}"
         if down:
-            return (WARN, f"trained down: {'; '.join(down)}",
-                    "reseat the card or move it to a full slot; check the BIOS's link settings")
+            return (
+                WARN,
+                f"trained down: {'; '.join(down)}",
+                "reseat the card or move it to a full slot; check the BIOS's link settings",
+            )
         return PASS, f"{said} (its maximum)", None
 
     return _finding("pcie", _both(local, peer, one))
@@ -501,12 +565,16 @@ def check_numa(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
             return SKIP, f"{f.device} has no NUMA node", None
         near, allowed = _cpus(f.local_cpus), _cpus(f.allowed_cpus)
         said = f"{f.device} on NUMA node {f.numa_node}" + (
-            f" (CPUs {f.local_cpus})" if f.local_cpus else "")
+            f" (CPUs {f.local_cpus})" if f.local_cpus else ""
+        )
         if near is None or allowed is None:
             return PASS, said, None
         if not near & allowed:
-            return (WARN, f"{said}; this process runs on CPUs {f.allowed_cpus}, all remote",
-                    f"numactl --cpunodebind={f.numa_node} --membind={f.numa_node} COMMAND")
+            return (
+                WARN,
+                f"{said}; this process runs on CPUs {f.allowed_cpus}, all remote",
+                f"numactl --cpunodebind={f.numa_node} --membind={f.numa_node} COMMAND",
+            )
         if allowed <= near:
             return PASS, f"{said}; this process runs on local CPUs", None
         return PASS, f"{said}; pin jobs there (numactl -N {f.numa_node})", None
@@ -517,6 +585,9 @@ def check_numa(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
 def check_peer(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
     if ctx.peer is None:
         return Finding("peer", SKIP, "no peer given: this host's side only")
+    if peer is None and ctx.compat:
+        return Finding("peer", SKIP, f"{ctx.peer} runs a stock {ctx.compat}: this side only, "
+                       "and the probe")  # fmt: skip
     if peer is None:
         return Finding("peer", WARN, f"{ctx.peer} told nothing: {ctx.no_facts}; this side only",
                        f"run `ibtool ping --server` on {ctx.peer}")  # fmt: skip

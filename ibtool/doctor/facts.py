@@ -96,15 +96,17 @@ def collect(host, device: str, port: int, gid_index: int | None = None,
         )
         values["pkeys"] = tuple(k.value for k in p.pkeys or () if k.value)
     if values.get("active_mtu") is None and host.live:
-        values["active_mtu"] = _read(notes, f"{where} active MTU", lambda: _active_mtu(host, device, port))
+        mtu = _read(notes, f"{where} active MTU", lambda: _active_mtu(host, device, port))
+        values["active_mtu"] = mtu
     netdev = values.get("netdev")
     if gid_index is None:
         gid_index = _read(notes, f"{where} GID", lambda: host.roce_gid_index(device, port))
     values["gid_index"] = gid_index
     gids = _read(notes, f"{where} GIDs", lambda: host.gids(where)) or []
     values["gids"] = tuple(
-        GidFact(g.index, g.gid, g.type.label if g.type is not None else None, g.netdev, g.vlan,
-                g.ip)  # fmt: skip
+        GidFact(
+            g.index, g.gid, g.type.label if g.type is not None else None, g.netdev, g.vlan, g.ip
+        )  # fmt: skip
         for g in gids
     )
     if netdev:
@@ -174,9 +176,9 @@ def _active_mtu(host, device: str, port: int) -> int | None:
 
 
 def _soft_driver(dev) -> str | None:
-    """rxe and siw devices have no bus device, so no driver link: their netdev and protocol
-    tell them (a software device over a netdev speaking iWARP is siw, RoCE rxe)."""
-    if not dev.parent or dev.protocol is None:
+    """rxe and siw devices have no bus device, so no driver link: their protocol tells them
+    (a device without one speaking iWARP is siw, RoCE rxe)."""
+    if dev.protocol is None or dev.protocol.value not in ("roce", "iw"):
         return None
     return "siw" if dev.protocol.value == "iw" else "rxe"
 

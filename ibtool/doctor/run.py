@@ -133,7 +133,7 @@ def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
             siblings = same_subnet(netdev, ipv4_addresses())
         except (OSError, ImportError, ValueError) as e:
             warn(f"IPv4 addresses not read: {e}")
-    ctx = Context(opts.peer, peer_ip, route, no_facts, opts.tclass, siblings)
+    ctx = Context(opts.peer, peer_ip, route, no_facts, opts.tclass, opts.compat, siblings)
     report = Report(local, peer, run_checks(local, peer, ctx), opts.peer)
     if opts.peer and opts.probe:
         report.findings.extend(_probe(local, opts))

@@ -46,8 +46,12 @@ def summary(findings: list[Finding]) -> str:
     counts = Counter(f.verdict for f in findings)
     parts = [
         f"{counts[v]} {word}"
-        for v, word in ((Verdict.FAIL, "failed"), (Verdict.WARN, "warned"),
-                        (Verdict.PASS, "passed"), (Verdict.SKIP, "skipped"))  # fmt: skip
+        for v, word in (
+            (Verdict.FAIL, "failed"),
+            (Verdict.WARN, "warned"),
+            (Verdict.PASS, "passed"),
+            (Verdict.SKIP, "skipped"),
+        )  # fmt: skip
         if counts[v]
     ]
     return f"status: {Verdict.worst(counts).value} ({', '.join(parts) or 'nothing checked'})"

@@ -25,9 +25,7 @@ def run(inv: Invocation) -> int:
     pkey = inv.host.pkey(device, port, args.pkey_index or 0, asked=asked)
     if args.server:
         facts = None if args.no_facts else _facts(inv, device, port, gid_index)
-        return _run_server(
-            inv, lambda log: _serve(args, device, port, gid_index, log, pkey, facts)
-        )
+        return _run_server(inv, lambda log: _serve(args, device, port, gid_index, log, pkey, facts))
     return _verbs_client(inv, device, port, gid_index, pkey)
 
 

@@ -33,8 +33,14 @@ def roce(ip: str = "10.77.0.1", **changes) -> Facts:
         netdev_mtu=1500,
         gid_index=1,
         gids=(
-            GidFact(0, "fe80:0000:0000:0000:5054:00ff:fe12:3401", "RoCE v2", "eth0", None,
-                    "fe80::5054:ff:fe12:3401"),  # fmt: skip
+            GidFact(
+                0,
+                "fe80:0000:0000:0000:5054:00ff:fe12:3401",
+                "RoCE v2",
+                "eth0",
+                None,
+                "fe80::5054:ff:fe12:3401",
+            ),  # fmt: skip
             GidFact(1, "0000:0000:0000:0000:0000:ffff:0a4d:0001", "RoCE v2", "eth0", None, ip),
         ),
         pkeys=(0xFFFF,),
@@ -54,7 +60,10 @@ def roce(ip: str = "10.77.0.1", **changes) -> Facts:
     return dataclasses.replace(base, **changes)
 
 
-def only(check, local, peer=None, ctx=Context(peer="b")) -> Finding:
+PEER_B = Context(peer="b")
+
+
+def only(check, local, peer=None, ctx=PEER_B) -> Finding:
     return check(local, peer, ctx)
 
 
@@ -121,7 +130,8 @@ def test_an_mtu_mismatch_fails_naming_the_smaller_side():
     f = only(checks.check_mtu, roce(active_mtu=4096, netdev_mtu=9000), roce())
     assert f.verdict == FAIL
     assert "here: active MTU 4096 (netdev eth0 9000); peer: active MTU 1024" in f.evidence
-    assert f.fix.startswith("set one MTU on both netdevs (ip link set dev eth0 mtu 9000 on the peer)")
+    fix = "set one MTU on both netdevs (ip link set dev eth0 mtu 9000 on the peer)"
+    assert f.fix.startswith(fix)
     f = only(checks.check_mtu, roce(netdev_mtu=1600), roce())
     assert f.verdict == WARN
 
@@ -145,7 +155,8 @@ def test_a_route_out_of_another_nic_fails():
     f = checks.check_route(roce(), None, ctx)
     assert f.verdict == FAIL and "10.77.0.2 via eth1" in f.evidence
     assert f.fix == "ip route add 10.77.0.2/32 dev eth0 src 10.77.0.1"
-    f = checks.check_route(roce(), None, Context(peer="b", route=Route("10.77.0.2", None, type="unreachable")))
+    unreachable = Route("10.77.0.2", None, type="unreachable")
+    f = checks.check_route(roce(), None, Context(peer="b", route=unreachable))
     assert f.verdict == FAIL and "no route" in f.evidence
 
 

@@ -19,12 +19,14 @@ def test_mlx5_roce_trained_down_on_its_slot(tmp_path):
     assert r.code == 1, r.err  # WARN: the PCIe link
     got = verdicts(r)
     assert got["pcie"] == (
-        "WARN", "trained down: 0000:03:00.0 8.0 GT/s PCIe x8 of 16.0 GT/s PCIe x16"
+        "WARN",
+        "trained down: 0000:03:00.0 8.0 GT/s PCIe x8 of 16.0 GT/s PCIe x16",
     )
     assert got["gid"] == ("PASS", "GID 3 192.168.10.1 RoCE v2 on enp3s0f0")
     # rdma_cm's configfs was set for mlx5_0: RoCE v2, ToS 106 (DSCP 26)
     assert got["roce_mode"] == ("PASS", "rdma_cm default RoCE v2")
-    assert got["qos"][0] == "SKIP" and got["qos"][1].startswith("ToS 106 (default_roce_tos) is DSCP 26")
+    assert got["qos"][0] == "SKIP"
+    assert got["qos"][1].startswith("ToS 106 (default_roce_tos) is DSCP 26")
     assert got["memlock"] == ("PASS", "memlock unlimited")
     assert got["numa"][0] == "PASS" and "NUMA node 0 (CPUs 0-15,32-47)" in got["numa"][1]
     assert got["pkey"] == ("PASS", "P_Key 0xffff (full) at index 0 of 1")
@@ -65,7 +67,7 @@ def test_the_text_checklist_is_one_line_a_check_and_a_status(tmp_path, tree):
     lines = r.out.splitlines()
     assert lines[0].startswith("doctor: ")
     assert lines[-1].startswith("status: ")
-    checks = [l.split()[1] for l in lines[1:-1] if not l.startswith(" ")]
+    checks = [x.split()[1] for x in lines[1:-1] if not x.startswith(" ")]
     assert checks == ["peer", "stack", "port", "gid", "roce_mode", "memlock", "mtu", "arp",
                       "route", "udp4791", "qos", "pkey", "pcie", "numa"]  # fmt: skip
 

@@ -20,8 +20,9 @@ GOOD = Facts(
     port=1,
     link_layer="Ethernet",
     gid_index=1,
-    gids=(GidFact(1, "0000:0000:0000:0000:0000:ffff:0a4d:0002", "RoCE v2", "eth0", None,
-                  "10.77.0.2"),),  # fmt: skip
+    gids=(
+        GidFact(1, "0000:0000:0000:0000:0000:ffff:0a4d:0002", "RoCE v2", "eth0", None, "10.77.0.2"),
+    ),  # fmt: skip
     pkeys=(0xFFFF,),
     pfc=(3,),
     dscp_prio=((26, 3),),
@@ -80,8 +81,18 @@ def test_lists_from_a_peer_are_capped_and_bad_items_dropped():
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"[]", b"null", b"{", b'{"version": 2}', b"\xff\xfe", b"NaN", b'{"version": NaN}',
-     b"[" * 100000, b" " * (MAX_FACTS + 1)],  # fmt: skip
+    [
+        b"",
+        b"[]",
+        b"null",
+        b"{",
+        b'{"version": 2}',
+        b"\xff\xfe",
+        b"NaN",
+        b'{"version": NaN}',
+        b"[" * 100000,
+        b" " * (MAX_FACTS + 1),
+    ],  # fmt: skip
 )
 def test_what_is_not_facts_is_refused_whole(data):
     with pytest.raises(ValueError):
@@ -97,8 +108,11 @@ def test_the_facts_message_has_its_own_bound():
     with pytest.raises(wire.ProtocolError, match="exceeds 1024"):
         wire.decode(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.MessageType.ERROR, 2000))
     with pytest.raises(wire.ProtocolError, match="FACTS_QUERY carries no payload"):
-        wire.decode(wire.encode(wire.MessageType.READY)[:-0 or None][:4]
-                    + bytes([wire.VERSION, wire.MessageType.FACTS_QUERY, 0, 1]) + b"x")
+        wire.decode(
+            wire.encode(wire.MessageType.READY)[: -0 or None][:4]
+            + bytes([wire.VERSION, wire.MessageType.FACTS_QUERY, 0, 1])
+            + b"x"
+        )
 
 
 def test_the_server_reads_a_query_as_a_first_message():
