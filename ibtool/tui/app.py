@@ -65,12 +65,15 @@ class Dashboard(App):
     # Absolute: textual resolves a relative CSS_PATH beside the module of a subclass.
     CSS_PATH = Path(__file__).with_name("app.tcss")
     TITLE = "ibtool"
+    # Narrower than 100 columns the screens are "-narrow": the footer's keys closer together
+    # (app.tcss), for every key to fit 80 columns
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),  # as every other tool
         Binding("enter", "open", "Port detail", show=False),
         Binding("l", "loopback", "Loopback"),
-        Binding("d", "doctor", "Doctor", tooltip="Doctor: why the port's peer is not reached"),
+        Binding("d", "doctor", "Doctor", tooltip="Doctor: why RDMA to a peer fails"),
         Binding("p", "pause", "Pause"),
         Binding("r", "refresh", "Read", tooltip="Read now (a capture: read it again)"),
         # < and > are in the help, not the footer: at 80 columns it has room for the rest only

@@ -249,3 +249,21 @@ def test_the_runner_checks_a_capture_without_a_probe(tmp_path):
     checks = {f.check: f.verdict for f in result.findings}
     assert checks["peer"] == Verdict.SKIP and "probe" not in checks
     assert checks["pcie"] == Verdict.WARN
+
+
+@pytest.mark.asyncio
+async def test_every_key_fits_an_80_column_footer_with_a_filter_set(node):
+    from textual.widgets._footer import FooterKey
+
+    app = node().app(doctor=Fake())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("slash", "m", "enter")  # "Esc Clear" joins the footer
+        await pilot.pause()
+        keys = list(app.screen.query(FooterKey))
+        palette = next(k for k in keys if k.has_class("-command-palette"))
+        shown = [k for k in keys if k is not palette]
+        assert [k.description for k in shown] == [
+            "Quit", "Loopback", "Doctor", "Pause", "Read", "Filter", "Clear", "Help"
+        ]  # fmt: skip
+        assert all(k.region.right <= palette.region.x for k in shown)

@@ -88,3 +88,20 @@ def test_a_capture(snap_compare, node):
 
     app = node(live=False).app()
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_doctor(snap_compare, node, size):
+    """The doctor of mlx5_0/1 against a peer: a PASS, SKIP, FAIL (highlighted, its long fix
+    wrapped below) and WARN, the head line above and the summary below."""
+    from tests.tui.test_doctor import Fake
+
+    async def run_before(pilot):
+        await settle(pilot)
+        await pilot.press("d")
+        await pilot.press(*"10.0.0.2", "enter")
+        await pilot.app.screen.workers.wait_for_complete()
+        await pilot.pause()
+
+    app = node().app(doctor=Fake())
+    assert snap_compare(app, terminal_size=size, run_before=run_before)

@@ -48,6 +48,7 @@ class PortScreen(Screen):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back", key_display="Esc"),
         ("l", "app.loopback", "Loopback"),
+        ("d", "app.doctor", "Doctor"),
         Binding("1", "tab('counters')", "Counters tab", show=False),
         Binding("2", "tab('gids')", "GIDs tab", show=False),
         Binding("3", "tab('owners')", "Resources tab", show=False),

@@ -56,6 +56,7 @@ class DoctorScreen(ModalScreen):
         self.findings: list[Finding] = []
         self.ran: str | None = None  # the peer of the last run ("" : none)
         self.running = False
+        self._fitted = (0, 0)  # the box's and the table's max-height
         self._run = 0  # the number of the run whose result is shown when it comes
 
     def compose(self) -> ComposeResult:
@@ -77,7 +78,34 @@ class DoctorScreen(ModalScreen):
     def on_mount(self) -> None:
         self._columns()
         self.query_one("#doctor-fix").display = False
+        self.query_one("#doctor-head").display = False
+        self.query_one(DataTable).display = False  # until there is a checklist to show
         self.query_one(Input).focus()
+
+    # -- the layout ----------------------------------------------------------------------------
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._fit)
+
+    def _fit(self) -> None:
+        """The box as tall as its content, within the screen less a line above and below; the
+        checklist scrolls within what the peer field, the head, the summary and the fix leave
+        (CSS cannot say "auto, but at most what is left")."""
+        if not self.is_attached:
+            return
+        box = self.query_one("#doctor")
+        table = self.query_one(DataTable)
+        tall = max(8, self.size.height - 2)
+        rest = 2 + sum(  # the box's border, then its other lines
+            w.outer_size.height for w in box.children if w.display and w.id != "doctor-checks"
+        )
+        most = max(3, tall - rest)
+        if self._fitted != (tall, most):
+            self._fitted = (tall, most)
+            box.styles.max_height = tall
+            table.styles.max_height = most
+            # the highlighted check back in view, once the table has its new height
+            self.call_after_refresh(lambda: table.move_cursor(row=table.cursor_row, scroll=True))
 
     def _columns(self) -> None:
         """The table emptied, its columns as wide as their headings again."""
@@ -131,13 +159,18 @@ class DoctorScreen(ModalScreen):
         if error is not None:
             self.report, self.findings = None, []
             head.update("")
+            head.display = False
+            table.display = False
             status.update(Text(error, style="bold red"))
             self._show_fix(None)
+            self.call_after_refresh(self._fit)
             return
         from ibtool.views import doctor as view
 
         self.report, self.findings = report, list(report.findings)
         head.update(Text(view.head(report.local, report.peer, report.peer_address)))
+        head.display = True
+        table.display = bool(self.findings)
         for i, f in enumerate(self.findings):
             table.add_row(
                 Text(f.verdict.value, style=STYLE.get(f.verdict, "")),
@@ -153,6 +186,7 @@ class DoctorScreen(ModalScreen):
             )
             table.move_cursor(row=first)
             self._show_fix(self.findings[first])
+        self.call_after_refresh(self._fit)
 
     # -- the highlighted check -----------------------------------------------------------------
 
@@ -175,6 +209,7 @@ class DoctorScreen(ModalScreen):
             text.append("\nno fix", style="dim")
         box.update(text)
         box.display = True
+        self.call_after_refresh(self._fit)
 
     @property
     def fix(self) -> str:
