@@ -267,3 +267,37 @@ async def test_every_key_fits_an_80_column_footer_with_a_filter_set(node):
             "Quit", "Loopback", "Doctor", "Pause", "Read", "Filter", "Clear", "Help"
         ]  # fmt: skip
         assert all(k.region.right <= palette.region.x for k in shown)
+
+
+def test_the_runner_probes_a_peer_only_on_the_live_host(monkeypatch):
+    """ibtool doctor's options: a peer given is probed on the running host (3 round trips, 2 s);
+    no peer, or a capture, no probe; the host is given back however the run ends."""
+    from ibtool_plugins.tui import doctor_runner
+
+    import ibtool.doctor.run as doctor
+
+    seen = []
+
+    def diagnose(host, selector, opts, warn):
+        seen.append((host, selector, opts))
+        if opts.peer == "boom":
+            raise NotFoundError("cannot resolve boom")
+        return report(opts.peer)
+
+    monkeypatch.setattr(doctor, "diagnose", diagnose)
+    done = []
+    live = doctor_runner(lambda: "host", done.append, True, lambda m: None)
+    capture = doctor_runner(lambda: "capture", done.append, False, lambda m: None)
+    live("mlx5_0", 1, "10.0.0.2", lambda: False)
+    live("mlx5_0", 2, None, lambda: False)
+    capture("mlx5_0", 1, "10.0.0.2", lambda: False)
+    with pytest.raises(NotFoundError):
+        live("mlx5_0", 1, "boom", lambda: False)
+    assert [(h, s, o.peer, o.probe) for h, s, o in seen] == [
+        ("host", "mlx5_0/1", "10.0.0.2", True),
+        ("host", "mlx5_0/2", None, False),
+        ("capture", "mlx5_0/1", "10.0.0.2", False),
+        ("host", "mlx5_0/1", "boom", True),
+    ]
+    assert {(o.count, o.timeout, o.tcp_port) for _, _, o in seen} == {(3, 2.0, 18520)}
+    assert done == ["host", "host", "capture", "host"]
