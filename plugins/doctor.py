@@ -10,6 +10,7 @@ from ibtool.plugin.commands import Invocation
 
 COMPAT = {"rc_pingpong": 18515, "rping": 7174}  # ibv_rc_pingpong's -p, rping's -p defaults
 NATIVE_PORT = 18520  # ibtool ping --server's
+STOCK_SIZE = 4096  # ibv_rc_pingpong's -s: its server answers only messages of its own size
 
 
 def configure(parser) -> None:
@@ -35,8 +36,8 @@ def configure(parser) -> None:
                         "rdma_cm default_roce_tos, else 0)")  # fmt: skip
     parser.add_argument("-c", "--count", type=number(int, 1, 1000), default=3, metavar="N",
                         help="round trips of each probed operation (default 3)")  # fmt: skip
-    parser.add_argument("--size", type=number(int, 1, 1 << 20), default=64, metavar="BYTES",
-                        help="probe message size (default 64)")  # fmt: skip
+    parser.add_argument("--size", type=number(int, 1, 1 << 20), metavar="BYTES",
+                        help="probe size (default 64; rc_pingpong: its -s, 4096)")  # fmt: skip
     parser.add_argument("--timeout", type=number(float, 0.1, 60.0), default=2.0, metavar="S",
                         help="seconds for the peer's answer and for each probe's round "
                         "trip (default 2)")  # fmt: skip
@@ -56,7 +57,7 @@ def run(inv: Invocation) -> int:
         gid_index=args.gid_index,
         tclass=args.tclass,
         count=args.count,
-        size=args.size,
+        size=args.size or (STOCK_SIZE if args.compat == "rc_pingpong" else 64),
         timeout=args.timeout,
         probe=not args.no_probe and inv.host.live,
     )

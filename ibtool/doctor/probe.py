@@ -14,6 +14,8 @@ import statistics
 from ibtool.errors import IbtoolError
 from ibtool.model.doctor import Finding, Verdict
 
+STOCK_MTU = 3  # ibv_mtu IBV_MTU_1024: ibv_rc_pingpong's default -m
+
 
 def _finding(what: str, sent: int, got: int, rtts: list[float], losses: list[str]) -> Finding:
     if got and got == sent:
@@ -68,13 +70,15 @@ def probe_native(device: str, port: int, gid_index, peer: str, tcp_port: int, co
 
 def probe_pingpong(device: str, port: int, gid_index, peer: str, tcp_port: int, count: int,
                    size: int, timeout: float) -> list[Finding]:  # fmt: skip
-    """One ibv_rc_pingpong session (the stock server's -n must be `count`)."""
-    from ibtool.rdma.ladder import DEFAULT_PATH, Ladder
+    """One ibv_rc_pingpong session (the stock server's -n must be `count`, its -s `size`), at
+    its default path MTU, 1024 (its -m)."""
+    from ibtool.rdma.ladder import Ladder, PathSpec
     from ibtool.rdma.ping.pingpong import PingpongClient
 
+    path = PathSpec(mtu=STOCK_MTU)
     with Ladder(device, port, gid_index) as ladder:
         try:
-            client = PingpongClient(ladder, peer, tcp_port, size, timeout, DEFAULT_PATH, count)
+            client = PingpongClient(ladder, peer, tcp_port, size, timeout, path, count)
         except IbtoolError as e:
             return [_finding("RC SEND (rc_pingpong)", count, 0, [], [e.message])]
         try:

@@ -154,6 +154,13 @@ class Ladder(contextlib.AbstractContextManager):
                 raise PermissionDeniedError(
                     f"{what}: {e}", "check the permissions of /dev/infiniband/uverbs*"
                 ) from None
+            if code == 12:  # ENOMEM: pinning beyond RLIMIT_MEMLOCK (core/umem.c ib_umem_get)
+                raise IbtoolError(
+                    f"{what}: {e}",
+                    "the locked-memory limit (ulimit -l) is too low for this: raise it "
+                    "(prlimit --memlock=unlimited, or /etc/security/limits.d); ibtool doctor "
+                    "shows it",
+                ) from None
             raise IbtoolError(f"{what}: {e}") from None
 
     def own(self, obj):

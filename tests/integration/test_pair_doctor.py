@@ -20,7 +20,7 @@ from tests.integration.pair import Host, Pair
 
 pytestmark = [pytest.mark.integration, pytest.mark.pair]
 
-PORT = 18731  # the peer's ibtool ping --server for these tests
+PORT = 18520  # the peer's ibtool ping --server: the default port, which doctor asks
 # Under TCG the peer's server reads its facts in seconds (the Python start-up of a netfilter
 # and route lookup); on a real host the answer takes milliseconds.
 TIMEOUT = "30"
@@ -106,7 +106,7 @@ def test_a_healthy_pair_passes(pair: Pair, server):
     pair.wait_nothing_left(before)
     # the server answered the query and both probes, and built nothing for the query
     lines = server.wait_for_lines(lambda ls: any("doctor query answered" in x for x in ls), 60)
-    assert any(x.endswith("doctor query answered") for x in lines), lines
+    assert any(x.rstrip().endswith(": doctor query answered") for x in lines), lines
 
 
 def test_link_local_gids_only(pair: Pair):
@@ -118,8 +118,11 @@ def test_link_local_gids_only(pair: Pair):
                    "link-local GIDs only", 120)  # fmt: skip
         rc, got, _ = doctor(host, "--no-probe")
         status, evidence, fix = only(got, "gid")
-        assert rc == 2 and evidence.startswith(f"no routable RoCE v2 GID on {nic}")
-        assert "link-local IPv6" in evidence and fix == f"ip addr add ADDRESS/PREFIX dev {nic}"
+        # the GID rule falls back to the link-local GID: doctor says that is all there is
+        assert rc == 2 and evidence.startswith("GID 0 fe80::"), evidence
+        assert evidence.endswith(f"RoCE v2 on {nic}: link-local only, no IPv4 or global IPv6 "
+                                 "address")  # fmt: skip
+        assert fix == f"ip addr add ADDRESS/PREFIX dev {nic}"
         keep(pair, "link-local", "--no-probe")
     finally:
         host.run(["ip", "addr", "add", f"{host.ipv4}/24", "dev", nic], timeout=60)
@@ -244,7 +247,7 @@ def test_a_stock_peer_is_checked_from_this_side(pair: Pair):
     """Against ibv_rc_pingpong: no facts are asked of it, the probe speaks its protocol."""
     peer = pair.peer
     srv = peer.start(["ibv_rc_pingpong", "-d", peer.device, "-g", str(peer.gid_index),
-                      "-p", "18741", "-n", "3"])  # fmt: skip
+                      "-p", "18741", "-n", "3"])  # fmt: skip  (-s 4096, doctor's default too)
     wait_until(lambda: not srv.running() or peer.listening(18741), "ibv_rc_pingpong", 120)
     rc, got, report = doctor(pair.local, peer.ipv4, "--compat", "rc_pingpong", "--port", "18741",
                              "-c", "3")  # fmt: skip

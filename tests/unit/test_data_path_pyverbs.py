@@ -152,3 +152,27 @@ def test_one_send_in_signal_every_is_signaled_on_both_sides(mode, fake_pyverbs, 
         assert sum(flags) == 40 // session.SIGNAL_EVERY
         longest = max(len(run) for run in "".join("s" if f else "u" for f in flags).split("s"))
         assert longest < session.SIGNAL_EVERY
+
+
+def test_a_buffer_beyond_the_memlock_limit_is_one_error_with_the_hint(fake_pyverbs, monkeypatch):
+    """ENOMEM from ibv_reg_mr (the kernel's RLIMIT_MEMLOCK, core/umem.c): an IbtoolError
+    naming the limit, and the CQ built before the MR closed at once, not left to the context."""
+    fabric = fake_pyverbs("rdma-core-65")
+    fabric.add_port("mlx5_0", 1, link_layer=1, lid=28)
+    from tests.unit import pyverbs_fakes
+
+    def refuse(self, pd, length, access):
+        raise pyverbs_fakes.PyverbsRDMAError("Failed to register a MR. Errno: 12", 12)
+
+    monkeypatch.setattr(pyverbs_fakes.FakeMR, "__init__", refuse)
+    closed = []
+    real_close = pyverbs_fakes.FakeCQ.close
+    monkeypatch.setattr(
+        pyverbs_fakes.FakeCQ, "close", lambda cq: (closed.append(cq), real_close(cq))
+    )
+    with Ladder("mlx5_0", 1, None) as ladder:
+        with pytest.raises(session.IbtoolError) as e:
+            session.Session(ladder, 1 << 20, wire.Mode.SEND)
+        assert e.value.message.startswith(f"registering {1 << 20} bytes: Failed to register")
+        assert "locked-memory limit (ulimit -l)" in e.value.hint
+        assert len(closed) == 1

@@ -87,10 +87,22 @@ class Session:
         self._objects: list = []
         self.answered = 0  # pings a server answered in this session
         self.with_imm = mode == wire.Mode.WRITE_IMM
+        try:
+            self._build(ladder, mode, stamped)
+        except BaseException:
+            self.close()  # what was built before the failure, not left to the context's close
+            raise
+
+    def _build(self, ladder: Ladder, mode: wire.Mode, stamped: bool) -> None:
         self.cq = self._keep(_completion_queue(ladder, mode, stamped))
         self.polled = in_place(self.cq, ladder.pv)
         self.poll_attr = ladder.pv.cq.PollCqAttr() if ladder.pv.cqex else None
-        self.mr = self._keep(ladder.pv.mr.MR(ladder.pd, self.room, _access(mode)))
+        self.mr = self._keep(
+            ladder.checked(
+                lambda: ladder.pv.mr.MR(ladder.pd, self.room, _access(mode)),
+                f"registering {self.room} bytes",
+            )
+        )
         # Sends are unsignaled but every SIGNAL_EVERY-th: a completion per ping would cost a
         # poll round on the critical path. The queue has room for the unreaped ones.
         cap = ladder.pv.qp.QPCap(
