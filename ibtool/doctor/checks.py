@@ -43,11 +43,14 @@ def run_checks(local: Facts, peer: Facts | None, ctx: Context) -> list[Finding]:
 
 def _both(local: Facts, peer: Facts | None, one: Callable[[Facts], tuple]) -> tuple:
     """(verdict, evidence, fix) of `one` on each end, combined: the worst verdict, each side's
-    evidence labelled."""
+    evidence labelled ("both:" when the two ends say the same)."""
     here = one(local)
     if peer is None:
         return here
     there = one(peer)
+    if here == there:
+        fix = f"on both ends: {here[2]}" if here[2] else None
+        return here[0], f"both: {here[1]}", fix
     verdict = Verdict.worst([here[0], there[0]])
     evidence = f"here: {here[1]}; peer: {there[1]}"
     fixes = [f for v, f in ((here[0], here[2]), (there[0], f"on the peer: {there[2]}"))

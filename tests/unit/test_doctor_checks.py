@@ -84,6 +84,8 @@ def test_a_healthy_pair_passes_every_check_it_can_know():
     assert {k for k, v in verdicts.items() if v not in (PASS, SKIP)} == set()
     assert verdicts["gid"] == verdicts["mtu"] == verdicts["route"] == verdicts["stack"] == PASS
     assert verdicts["qos"] == SKIP  # no DCB on the netdev
+    stack = next(f for f in findings if f.check == "stack")
+    assert stack.evidence == "both: ib_core, ib_uverbs, rdma_ucm loaded, uverbs0, provider for rxe"
     assert verdicts["pcie"] == SKIP  # software RDMA: no PCI device
     assert view.summary(findings).startswith("status: PASS (")
 
@@ -249,3 +251,14 @@ def test_the_checklist_text():
     assert view.head(roce(), roce("10.77.0.2", hostname="b"), "b") == (
         "doctor: rxe0/1 GID 1 10.77.0.1 -> b (rxe0/1 GID 1 10.77.0.2 on b)"
     )
+
+
+def test_the_peers_trust_mapping_the_traffic_class_to_a_lossy_priority_fails_there():
+    """The peer's DCB as an mlx5 with trust dscp and PFC on priority 3 reports it (the DCB
+    replies veth cannot give: test_system_facts.py parses such replies built from the uapi)."""
+    dcb = dict(dcb=True, pfc=(3,), dscp_prio=((26, 3),), trust=("dscp",))
+    f = checks.check_qos(roce(), roce("10.77.0.2", **dcb), Context(peer="b", tclass=96))
+    assert f.verdict == FAIL
+    assert f.evidence.startswith("here: ToS 96 (--tclass) is DSCP 24; eth0 has no DCB")
+    assert "peer: ToS 96 (--tclass) is DSCP 24 -> priority 0 (trust dscp), lossy" in f.evidence
+    assert f.fix.startswith("on the peer: use ToS 104 (DSCP 26)")
