@@ -288,13 +288,15 @@ def check_memlock(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
 
 def check_mtu(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
     def said(f: Facts) -> str:
-        text = f"active MTU {f.active_mtu}" if f.active_mtu else "active MTU ?"
-        return text + (f" (netdev {f.netdev} {f.netdev_mtu})" if f.netdev_mtu else "")
+        netdev = f" (netdev {f.netdev} {f.netdev_mtu})" if f.netdev_mtu else ""
+        if f.active_mtu:
+            return f"active MTU {f.active_mtu}{netdev}"
+        return f"active MTU not known{netdev}"
 
     if local.active_mtu is None and local.netdev_mtu is None:
         return Finding("mtu", SKIP, "MTU not known")
     if peer is None:
-        return Finding("mtu", PASS, f"here: {said(local)}; the peer's not known")
+        return Finding("mtu", PASS, said(local))
     evidence = f"here: {said(local)}; peer: {said(peer)}"
     if local.active_mtu and peer.active_mtu and local.active_mtu != peer.active_mtu:
         small = local if local.active_mtu < peer.active_mtu else peer

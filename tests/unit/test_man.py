@@ -12,7 +12,8 @@ the EXIT STATUS section of ibtool(8), with its name; and every example marked
     .fi
 
 is what `ibtool --root TREE ARGS` prints on standard output (and, with +stderr, then on
-standard error), exiting non-zero exactly when OUTPUT shows an error. TREE is a builder of
+standard error), exiting non-zero exactly when OUTPUT shows an error (health and doctor: with
+the Nagios code their output names). TREE is a builder of
 tests/fixtures/sysfs_trees.py, or `rxe` for the tree captured from a real kernel.
 
 The lint runs groff and mandoc. A missing tool skips the lint tests on a workstation and fails
@@ -363,6 +364,10 @@ def test_example_output_is_what_ibtool_prints(trees, tree, with_stderr, argv, ex
     if argv[0] == "health":  # a Nagios plugin: its first line names the exit status
         status = expected[0].split()[1]
         assert code == ["OK", "WARNING", "CRITICAL", "UNKNOWN"].index(status), err.getvalue()
+        return
+    if argv[0] == "doctor":  # Nagios' codes too: its last line names the worst verdict
+        status = expected[-1].split()[1]
+        assert code == {"PASS": 0, "SKIP": 0, "WARN": 1, "FAIL": 2}[status], err.getvalue()
         return
     fails = any(line.startswith("ibtool: error:") for line in expected)
     assert (code != 0) == fails, err.getvalue()
