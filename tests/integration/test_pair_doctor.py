@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from tests.integration.faults import wait_for
 from tests.integration.pair import Host, Pair
 
 pytestmark = [pytest.mark.integration, pytest.mark.pair]
@@ -24,14 +25,6 @@ PORT = 18520  # the peer's ibtool ping --server: the default port, which doctor 
 # Under TCG the peer's server reads its facts in seconds (the Python start-up of a netfilter
 # and route lookup); on a real host the answer takes milliseconds.
 TIMEOUT = "30"
-
-
-def wait_until(condition, what: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} after {timeout} s")
-        time.sleep(0.2)
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +40,7 @@ def rdma_stack(pair: Pair):
 def server(pair: Pair):
     """`ibtool ping --server` on the peer, listening."""
     srv = pair.peer.start(pair.peer.ibtool("ping", "--server", "--port", str(PORT)))
-    wait_until(lambda: not srv.running() or pair.peer.listening(PORT), "server listening", 180)
+    wait_for(lambda: not srv.running() or pair.peer.listening(PORT), "server listening", 180)
     assert srv.running(), srv.stop()
     yield srv
     srv.stop()
@@ -114,7 +107,7 @@ def test_link_local_gids_only(pair: Pair):
     host.run(["ip", "-4", "addr", "flush", "dev", nic], timeout=60)
     host.run(["ip", "-6", "addr", "flush", "dev", nic, "scope", "global"], timeout=60)
     try:
-        wait_until(lambda: doctor(host, "--no-probe")[1]["gid"][0][0] == "FAIL",
+        wait_for(lambda: doctor(host, "--no-probe")[1]["gid"][0][0] == "FAIL",
                    "link-local GIDs only", 120)  # fmt: skip
         rc, got, _ = doctor(host, "--no-probe")
         status, evidence, fix = only(got, "gid")
@@ -128,7 +121,7 @@ def test_link_local_gids_only(pair: Pair):
         host.run(["ip", "addr", "add", f"{host.ipv4}/24", "dev", nic], timeout=60)
         if host.ipv6:
             host.run(["ip", "-6", "addr", "add", f"{host.ipv6}/64", "dev", nic, "nodad"], 60)
-    wait_until(lambda: only(doctor(host, "--no-probe")[1], "gid")[0] == "PASS",
+    wait_for(lambda: only(doctor(host, "--no-probe")[1], "gid")[0] == "PASS",
                "the IPv4 GID back", 120)  # fmt: skip
 
 
@@ -168,7 +161,7 @@ def test_mtu_mismatch(pair: Pair, server):
     peer = pair.peer
     assert peer.run(["ip", "link", "set", "dev", peer.netdev, "mtu", "9000"], 60).returncode == 0
     try:
-        wait_until(lambda: only(doctor(pair.local, peer.ipv4, "--no-probe")[1], "mtu")[0]
+        wait_for(lambda: only(doctor(pair.local, peer.ipv4, "--no-probe")[1], "mtu")[0]
                    == "FAIL", "the peer's active MTU at 4096", 180)  # fmt: skip
         rc, got, _ = doctor(pair.local, peer.ipv4, "-c", "1")
         status, evidence, fix = only(got, "mtu")
@@ -180,7 +173,7 @@ def test_mtu_mismatch(pair: Pair, server):
         keep(pair, "mtu", peer.ipv4, "-c", "1")
     finally:
         peer.run(["ip", "link", "set", "dev", peer.netdev, "mtu", "1500"], timeout=60)
-    wait_until(lambda: only(doctor(pair.local, peer.ipv4, "--no-probe")[1], "mtu")[0] == "PASS",
+    wait_for(lambda: only(doctor(pair.local, peer.ipv4, "--no-probe")[1], "mtu")[0] == "PASS",
                "one MTU again", 180)  # fmt: skip
 
 
@@ -246,9 +239,10 @@ def test_udp_4791_dropped_on_the_peer(pair: Pair, server):
 def test_a_stock_peer_is_checked_from_this_side(pair: Pair):
     """Against ibv_rc_pingpong: no facts are asked of it, the probe speaks its protocol."""
     peer = pair.peer
-    srv = peer.start(["ibv_rc_pingpong", "-d", peer.device, "-g", str(peer.gid_index),
-                      "-p", "18741", "-n", "3"])  # fmt: skip  (-s 4096, doctor's default too)
-    wait_until(lambda: not srv.running() or peer.listening(18741), "ibv_rc_pingpong", 120)
+    srv = peer.start(
+        ["ibv_rc_pingpong", "-d", peer.device, "-g", str(peer.gid_index), "-p", "18741", "-n", "3"]
+    )  # fmt: skip  (-s 4096, doctor's default too)
+    wait_for(lambda: not srv.running() or peer.listening(18741), "ibv_rc_pingpong", 120)
     rc, got, report = doctor(pair.local, peer.ipv4, "--compat", "rc_pingpong", "--port", "18741",
                              "-c", "3")  # fmt: skip
     assert report["remote"] is None

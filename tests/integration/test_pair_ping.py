@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 
+from tests.integration.faults import wait_for
 from tests.integration.pair import Host, Pair
 
 pytestmark = [pytest.mark.integration, pytest.mark.pair]
@@ -25,19 +25,9 @@ def ends(pair: Pair, direction: str) -> tuple[Host, Host]:
     return (pair.local, pair.peer) if direction == "runner-to-peer" else (pair.peer, pair.local)
 
 
-def wait_until(condition, what: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} after {timeout} s")
-        time.sleep(0.2)
-
-
 def served(server, what: str, port: int) -> None:
     """Until `server` (a Process) listens on TCP `port` of its host."""
-    wait_until(
-        lambda: not server.running() or server.host.listening(port), f"{what} listening", 120
-    )
+    wait_for(lambda: not server.running() or server.host.listening(port), f"{what} listening", 120)
     assert server.running(), server.stop()
 
 
@@ -197,7 +187,7 @@ def test_ibtool_pings_a_stock_rping(pair, direction):
     stock = server.start(
         ["rping", "-s", "-a", server.ipv4, "-p", str(port), "-C", "5", "-S", "100", "-v"]
     )
-    wait_until(
+    wait_for(
         lambda: not stock.running() or server.cm_listening(stock.pid), "rping -s listening", 120
     )
     assert stock.running(), stock.stop()
