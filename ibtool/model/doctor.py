@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -241,11 +242,15 @@ def _pci(value) -> PciFact | None:
     )
 
 
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
 def _name(value) -> str | None:
-    """A device or netdev name: at most 64 printable ASCII characters without '/'."""
-    if not isinstance(value, str) or not 0 < len(value) <= 64:
-        return None
-    if not all(33 <= ord(c) < 127 for c in value) or "/" in value:
+    """A device, netdev, driver or module name as real ones are spelled: letters, digits, '_',
+    '.', '-'. The kernel allows more in a netdev name (dev_valid_name refuses only '/', ':'
+    and white space), but a peer's name lands in the fix lines an operator may paste into a
+    shell: a ';' or '$(' from a peer never does."""
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         return None
     return value
 

@@ -51,6 +51,9 @@ def hostile(**fields) -> bytes:
         ("device", "../../etc"),
         ("device", "x" * 65),
         ("netdev", "eth0\x1b[2J"),
+        ("netdev", "eth0;reboot"),
+        ("netdev", "$(reboot)"),
+        ("driver", "mlx5 core"),
         ("gid_index", -1),
         ("memlock_soft", -2),
         ("pfc", [9]),
@@ -91,6 +94,7 @@ def test_lists_from_a_peer_are_capped_and_bad_items_dropped():
         b"NaN",
         b'{"version": NaN}',
         b"[" * 100000,
+        b"[" * 16000,
         b" " * (MAX_FACTS + 1),
     ],  # fmt: skip
 )
