@@ -54,6 +54,20 @@ def wait_port(host: str, port: int, timeout: float = 180) -> None:
     raise SystemExit(f"nothing listens at {host}:{port}")
 
 
+def peer_listens(port: int, timeout: float = 180) -> None:
+    """Until the peer's /proc/net/tcp shows `port` listening: read, never connected to, as
+    ibv_rc_pingpong serves the first connection only."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = subprocess.run(ssh("cat /proc/net/tcp"), capture_output=True, text=True).stdout
+        for row in rows.splitlines()[1:]:
+            fields = row.split()
+            if len(fields) > 3 and fields[3] == "0A" and int(fields[1].split(":")[1], 16) == port:
+                return
+        time.sleep(0.2)
+    raise SystemExit(f"nothing listens at the peer's port {port}")
+
+
 def pile(peer: str, gid: str, device: str) -> float:
     """What an operator types for doctor's answers, both ends and a stock ping."""
     local = (f"ibv_devinfo -v -d {device} >/dev/null; rdma link show >/dev/null; "
@@ -65,7 +79,7 @@ def pile(peer: str, gid: str, device: str) -> float:
     )  # fmt: skip
     t0 = time.monotonic()
     subprocess.run(["sh", "-c", f"{local}; ip route get {peer} >/dev/null"], check=True)
-    wait_port(peer, PP_PORT)  # the pingpong server listens after the peer's commands ran
+    peer_listens(PP_PORT)  # the pingpong server listens after the peer's commands ran
     subprocess.run(["ibv_rc_pingpong", "-d", device, "-g", gid, "-p", str(PP_PORT), "-n", "3",
                     peer], capture_output=True, check=True, timeout=120)  # fmt: skip
     took = time.monotonic() - t0
