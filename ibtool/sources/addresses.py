@@ -1,4 +1,4 @@
-"""The running kernel's IPv4 addresses per netdev (RTM_GETADDR through pyroute2), for what
+"""The running kernel's IPv4 addresses per netdev (RTM_GETADDR, sources/rtnetlink.py), for what
 only the whole host shows: several NICs with an address in one subnet, where strict reverse
 path filtering and ARP flux break RoCE v2 (Documentation/networking/ip-sysctl.rst, rp_filter
 and arp_ignore; rdma-core Documentation/librdmacm.md)."""
@@ -6,27 +6,15 @@ and arp_ignore; rdma-core Documentation/librdmacm.md)."""
 from __future__ import annotations
 
 import ipaddress
-import socket
 from collections.abc import Callable, Iterable
 
 
-def _dump() -> list[tuple[str, str, int]]:
-    from pyroute2 import IPRoute  # imported only when asked: ~0.25 s
-
-    with IPRoute() as ipr:
-        out = []
-        for msg in ipr.get_addr(family=socket.AF_INET):
-            address = msg.get_attr("IFA_LOCAL") or msg.get_attr("IFA_ADDRESS")
-            label = msg.get_attr("IFA_LABEL")
-            if address and label:
-                out.append((label.split(":")[0], address, int(msg["prefixlen"])))
-        return out
-
-
-def ipv4_addresses(dump: Callable[[], Iterable[tuple[str, str, int]]] = _dump):
+def ipv4_addresses(dump: Callable[[], Iterable[tuple[str, str, int]]] | None = None):
     """(netdev, address, prefix length) of every IPv4 address; raises OSError when the kernel
     cannot be asked."""
-    return list(dump())
+    from ibtool.sources.rtnetlink import ipv4_addresses as dump_addresses
+
+    return list((dump or dump_addresses)())
 
 
 def same_subnet(netdev: str, addresses: Iterable[tuple[str, str, int]]) -> tuple[str, ...]:

@@ -158,6 +158,9 @@ setup_pair() {
     timeout 60 modprobe virtio_net >&3 2>&1 || fail "module virtio_net cannot be loaded in the guest"
     timeout 60 modprobe rdma_rxe >&3 2>&1 \
         || fail "module rdma_rxe cannot be loaded in the guest (kernel $(uname -r)): see setup.log"
+    # What rdma-core's rdma-load-modules@rdma.service loads on a RoCE host (kernel-boot/
+    # modules/rdma.conf): rdma_ucm, which librdmacm needs; ibtool doctor checks for it.
+    timeout 60 modprobe rdma_ucm >&3 2>&1 || fail "module rdma_ucm cannot be loaded in the guest"
     for _ in $(seq 200); do
         for f in /sys/class/net/*/address; do
             [ "$(cat "$f")" = "$mac" ] && nic=$(basename "$(dirname "$f")")

@@ -834,3 +834,58 @@ def test_the_running_kernel_answers_for_the_loopback():
     if route is not None:
         assert (route.dev, route.type) == ("lo", "local")
     assert len(warnings) <= 2
+
+
+# -- RTM_GETROUTE and RTM_GETADDR on a plain socket (no pyroute2) ---------------------------
+
+
+class _OneAnswer:
+    """A NETLINK_ROUTE socket stand-in answering the request sent to it with `reply(seq)`."""
+
+    def __init__(self, reply):
+        self.reply, self.sent, self.closed = reply, [], False
+
+    def settimeout(self, t):
+        pass
+
+    def send(self, data):
+        self.sent.append(data)
+        return len(data)
+
+    def recvmsg(self, size):
+        seq = struct.unpack_from("=IHHII", self.sent[-1])[3]
+        return self.reply(seq), None, 0, None
+
+    def close(self):
+        self.closed = True
+
+
+def _nlmsg(kind: int, seq: int, payload: bytes) -> bytes:
+    return struct.pack("=IHHII", 16 + len(payload), kind, 0, seq, 0) + payload
+
+
+def test_a_route_the_kernel_refuses_is_unreachable_without_pyroute2():
+    from ibtool.sources import rtnetlink
+
+    error = lambda seq: _nlmsg(2, seq, struct.pack("=i", -errno.ENETUNREACH) + bytes(16))  # noqa: E731
+    sock = _OneAnswer(error)
+    route = rtnetlink.read_route("10.99.0.1", print, lambda: rtnetlink.RouteSocket(lambda: sock))
+    assert (route.type, route.error, route.dev) == ("unreachable", "ENETUNREACH", None)
+    assert sock.closed
+    kind, flags = struct.unpack_from("=HH", sock.sent[0], 4)
+    assert (kind, flags) == (rtnetlink.RTM_GETROUTE, rtnetlink.NLM_F_REQUEST)
+
+
+def test_ipv4_addresses_of_the_running_kernel_include_the_loopback():
+    from ibtool.sources import rtnetlink
+
+    assert ("lo", "127.0.0.1", 8) in rtnetlink.ipv4_addresses()
+
+
+def test_a_malformed_address_dump_is_an_oserror():
+    from ibtool.sources import rtnetlink
+
+    sock = _OneAnswer(lambda seq: struct.pack("=IHHII", 400, 20, 2, seq, 0))
+    with pytest.raises(OSError, match="malformed"):
+        rtnetlink.ipv4_addresses(lambda: sock)
+    assert sock.closed
