@@ -211,7 +211,10 @@ def _gid(value) -> GidFact | None:
     if index is None or not isinstance(gid, str):
         return None
     try:
-        text = ipaddress.IPv6Address(gid).exploded
+        raw = ipaddress.IPv6Address(gid).packed
+        # eight groups of four hex digits, as sysfs prints a GID: `exploded` writes an
+        # IPv4-mapped address with a dotted tail from Python 3.13 on
+        text = ":".join(raw[i : i + 2].hex() for i in range(0, 16, 2))
     except ValueError:
         return None
     ip = value.get("ip")

@@ -35,6 +35,12 @@ def test_facts_survive_the_wire():
     assert Facts.from_wire(GOOD.to_wire()) == GOOD
 
 
+def test_a_gid_is_written_as_sysfs_writes_it_whatever_the_python():
+    # Python 3.13+ explodes ::ffff:10.77.0.2 with a dotted tail; a GID never is
+    got = Facts.from_wire(hostile(gids=[{"index": 1, "gid": "::ffff:10.77.0.2"}]))
+    assert got.gids[0].gid == "0000:0000:0000:0000:0000:ffff:0a4d:0002"
+
+
 def hostile(**fields) -> bytes:
     data = GOOD.to_json()
     data.update(fields)
