@@ -73,6 +73,10 @@ class Malformed(ValueError):
     """A reply that does not follow the uapi layout."""
 
 
+class KernelError(OSError):
+    """The kernel answered a request with an error code (NLMSG_ERROR)."""
+
+
 def open_route_socket() -> socket.socket:
     return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
 
@@ -90,11 +94,10 @@ def _attrs(data: bytes, offset: int = 0, end: int | None = None) -> list[tuple[i
     return found
 
 
-def dcb_request(netdev: str, seq: int) -> bytes:
+def _dcb_body(netdev: str) -> bytes:
     name = netdev.encode() + b"\0"
     attr = struct.pack("=HH", 4 + len(name), DCB_ATTR_IFNAME) + name + b"\0" * (-len(name) % 4)
-    body = struct.pack("=BBH", socket.AF_UNSPEC, DCB_CMD_IEEE_GET, 0) + attr
-    return struct.pack("=IHHII", 16 + len(body), RTM_GETDCB, NLM_F_REQUEST, seq, 0) + body
+    return struct.pack("=BBH", socket.AF_UNSPEC, DCB_CMD_IEEE_GET, 0) + attr
 
 
 def parse_dcb(netdev: str, payload: bytes) -> Dcb | None:
@@ -144,7 +147,6 @@ def _errno_name(code: int) -> str:
 
 def read_dcb(netdev: str, warn: Warn, open_socket: Callable[[], Any] = open_route_socket):
     """Dcb of `netdev`, or None: no DCB there (EOPNOTSUPP), or a failure, warned about."""
-    seq = next(_SEQ)
     try:
         sock = open_socket()
     except OSError as e:
@@ -152,20 +154,18 @@ def read_dcb(netdev: str, warn: Warn, open_socket: Callable[[], Any] = open_rout
         return None
     try:
         sock.settimeout(TIMEOUT)
-        sock.send(dcb_request(netdev, seq))
-        deadline = time.monotonic() + TIMEOUT
-        while time.monotonic() < deadline:
-            data, _, flags, _ = sock.recvmsg(RECV_BUFFER)
-            if flags & socket.MSG_TRUNC:
-                raise Malformed(f"a reply larger than {RECV_BUFFER} bytes")
-            answer = _answer(netdev, data, seq, warn)
-            if answer is not _NOT_YET:
-                return answer
-        warn(f"DCB of {netdev}: the kernel did not answer within {TIMEOUT:g} s")
+        for kind, payload in _ask(sock, RTM_GETDCB, NLM_F_REQUEST, _dcb_body(netdev)):
+            if kind == RTM_GETDCB:
+                return parse_dcb(netdev, payload)
     except socket.timeout:
         warn(f"DCB of {netdev}: the kernel did not answer within {TIMEOUT:g} s")
     except Malformed as e:
         warn(f"DCB of {netdev}: malformed reply ({e})")
+    except KernelError as e:
+        if e.errno == errno.ENODEV:
+            warn(f"DCB of {netdev}: no such netdev")
+        elif e.errno != errno.EOPNOTSUPP:  # EOPNOTSUPP: no dcbnl_ops, no DCB here
+            warn(f"DCB of {netdev}: the kernel answered {_errno_name(e.errno)}")
     except OSError as e:
         warn(f"DCB of {netdev}: {e.strerror or e}")
     finally:
@@ -174,36 +174,6 @@ def read_dcb(netdev: str, warn: Warn, open_socket: Callable[[], Any] = open_rout
 
 
 _SEQ = itertools.count((int(time.time()) ^ os.getpid()) & 0xFFFFFF)
-_NOT_YET = object()
-
-
-def _answer(netdev: str, data: bytes, seq: int, warn: Warn):
-    """The Dcb (or None) one datagram answers, or _NOT_YET when it holds no answer."""
-    offset = 0
-    while offset + 16 <= len(data):
-        length, kind, _, msg_seq, _ = struct.unpack_from("=IHHII", data, offset)
-        if length < 16 or offset + length > len(data):
-            raise Malformed(f"a message of {length} bytes")
-        payload = data[offset + 16 : offset + length]
-        offset += (length + 3) & ~3
-        if msg_seq != seq:
-            continue
-        if kind == NLMSG_ERROR:
-            if len(payload) < 4:
-                raise Malformed("NLMSG_ERROR without an error code")
-            code = -struct.unpack_from("=i", payload)[0]
-            if code in (0, errno.EOPNOTSUPP):
-                return None  # no dcbnl_ops: no DCB here
-            if code == errno.ENODEV:
-                warn(f"DCB of {netdev}: no such netdev")
-            else:
-                warn(f"DCB of {netdev}: the kernel answered {_errno_name(code)}")
-            return None
-        if kind == NLMSG_DONE:
-            return None
-        if kind == RTM_GETDCB:
-            return parse_dcb(netdev, payload)
-    return _NOT_YET
 
 
 # -- the route ----------------------------------------------------------------------------------
@@ -281,7 +251,7 @@ class RouteSocket:
 
 def _ask(sock, kind: int, flags: int, body: bytes) -> list[tuple[int, bytes]]:
     """One request and its replies (a dump's until NLMSG_DONE): [(type, payload)]; an
-    NLMSG_ERROR with a code raises OSError(code)."""
+    NLMSG_ERROR with a code raises KernelError(code)."""
     seq = next(_SEQ)
     sock.send(struct.pack("=IHHII", 16 + len(body), kind, flags, seq, 0) + body)
     deadline = time.monotonic() + TIMEOUT
@@ -304,7 +274,7 @@ def _ask(sock, kind: int, flags: int, body: bytes) -> list[tuple[int, bytes]]:
                     raise Malformed("NLMSG_ERROR without an error code")
                 code = -struct.unpack_from("=i", payload)[0]
                 if code:
-                    raise OSError(code, os.strerror(code))
+                    raise KernelError(code, os.strerror(code))
                 return got
             if m_kind == NLMSG_DONE:
                 return got
