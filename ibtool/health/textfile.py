@@ -25,12 +25,22 @@ def collected(plugins, host, warn: Callable[[str], None]) -> list[MetricFamily]:
 
 def write_textfile(path: str, families: Iterable[MetricFamily]) -> None:
     """`families` in the text format at `path`, atomically (temporary file + rename)."""
+    check_path(path)
+    write_text(path, exposition(families))
+
+
+def check_path(path: str) -> None:
+    """A --textfile's name, refused before any work if node_exporter would not read it."""
     if not path.endswith(".prom"):
         raise UsageError(
             f"--textfile {path}: node_exporter reads only files named *.prom",
             "e.g. --textfile /var/lib/node_exporter/textfile_collector/ibtool.prom",
         )
-    text = exposition(families)
+
+
+def write_text(path: str, text: str) -> None:
+    """`text` (an exposition) at `path`, atomically (temporary file + rename)."""
+    check_path(path)
     directory = os.path.dirname(path) or "."
     try:
         fd, tmp = tempfile.mkstemp(prefix=".ibtool.", suffix=".prom.tmp", dir=directory)

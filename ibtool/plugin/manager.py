@@ -44,6 +44,7 @@ BUILTIN = (
     "gids",
     "health",
     "loopback",
+    "mesh",
     "monitor",
     "ping",
     "ports",

@@ -39,6 +39,7 @@ LAYERS = [
     ("ibtool.health",),
     ("ibtool.plugin",),
     ("ibtool.snapshot",),
+    ("ibtool.mesh",),
     ("ibtool.doctor",),
     ("ibtool.rdma",),
     ("ibtool.host",),

@@ -70,12 +70,20 @@ class Client:
         timeout: float,
         path: PathSpec = DEFAULT_PATH,
         hw: HwClock | None = None,
+        source: str | None = None,
+        connect_timeout: float = HANDSHAKE_TIMEOUT,
     ):
+        """`source`: the address this side connects from (a mesh endpoint's own), else the
+        kernel's choice; `connect_timeout`: seconds for the TCP connection."""
         self.ladder, self.size, self.mode, self.timeout = ladder, size, mode, timeout
         self.path, self.hw, self.hw_us = path, hw, None
         self.server = f"{host}:{tcp_port}"
         try:
-            self.conn = socket.create_connection((host, tcp_port), timeout=HANDSHAKE_TIMEOUT)
+            self.conn = socket.create_connection(
+                (host, tcp_port),
+                timeout=connect_timeout,
+                source_address=(source, 0) if source else None,
+            )
         except OSError as e:
             raise IbtoolError(
                 f"cannot reach the ping server at {host}:{tcp_port}: {e.strerror or e}",

@@ -8,6 +8,7 @@ leaves; a client whose QP died holds nothing while it is away.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from typing import Callable
 
@@ -43,18 +44,25 @@ def serve(
     pkey: PKey | None = None,
     limits: Limits | None = None,
     facts: Callable[[], bytes] | None = None,
+    stop: threading.Event | None = None,
+    listening: Callable[[], None] | None = None,
 ) -> None:
     """Serve clients, several at once within `limits`, until interrupted (or `max_clients`
     were admitted and have left), on the service level, traffic class and P_Key index of
     `path`, the path MTU capped by it; `pkey`: that P_Key table slot, for the first line;
     `facts`: what answers an `ibtool doctor` query (this side's facts as JSON), None to refuse
-    such queries."""
+    such queries; `stop`: set, the server stops as on an interrupt (an `ibtool mesh` agent's
+    end); `listening`: called once the socket listens and the port's verbs are open."""
     log = locked(log)
     with serving(device, port, gid_index, bind, tcp_port, log, "listening", pkey) as (
         listener,
         ladder,
     ):
         server = Acceptor(listener, ladder, log, limits, max_clients, first_endpoint)
+        if stop is not None:
+            server.stop = stop
+        if listening is not None:
+            listening()
 
         def one(conn: socket.socket, peer: str, guard: Guard, remote) -> None:
             if remote is wire.MessageType.FACTS_QUERY:

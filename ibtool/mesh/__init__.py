@@ -1,0 +1,10 @@
+"""`ibtool mesh`: an RDMA ping mesh over many nodes and rails, fanned out through an engine the
+cluster already runs (ClusterShell, Slurm), and the analysis that names the bad one.
+
+- schedule: who pings whom, round by round (shifted rounds)
+- protocol: the lines the coordinator and its agents exchange, checked
+- agent: what runs on each node for the length of one mesh
+- engines: ClusterShell, srun, local: start, broadcast, gather, close
+- run: the coordinator (rounds as a barrier, every node's faults its own)
+- analysis: baselines, each pair's health, the verdicts
+"""

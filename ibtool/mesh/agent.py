@@ -1,0 +1,339 @@
+"""`ibtool mesh --agent`: what runs on each node for the length of one mesh, then leaves.
+
+It says which endpoints its node has (every RDMA port), serves pings on each ACTIVE one
+(ibtool ping's native server, bound to the endpoint's address, admitting only the mesh's
+addresses), and in each round pings its partner from each endpoint (ibtool ping's client,
+from the endpoint's address), one partner at a time. It talks to the coordinator over its
+standard input and output (protocol.py) and ends with them: on `end`, on EOF (the
+coordinator, its ssh or its srun is gone), after IDLE seconds of silence, or on a signal,
+every server is stopped and every QP, CQ, MR and PD it built is destroyed before it exits.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+import select
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ibtool.errors import IbtoolError
+from ibtool.mesh import protocol
+from ibtool.mesh.schedule import Partners, Schedule
+from ibtool.model.mesh import PairState
+from ibtool.model.records import LinkLayer
+
+IDLE = 900.0  # s without a word from the coordinator: it is gone, the agent ends
+START_WAIT = 60.0  # s for a server to listen
+
+
+def node_name() -> str:
+    """This node as the mesh names it: Slurm's name for it, else the short host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def local_endpoints(host) -> list[dict[str, Any]]:
+    """Every RDMA port of this host, in (device, port) order: its rank is its rail."""
+    out = []
+    for p in sorted(host.ports(), key=lambda p: (p.device, p.port)):
+        state = p.state.name if p.state else "UNKNOWN"
+        link = {LinkLayer.ETHERNET: "Ethernet", LinkLayer.INFINIBAND: "InfiniBand"}.get(
+            p.link_layer, "Unknown"
+        )
+        address = gid_index = problem = None
+        try:
+            if p.link_layer == LinkLayer.ETHERNET:
+                gid_index = host.roce_gid_index(p.device, p.port)
+                for g in host.gids(f"{p.device}/{p.port}"):
+                    if g.index == gid_index:
+                        address = g.ip
+            elif p.netdev:  # InfiniBand: its IPoIB address carries the TCP exchange
+                have = host.ipv4_addresses(p.netdev)
+                address = have[0] if have else None
+        except IbtoolError as e:
+            problem = e.message
+        if address is None and problem is None:
+            problem = f"no IP address on {p.netdev or 'its netdev'} to serve pings on"
+        out.append(
+            {
+                "device": p.device,
+                "port": p.port,
+                "state": state,
+                "link_layer": link,
+                "address": address,
+                "gid_index": gid_index,
+                "hw": False,
+                "problem": problem if state == "ACTIVE" else None,
+            }
+        )
+    return out
+
+
+class Lines:
+    """The coordinator's lines on a file descriptor, each bounded; None at EOF or after
+    `idle` seconds of silence."""
+
+    def __init__(self, fd: int, idle: float = IDLE, limit: int = protocol.MAX_PLAN):
+        self.fd, self.idle, self.limit, self.buf = fd, idle, limit, bytearray()
+
+    def next(self) -> bytes | None:
+        deadline = time.monotonic() + self.idle
+        while True:
+            nl = self.buf.find(b"\n")
+            if nl >= 0:
+                line = bytes(self.buf[:nl])
+                del self.buf[: nl + 1]
+                return line
+            if len(self.buf) > self.limit:
+                raise protocol.AgentError("a line from the coordinator over the bound")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                return None
+            self.buf += chunk
+
+
+class Agent:
+    def __init__(self, host, say: Callable[[dict], None], warn: Callable[[str], None]):
+        self.host, self.say, self.warn = host, say, warn
+        self.id = secrets.token_hex(8)
+        self.stop = threading.Event()
+        self.servers: list[threading.Thread] = []
+        self.ladders: dict[int, Any] = {}  # plan index -> the client's Ladder
+        self.clocks: dict[int, Any] = {}  # plan index -> HwClock, where the HCA stamps
+        self.workers: list[threading.Thread] = []
+
+    def run(self, lines: Lines) -> int:
+        mine = local_endpoints(self.host)
+        self.say(
+            {"t": "hello", "v": protocol.VERSION, "id": self.id, "node": node_name(),
+             "endpoints": mine}
+        )  # fmt: skip
+        try:
+            line = lines.next()
+            if line is None:
+                return 0
+            plan = protocol.parse_coordinator(line)
+            if plan["t"] != "plan":
+                return 0
+            self._setup(plan, mine)
+            while True:
+                line = lines.next()
+                if line is None:
+                    return 0
+                msg = protocol.parse_coordinator(line)
+                if msg["t"] == "end":
+                    return 0
+                if msg["t"] == "round":
+                    self.skip.update(msg.get("skip", []))
+                    self._round(msg["r"])
+        finally:
+            self.close()
+
+    def _setup(self, plan: dict, mine: list[dict]) -> None:
+        from ibtool.rdma.ladder import Ladder  # pyverbs: only once there is a plan
+
+        eps = plan["endpoints"]
+        self.plan = plan
+        self.addresses = [e[2] for e in eps]
+        self.up = [bool(e[3]) for e in eps]
+        self.skip: set[int] = set()
+        sched = plan["schedule"]
+        schedule = Schedule(
+            {k: tuple(v) for k, v in sched["groups"].items()},
+            {k: tuple(v) for k, v in sched["shifts"].items()},
+        )
+        self.partners = Partners(schedule, len(eps))
+        self.own = {i: e[1] for i, e in enumerate(eps) if e[0] == self.id and e[1] < len(mine)}
+        allow = tuple(
+            ipaddress.ip_network(a) for a in sorted(set(self.addresses)) if a
+        )  # the mesh's addresses, and no one else
+        problems: dict[str, str] = {}
+        listening = []
+        for i, k in self.own.items():
+            if not self.up[i]:
+                continue
+            ep = mine[k]
+            try:
+                ladder = Ladder(ep["device"], ep["port"], ep["gid_index"])
+            except IbtoolError as e:
+                problems[str(k)] = e.message
+                continue
+            self.ladders[i] = ladder
+            self.clocks[i] = _clock(ladder)
+            ready = threading.Event()
+            failed: list[str] = []
+            t = threading.Thread(
+                target=self._serve, args=(ep, allow, ready, failed), name=f"serve {i}"
+            )
+            t.start()
+            self.servers.append(t)
+            listening.append((k, t, ready, failed))
+        deadline = time.monotonic() + START_WAIT
+        for k, t, ready, failed in listening:
+            while not ready.is_set() and t.is_alive() and time.monotonic() < deadline:
+                ready.wait(0.1)
+            if not ready.is_set():
+                problems[str(k)] = failed[0] if failed else "its ping server did not start"
+        self.say({"t": "ready", "problems": problems})
+
+    def _serve(self, ep: dict, allow: tuple, ready: threading.Event, failed: list[str]) -> None:
+        from ibtool.rdma.ping import server
+        from ibtool.rdma.ping.admission import Limits
+
+        limits = Limits(max_sessions=8, max_per_source=4, allow=allow, idle_timeout=600.0)
+
+        def log(line: str) -> None:
+            if "dropped" in line or "refused" in line:
+                self.warn(f"{ep['device']}/{ep['port']}: {line}")
+
+        try:
+            server.serve(ep["device"], ep["port"], ep["gid_index"], ep["address"],
+                         self.plan["tcp_port"], log, limits=limits, stop=self.stop,
+                         listening=ready.set)  # fmt: skip
+        except IbtoolError as e:
+            failed.append(e.message)
+        except Exception as e:  # a server's thread must not die silently
+            failed.append(f"its ping server failed: {e}")
+
+    def _round(self, r: int) -> None:
+        results: list[list] = []
+        lock = threading.Lock()
+        threads = []
+        for i in sorted(self.own):
+            d = self.partners.of(r, i) if r < self.partners.rounds else -1
+            if d < 0:
+                continue
+            why = self._unusable(i, d)
+            if why:
+                results.append([i, d, int(PairState.SKIPPED), 0, 0, None, None, None, False, why])
+                continue
+            t = threading.Thread(target=self._pair, args=(i, d, results, lock), name=f"ping {i}")
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+        self.say({"t": "result", "r": r, "pairs": sorted(results)})
+
+    def _unusable(self, i: int, d: int) -> str | None:
+        for end, what in ((i, "this end"), (d, "the other end")):
+            if not self.up[end] or end in self.skip:
+                return f"not probed: {what} is down or has no agent"
+        if i not in self.ladders:
+            return "not probed: this end has no verbs context"
+        return None
+
+    def _pair(self, i: int, d: int, results: list, lock: threading.Lock) -> None:
+        row = probe(self.ladders[i], self.clocks.get(i), self.addresses[i], self.addresses[d],
+                    self.plan)  # fmt: skip
+        with lock:
+            results.append([i, d, *row])
+
+    def close(self) -> None:
+        """Servers stopped and waited for, then the client ladders closed."""
+        self.stop.set()
+        for t in self.servers:
+            t.join(60)
+        for ladder in self.ladders.values():
+            try:
+                ladder.close()
+            except Exception as e:  # the next one still closes
+                self.warn(f"closing {ladder.device}: {e}")
+        self.ladders.clear()
+
+
+def _clock(ladder):
+    from ibtool.rdma.hwclock import HwClock
+
+    try:
+        return HwClock(ladder)
+    except IbtoolError:
+        return None  # software round trips (rxe, siw, and HCAs without completion stamps)
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    """The nearest-rank quantile of sorted `values`."""
+    if not values:
+        return None
+    k = max(0, min(len(values) - 1, int(-(-q * len(values) // 1)) - 1))
+    return values[k]
+
+
+def probe(ladder, hw, source: str, target: str, plan: dict) -> list:
+    """One pair: `count` pings from `source` to the server at `target`, at most `rate` a
+    second; [state, sent, received, median, p90, p99, hw, error]."""
+    from ibtool.rdma import wire
+    from ibtool.rdma.ping.client import Client, PingStats, run_client
+
+    mode = wire.Mode.WRITE_IMM if plan["mode"] == "write-imm" else wire.Mode.SEND
+    timeout = float(plan["timeout"])
+    stats, rtts, hw_rtts, errors = PingStats(), [], [], []
+    try:
+        client = Client(ladder, target, plan["tcp_port"], plan["size"], mode, timeout, hw=hw,
+                        source=source, connect_timeout=timeout)  # fmt: skip
+    except IbtoolError as e:
+        return [int(PairState.PROBED), 0, 0, None, None, None, False, e.message]
+
+    def reply(seq: int, rtt: float, hw_us: float | None) -> None:
+        if hw_us is not None:
+            hw_rtts.append(hw_us)
+
+    try:
+        run_client(client, plan["count"], 1.0 / plan["rate"], None, reply,
+                   lambda seq, why: errors.append(why), stats, rtts)  # fmt: skip
+    except IbtoolError as e:
+        errors.append(e.message)
+    except OSError as e:
+        errors.append(e.strerror or str(e))
+    finally:
+        client.close()
+    on_hca = bool(hw) and bool(rtts) and len(hw_rtts) == len(rtts)
+    times = sorted(hw_rtts if on_hca else rtts)
+    return [
+        int(PairState.PROBED),
+        stats.sent,
+        stats.received,
+        quantile(times, 0.5),
+        quantile(times, 0.9),
+        quantile(times, 0.99),
+        on_hca,
+        errors[-1] if errors else None,
+    ]
+
+
+def main(host, out=None, err=None, fd: int = 0) -> int:
+    """The agent on this host, over stdin/stdout; its exit code."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    lock = threading.Lock()
+
+    def say(message: dict) -> None:
+        with lock:
+            out.write(protocol.dumps(message))
+            out.flush()
+
+    def warn(line: str) -> None:
+        with lock:
+            err.write(f"ibtool mesh agent: {line}\n")
+            err.flush()
+
+    try:
+        return Agent(host, say, warn).run(Lines(fd))
+    except protocol.AgentError as e:
+        warn(f"the coordinator's message: {e}")
+        return 7
+    except BrokenPipeError:
+        return 0  # the coordinator is gone; everything was closed on the way out
+    except IbtoolError as e:
+        say({"t": "error", "message": e.message, "hint": e.hint})
+        raise

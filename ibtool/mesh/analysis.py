@@ -1,0 +1,400 @@
+"""From every pair's figures to the few verdicts that name the culprit.
+
+1. Each group (a rail, or all rails) gets a baseline: the median over its answered pairs of
+   their median RTT, and of their p90.
+2. Each pair gets a health: FAILED (nothing answered, or never probed because an end is
+   down or its node has no agent), LOSSY (some pings unanswered), SLOW (all answered, but its
+   p90 is more than `slow_factor` times the baseline median, and SLOW_FLOOR_US above it: a
+   lossy link under RC shows as retransmissions, not losses), or OK.
+3. Facts first: an endpoint whose port is not ACTIVE is named as such, with no inference.
+4. Then, repeatedly, the endpoint that explains the most bad pairs of one kind (loss, or
+   slowness) is named, if more than half of its partners are bad that way in both
+   directions (as the client of their pair and as its server) and at least two are: one bad
+   partner says nothing about which end is at fault. Its pairs are then explained, and the
+   counts of its partners lose them, so that a healthy endpoint that merely met it is not
+   named too.
+5. A node all of whose endpoints (two or more) were named is named instead of them; a rail
+   with at least max(3, half its endpoints) named is the rail's switch.
+6. Every bad pair left is a path: the two ends are fine with everyone else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+
+from ibtool.mesh.schedule import Partners, Schedule
+from ibtool.model.mesh import (
+    Baseline,
+    Culprit,
+    Endpoint,
+    Health,
+    Level,
+    MeshResult,
+    PairState,
+    Verdict,
+)
+
+BASELINE_SAMPLE = 1 << 18
+SLOW_FLOOR_US = 20.0  # a pair is slow only this far above its baseline too (jitter of a us)
+LOSS, SLOW = "loss", "slow"
+KIND_OF = {Health.FAILED: LOSS, Health.LOSSY: LOSS, Health.SLOW: SLOW}
+
+
+def us(x: float | None) -> str:
+    """An RTT as people read it: 3.2 us, 812 us, 67.1 ms."""
+    if x is None:
+        return "-"
+    if x >= 1000:
+        return f"{x / 1000:.1f} ms"
+    return f"{x:.1f} us" if x < 100 else f"{x:.0f} us"
+
+
+def baselines(result: MeshResult, schedule: Schedule) -> dict[str, Baseline]:
+    """Each group's baseline, over its answered pairs, or an even sample of BASELINE_SAMPLE
+    of them in a larger mesh (a median moves little between 262,144 pairs and 8 million,
+    and the floats of 8 million would be half a gigabyte)."""
+    t = result.pairs
+    group_of = _group_of(schedule, len(result.endpoints))
+    medians: dict[str, list[float]] = defaultdict(list)
+    p90s: dict[str, list[float]] = defaultdict(list)
+    stride = max(1, -(-len(t.dst) // BASELINE_SAMPLE))
+    while math.gcd(stride, t.width) != 1:  # else a stride of 32 over 8 rails samples one
+        stride += 1
+    for i in range(0, len(t.dst), stride):
+        if t.dst[i] >= 0 and t.state[i] == PairState.PROBED and t.received[i]:
+            g = group_of[i % t.width]
+            m, p = t.median[i], t.p90[i]
+            if not math.isnan(m):
+                medians[g].append(m)
+            if not math.isnan(p):
+                p90s[g].append(p)
+    out = {}
+    for g in schedule.groups:
+        m, p = medians.get(g, []), p90s.get(g, [])
+        out[g] = Baseline(
+            g, len(m), statistics.median(m) if m else None, statistics.median(p) if p else None
+        )
+    return out
+
+
+def _group_of(schedule: Schedule, width: int) -> list[str]:
+    group_of = [""] * width
+    for g, members in schedule.groups.items():
+        for e in members:
+            group_of[e] = g
+    return group_of
+
+
+def judge(result: MeshResult, schedule: Schedule, base: dict[str, Baseline]) -> None:
+    """Fill in every pair's health (result.pairs.health)."""
+    t = result.pairs
+    factor = result.settings.slow_factor
+    group_of = _group_of(schedule, len(result.endpoints))
+    limit = {}
+    for g, b in base.items():
+        m = b.median_us
+        limit[g] = math.inf if m is None else max(m * factor, m + SLOW_FLOOR_US)
+    for i in t.slots():
+        state = t.state[i]
+        if state != PairState.PROBED or not t.received[i]:
+            h = Health.FAILED
+        elif t.received[i] < t.sent[i]:
+            h = Health.LOSSY
+        elif t.p90[i] > limit[group_of[i % t.width]]:  # NaN compares False: not slow
+            h = Health.SLOW
+        else:
+            h = Health.OK
+        t.health[i] = h
+
+
+class _Tally:
+    """Each endpoint's live pairs (both ends up), and the bad ones by kind, per direction."""
+
+    def __init__(self, result: MeshResult, partners: Partners, live: list[bool]):
+        n = len(result.endpoints)
+        t = result.pairs
+        self.out_total = [0] * n
+        self.in_total = [0] * n
+        self.bad_out: dict[str, list[set[int]]] = {
+            k: [set() for _ in range(n)] for k in (LOSS, SLOW)
+        }
+        self.bad_in: dict[str, list[set[int]]] = {
+            k: [set() for _ in range(n)] for k in (LOSS, SLOW)
+        }
+        self.partners = partners
+        self.live = live
+        width = t.width
+        dst, health = t.dst, t.health
+        for r in range(t.rounds):
+            base = r * width
+            for src in range(width):
+                d = dst[base + src]
+                if d < 0 or not (live[src] and live[d]):
+                    continue
+                self.out_total[src] += 1
+                self.in_total[d] += 1
+                kind = KIND_OF.get(health[base + src])
+                if kind:
+                    self.bad_out[kind][src].add(d)
+                    self.bad_in[kind][d].add(src)
+
+    def score(self, e: int, kind: str) -> int:
+        """How many bad pairs of `kind` name `e`, or 0 if they do not (see the docstring)."""
+        bo, bi = self.bad_out[kind][e], self.bad_in[kind][e]
+        if len(bo | bi) < 2:
+            return 0
+        if 2 * len(bo) <= self.out_total[e] or 2 * len(bi) <= self.in_total[e]:
+            return 0
+        return len(bo) + len(bi)
+
+    def remove(self, e: int) -> None:
+        """`e` is explained: its pairs leave everyone's counts."""
+        p = self.partners
+        for r in range(p.rounds):
+            d = p.of(r, e)
+            if d >= 0 and self.live[d]:
+                self.in_total[d] -= 1
+        for r in range(p.rounds):
+            s = p.by(r, e)
+            if s >= 0 and self.live[s]:
+                self.out_total[s] -= 1
+        for kind in (LOSS, SLOW):
+            for d in self.bad_out[kind][e]:
+                self.bad_in[kind][d].discard(e)
+            for s in self.bad_in[kind][e]:
+                self.bad_out[kind][s].discard(e)
+        self.live[e] = False
+        self.out_total[e] = self.in_total[e] = 0
+
+
+def analyse(result: MeshResult, schedule: Schedule) -> None:
+    """Fill in result.baselines, every pair's health and result.verdicts."""
+    base = baselines(result, schedule)
+    result.baselines = list(base.values())
+    judge(result, schedule, base)
+    eps = result.endpoints
+    n = len(eps)
+    partners = Partners(schedule, n)
+    group_of = _group_of(schedule, n)
+    named: dict[int, Verdict] = {}
+    for node, why in sorted(result.unreachable.items()):
+        result.verdicts.append(
+            Verdict(Culprit.NODE, Level.FAIL, node, f"no agent: {why}", next=(_reach(node),))
+        )
+    live = [e.up for e in eps]
+    t = result.pairs
+    for i, e in enumerate(eps):
+        if not e.up:
+            slots = [t.slot(r, i) for r in range(partners.rounds) if partners.of(r, i) >= 0]
+            slots += [
+                t.slot(r, partners.by(r, i))
+                for r in range(partners.rounds)
+                if partners.by(r, i) >= 0
+            ]
+            unprobed = sum(1 for j in slots if t.state[j] != PairState.PROBED)
+            lost = "all" if unprobed == len(slots) else f"{unprobed} of"
+            named[i] = Verdict(
+                Culprit.ENDPOINT,
+                Level.FAIL,
+                e.name,
+                f"{e.why_down()}: {lost} its {len(slots)} pairs not probed",
+                (i,),
+                e.rail,
+            )
+    tally = _Tally(result, partners, live)
+    while True:
+        best = None
+        for e in range(n):
+            if not tally.live[e]:
+                continue
+            for rank, kind in enumerate((LOSS, SLOW)):
+                s = tally.score(e, kind)
+                if s and (best is None or (s, -rank) > (best[0], -best[1])):
+                    best = (s, rank, e, kind)
+        if best is None:
+            break
+        _, _, e, kind = best
+        named[e] = _endpoint_verdict(result, tally, base[group_of[e]], e, kind)
+        tally.remove(e)
+    result.verdicts += _fold(result, schedule, named)
+    result.verdicts += _paths(result, named, base, group_of)
+    bad = set()
+    for v in result.verdicts:
+        if v.culprit != Culprit.PATH:
+            bad.update(v.endpoints)
+    result.verdicts[:] = [_with_next(eps, v, bad) for v in result.verdicts]
+
+
+def _with_next(eps: list[Endpoint], v: Verdict, bad: set[int]) -> Verdict:
+    """`v` with the doctor run to do next: against a partner no verdict names."""
+    if v.next or not v.endpoints:
+        return v
+    if v.culprit == Culprit.PATH:
+        return dataclasses.replace(v, next=_next_pair(eps, *v.endpoints))
+    return dataclasses.replace(v, next=_next_for(eps, v.endpoints[0], bad))
+
+
+def _endpoint_verdict(result: MeshResult, tally: _Tally, b: Baseline, e: int, kind: str):
+    t, eps = result.pairs, result.endpoints
+    bo, bi = tally.bad_out[kind][e], tally.bad_in[kind][e]
+    partners = len(bo | bi)
+    p = tally.partners
+    slots = [t.slot(r, e) for r in range(p.rounds) if p.of(r, e) in bo]
+    slots += [t.slot(r, p.by(r, e)) for r in range(p.rounds) if p.by(r, e) in bi]
+    both = (
+        f"{partners} of its partners bad both ways ({len(bo)}/{tally.out_total[e]} as client, "
+        f"{len(bi)}/{tally.in_total[e]} as server)"
+    )
+    if kind == LOSS:
+        sent = sum(t.sent[i] for i in slots)
+        got = sum(t.received[i] for i in slots)
+        detail = f"{got}/{sent} pings answered in those pairs"
+        level = Level.FAIL
+    else:
+        p90 = statistics.median([t.p90[i] for i in slots]) if slots else None
+        detail = f"their p90 RTT {us(p90)} against {b.group}'s median {us(b.median_us)}"
+        level = Level.WARN
+    return Verdict(
+        Culprit.ENDPOINT,
+        level,
+        eps[e].name,
+        f"{both}: {detail}",
+        (e,),
+        eps[e].rail,
+    )
+
+
+def _fold(result: MeshResult, schedule: Schedule, named: dict[int, Verdict]) -> list[Verdict]:
+    """Named endpoints, a whole node or a whole rail folded into one verdict."""
+    eps = result.endpoints
+    by_node: dict[str, list[int]] = defaultdict(list)
+    for i, e in enumerate(eps):
+        by_node[e.node].append(i)
+    out: list[Verdict] = []
+    for node, members in by_node.items():
+        if len(members) >= 2 and all(i in named for i in members):
+            level = max(named[i].level for i in members)
+            reasons = sorted(
+                {
+                    eps[i].why_down() if not eps[i].up else named[i].why.split(":", 1)[0]
+                    for i in members
+                }
+            )
+            out.append(
+                Verdict(
+                    Culprit.NODE,
+                    level,
+                    node,
+                    f"all {len(members)} of its endpoints bad: " + "; ".join(reasons),
+                    tuple(members),
+                    None,
+                )
+            )
+            for i in members:
+                del named[i]
+    for g, members in schedule.groups.items():
+        if g == "all rails":
+            continue
+        bad = [i for i in members if i in named]
+        if len(members) >= 3 and len(bad) >= max(3, math.ceil(len(members) / 2)):
+            level = max(named[i].level for i in bad)
+            names = ", ".join(eps[i].name for i in bad[:8]) + (" ..." if len(bad) > 8 else "")
+            out.append(
+                Verdict(
+                    Culprit.RAIL,
+                    level,
+                    g,
+                    f"{len(bad)} of its {len(members)} endpoints bad at once: the rail's "
+                    f"switch, not its ports ({names})",
+                    tuple(bad),
+                    eps[bad[0]].rail,
+                )
+            )
+            for i in bad:
+                del named[i]
+    out += sorted(named.values(), key=lambda v: v.endpoints)
+    return out
+
+
+def _paths(result, named, base, group_of) -> list[Verdict]:
+    """The bad pairs no named endpoint, node or rail explains, an unordered pair each."""
+    t, eps = result.pairs, result.endpoints
+    explained = set()
+    for v in result.verdicts:
+        explained.update(v.endpoints)
+    by_pair: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i in t.slots():
+        if t.health[i] == Health.OK:
+            continue
+        s, d = i % t.width, t.dst[i]
+        if s in explained or d in explained:
+            continue
+        by_pair[(min(s, d), max(s, d))].append(i)
+    out = []
+    for (a, b), slots in sorted(by_pair.items()):
+        worst = max(Health(t.health[i]) for i in slots)
+        level = Level.WARN if worst == Health.SLOW else Level.FAIL
+        parts = [_direction(result, i, base[group_of[a]]) for i in sorted(slots)]
+        ways = "both ways" if len({i % t.width for i in slots}) == 2 else "one way"
+        out.append(
+            Verdict(
+                Culprit.PATH,
+                level,
+                f"{eps[a].name} <-> {eps[b].name}",
+                f"bad {ways}, both ends fine with their other partners: " + "; ".join(parts),
+                (a, b),
+                eps[a].rail,
+            )
+        )
+    return out
+
+
+def _direction(result: MeshResult, i: int, b: Baseline) -> str:
+    t, eps = result.pairs, result.endpoints
+    s, d = i % t.width, t.dst[i]
+    head = f"{eps[s].name} -> {eps[d].name}: "
+    if t.state[i] != PairState.PROBED:
+        return head + (t.errors.get(i) or "not probed")
+    err = t.errors.get(i)
+    if not t.sent[i]:
+        return head + (err or "nothing sent")
+    text = f"{t.received[i]}/{t.sent[i]} answered"
+    if t.received[i] == t.sent[i]:
+        text += f", p90 {us(t.p90[i])} against {us(b.median_us)}"
+    return head + text + (f" ({err})" if err else "")
+
+
+def _reach(node: str) -> str:
+    return f"ssh {node} ibtool doctor --no-probe"
+
+
+def _good_partner(eps: list[Endpoint], e: int, avoid: Iterable[int]) -> int | None:
+    avoid = set(avoid)
+    for j, other in enumerate(eps):
+        if j != e and j not in avoid and other.up and other.node != eps[e].node:
+            if other.rail == eps[e].rail:
+                return j
+    for j, other in enumerate(eps):
+        if j != e and j not in avoid and other.up and other.node != eps[e].node:
+            return j
+    return None
+
+
+def _next_for(eps: list[Endpoint], e: int, avoid: set[int]) -> tuple[str, ...]:
+    """The doctor run that checks endpoint `e` against a partner that is fine."""
+    g = _good_partner(eps, e, avoid)
+    if g is None:
+        return (f"on {eps[e].node}: ibtool doctor --no-probe --dev {eps[e].device}/{eps[e].port}",)
+    return _next_pair(eps, e, g)
+
+
+def _next_pair(eps: list[Endpoint], a: int, b: int) -> tuple[str, ...]:
+    ea, eb = eps[a], eps[b]
+    return (
+        f"on {eb.node}: ibtool ping --server --dev {eb.device}/{eb.port}",
+        f"on {ea.node}: ibtool doctor --dev {ea.device}/{ea.port} {eb.address}",
+    )

@@ -1,0 +1,341 @@
+"""The engines a mesh fans out through, all alike to the coordinator: start the agent on every
+node, broadcast a line to all of them, hand over what each says, close.
+
+- ClusterShell (its Python API: ssh as the cluster has it configured, clush.conf's options,
+  a gateway tree where topology.conf defines one). Every agent must run at once, so the
+  fanout is the node count, and ClusterShell keeps no copy of the output (msgtree off).
+- Slurm: `srun` inside an allocation, one task per node, stdin broadcast to every task
+  (srun's default --input=all), each output line labelled with its task (--label).
+- local: this host alone (`ibtool mesh --local`), the agent as a child process.
+
+Events come through a queue from the engine's own thread(s), so the coordinator waits on one
+thing with one timeout, whatever the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+from dataclasses import dataclass
+
+from ibtool.errors import IbtoolError, UnsupportedError, UsageError
+from ibtool.mesh.protocol import MAX_LINE
+
+LINE, STDERR, EXIT = "line", "stderr", "exit"
+
+
+@dataclass(frozen=True)
+class Event:
+    node: str  # the engine's name for the node ("" for the whole engine)
+    kind: str  # LINE, STDERR or EXIT
+    data: object  # the line (str), or the exit code (int)
+
+
+class Engine:
+    name = "engine"
+    nodes: list[str]
+
+    def __init__(self) -> None:
+        self.events: queue.Queue[Event] = queue.Queue()
+
+    def start(self, argv: list[str]) -> None:
+        raise NotImplementedError
+
+    def send(self, line: str) -> None:
+        raise NotImplementedError
+
+    def close(self, grace: float) -> None:
+        raise NotImplementedError
+
+    def get(self, timeout: float) -> Event | None:
+        try:
+            return self.events.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return None
+
+
+def _line(raw: bytes | str) -> str:
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    return text.rstrip("\r\n")
+
+
+# -- ClusterShell ----------------------------------------------------------------------------
+
+_EOF, _ABORT = "eof", "abort"
+
+
+def parse_nodeset(text: str) -> list[str]:
+    """A ClusterShell node set (`node[001-064]`, `a,b`, `@group`) as its nodes."""
+    try:
+        from ClusterShell.NodeSet import NodeSet, NodeSetException
+    except ImportError:
+        raise UnsupportedError(
+            "ibtool mesh NODESET fans out through ClusterShell, which is not installed",
+            "apt install python3-clustershell (EPEL: python3-clustershell), or pip install "
+            "'ibtool[mesh]'; inside a Slurm allocation --srun needs none",
+        ) from None
+    try:
+        nodes = list(NodeSet(text))
+    except (NodeSetException, ValueError) as e:
+        raise UsageError(
+            f"{text}: not a node set ({e})", "as clush -w takes it: node[01-16]"
+        ) from None
+    if not nodes:
+        raise UsageError(f"{text}: no nodes", "as clush -w takes it: node[01-16]")
+    return nodes
+
+
+class ClusterShellEngine(Engine):
+    name = "clustershell"
+
+    def __init__(self, nodeset: str, connect_timeout: float | None = None):
+        super().__init__()
+        self.nodes = parse_nodeset(nodeset)
+        self.nodeset = nodeset
+        self.connect_timeout = connect_timeout
+        self.port = None
+        self.thread: threading.Thread | None = None
+
+    def start(self, argv: list[str]) -> None:
+        ready = threading.Event()
+        failed: list[BaseException] = []
+        self.thread = threading.Thread(
+            target=self._loop, args=(shlex.join(argv), ready, failed), daemon=True
+        )
+        self.thread.start()
+        ready.wait()
+        if failed:
+            raise IbtoolError(f"ClusterShell could not start: {failed[0]}")
+
+    def _loop(self, command: str, ready: threading.Event, failed: list) -> None:
+        from ClusterShell.Event import EventHandler
+        from ClusterShell.NodeSet import NodeSet
+        from ClusterShell.Task import task_self
+
+        events = self.events
+
+        class Reader(EventHandler):
+            def ev_read(self, worker, node, sname, msg):
+                kind = LINE if sname == "stdout" else STDERR
+                events.put(Event(str(node), kind, _line(msg[: MAX_LINE + 1])))
+
+            def ev_hup(self, worker, node, rc):
+                events.put(Event(str(node), EXIT, rc))
+
+        class Writer(EventHandler):
+            def ev_msg(self, port, msg):
+                if msg == _EOF:
+                    worker.set_write_eof()
+                elif msg == _ABORT:
+                    task.abort(kill=True)
+                else:
+                    worker.write(msg.encode())
+
+        try:
+            task = task_self()
+            task.set_default("stdout_msgtree", False)  # the coordinator keeps what it needs
+            task.set_default("stderr_msgtree", False)
+            task.set_info("fanout", len(self.nodes))  # every agent at once: they meet in rounds
+            if self.connect_timeout:
+                task.set_info("connect_timeout", self.connect_timeout)
+            worker = task.shell(
+                command, nodes=NodeSet.fromlist(self.nodes), handler=Reader(), stderr=True
+            )
+            self.port = task.port(handler=Writer(), autoclose=True)
+        except Exception as e:  # ClusterShell's own errors: said by start()
+            failed.append(e)
+            ready.set()
+            return
+        ready.set()
+        try:
+            task.resume()
+        except Exception as e:
+            events.put(Event("", STDERR, f"ClusterShell: {e}"))
+        events.put(Event("", EXIT, None))
+
+    def send(self, line: str) -> None:
+        if self.port is not None:
+            self.port.msg_send(line)
+
+    def close(self, grace: float) -> None:
+        if self.thread is None:
+            return
+        self.send(_EOF)
+        self.thread.join(grace)
+        if self.thread.is_alive():
+            self.send(_ABORT)  # ssh killed: an agent sees EOF and cleans up
+            self.thread.join(10)
+
+
+# -- a child process: srun, or the local agent -----------------------------------------------
+
+
+class ProcessEngine(Engine):
+    """One child process carrying every agent's stdin and stdout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proc: subprocess.Popen | None = None
+
+    def command(self, argv: list[str]) -> list[str]:
+        raise NotImplementedError
+
+    def node_of(self, line: str) -> tuple[str, str] | None:
+        raise NotImplementedError
+
+    def start(self, argv: list[str]) -> None:
+        cmd = self.command(argv)
+        try:
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # a Ctrl-C here is ours to pass on, once
+            )
+        except OSError as e:
+            raise IbtoolError(
+                f"cannot run {cmd[0]}: {e.strerror or e}", self.missing_hint()
+            ) from None
+        for stream, kind in ((self.proc.stdout, LINE), (self.proc.stderr, STDERR)):
+            threading.Thread(target=self._read, args=(stream, kind), daemon=True).start()
+        threading.Thread(target=self._wait, daemon=True).start()
+
+    def missing_hint(self) -> str | None:
+        return None
+
+    def _read(self, stream, kind: str) -> None:
+        while True:
+            raw = stream.readline(MAX_LINE + 1)
+            if not raw:
+                return
+            labelled = self.node_of(_line(raw))
+            if labelled is None:
+                continue
+            node, text = labelled
+            self.events.put(Event(node, kind, text))
+
+    def _wait(self) -> None:
+        rc = self.proc.wait()
+        self.events.put(Event("", EXIT, rc))
+
+    def send(self, line: str) -> None:
+        try:
+            self.proc.stdin.write(line.encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # it is gone: its exit event says so
+
+    def close(self, grace: float) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.proc.wait()
+
+    def _signal(self, sig: int) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(self.proc.pid, sig)
+
+
+class LocalEngine(ProcessEngine):
+    name = "local"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes = [socket.gethostname().split(".")[0]]
+
+    def command(self, argv: list[str]) -> list[str]:
+        return argv
+
+    def node_of(self, line: str) -> tuple[str, str]:
+        return self.nodes[0], line
+
+
+_LABEL = re.compile(r"\s*(\d{1,7}): ?(.*)\Z", re.S)
+
+
+class SrunEngine(ProcessEngine):
+    """`srun -N n --ntasks-per-node=1 --label` in the allocation; task i names its node in
+    its hello (SLURMD_NODENAME), so the coordinator maps tasks to nodes by what they say."""
+
+    name = "srun"
+
+    def __init__(self, nodeset: str | None, overlap: bool, srun: str = "srun"):
+        super().__init__()
+        self.srun = srun
+        if nodeset:
+            self.nodes = parse_nodeset(nodeset)
+        else:
+            listed = os.environ.get("SLURM_JOB_NODELIST")
+            if not listed:
+                raise UsageError(
+                    "--srun without NODESET runs in a Slurm allocation, and this is not one",
+                    "salloc -N 4 ibtool mesh --srun, or give the nodes: ibtool mesh --srun NODESET",
+                )
+            self.nodes = expand_hostlist(listed, srun)
+        self.overlap = overlap
+        self.labels: dict[str, str] = {}  # task -> node, from hellos
+
+    def command(self, argv: list[str]) -> list[str]:
+        n = str(len(self.nodes))
+        cmd = [self.srun, "--nodes", n, "--ntasks", n, "--ntasks-per-node", "1", "--label",
+               "--unbuffered", "--kill-on-bad-exit=0",
+               "--nodelist", ",".join(self.nodes)]  # fmt: skip
+        if self.overlap:
+            cmd.append("--overlap")  # Slurm 20.11 and later: steps share the allocation
+        return cmd + ["--"] + argv
+
+    def missing_hint(self) -> str:
+        return "srun comes with Slurm (slurm-client): run inside an allocation (salloc, sbatch)"
+
+    def node_of(self, line: str) -> tuple[str, str] | None:
+        m = _LABEL.match(line)
+        if not m:
+            return None  # srun's own words on stdout (none expected)
+        return f"task{m.group(1)}", m.group(2)
+
+
+def expand_hostlist(text: str, srun: str = "srun") -> list[str]:
+    """A Slurm hostlist as its nodes: ClusterShell's node sets read it, else scontrol does."""
+    try:
+        return parse_nodeset(text)
+    except UnsupportedError:
+        pass
+    scontrol = os.path.join(os.path.dirname(srun), "scontrol") if os.sep in srun else "scontrol"
+    try:
+        out = subprocess.run(
+            [scontrol, "show", "hostnames", text], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise IbtoolError(f"cannot expand the allocation's nodes {text}: {e}") from None
+    nodes = out.stdout.split()
+    if out.returncode or not nodes:
+        raise IbtoolError(f"cannot expand the allocation's nodes {text}: {out.stderr.strip()}")
+    return nodes
+
+
+def slurm_overlap(srun: str = "srun") -> bool:
+    """Whether srun takes --overlap (Slurm 20.11 and later, where a step needs it to share
+    the allocation's CPUs with another): `srun --version` says `slurm 22.05.8`."""
+    try:
+        out = subprocess.run([srun, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    m = re.search(r"(\d+)\.(\d+)", out.stdout)
+    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (20, 11)

@@ -1,0 +1,267 @@
+"""What the mesh's coordinator and its agents say to each other: one JSON object a line.
+
+The coordinator starts `ibtool mesh --agent` on every node through the engine (ClusterShell's
+ssh, srun, or a local process) and talks to them over their standard input and output, which
+is what every engine carries. An agent says:
+
+  hello   its endpoints (every RDMA port of its node: device, port, state, link layer, the
+          address its ping server will listen on), and a random id the plan names it by
+  ready   its ping servers listen; `problems`: endpoints it could not serve, and why
+  result  round R's pairs it was the client of: [src, dst, state, sent, received, median,
+          p90, p99, hw, error]
+  error   why it cannot take part (no RDMA device, no pyverbs, ...); it then exits
+
+and the coordinator, to every agent at once (srun and ClusterShell broadcast stdin):
+
+  plan    every endpoint (agent id, its index there, address, up) and the schedule
+  round   run round R; `skip`: endpoints found dead since the plan
+  end     stop the servers and exit (EOF on stdin says the same)
+
+An agent's lines come from another host and are untrusted: each is bounded (MAX_LINE), its
+names are names, its numbers in range, and a node that breaks the protocol is dropped from
+the mesh with the reason, never followed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import re
+from typing import Any
+
+from ibtool.model.mesh import Endpoint, PairState
+from ibtool.model.names import printable
+
+VERSION = 1
+MAX_LINE = 64 * 1024  # an agent's line: a hello of MAX_ENDPOINTS, a round's result
+MAX_PLAN = 32 * 1024 * 1024  # the coordinator's plan: 8,192 endpoints is ~1 MiB
+MAX_ENDPOINTS = 64  # RDMA ports of one node
+MAX_ERROR = 200  # characters of an error an agent reports
+_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_ID = re.compile(r"[0-9a-f]{16,64}")
+_STATES = ("NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER", "UNKNOWN")
+
+
+class AgentError(ValueError):
+    """An agent's line that breaks the protocol; the message says what, for the node's line."""
+
+
+def dumps(message: dict[str, Any]) -> str:
+    return json.dumps(message, separators=(",", ":"), allow_nan=False) + "\n"
+
+
+def _load(line: str | bytes, limit: int) -> dict[str, Any]:
+    if len(line) > limit:
+        raise AgentError(f"a line of {len(line)} bytes, over the {limit} a message may have")
+    try:
+        msg = json.loads(line)
+    except (ValueError, RecursionError) as e:
+        raise AgentError(f"not a JSON message: {printable(str(e), 80)}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
+        raise AgentError("a message without its type")
+    return msg
+
+
+def _int(v: Any, lo: int, hi: int, what: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise AgentError(f"{what}: not a number from {lo} to {hi}")
+    return v
+
+
+def _name(v: Any, what: str) -> str:
+    if not isinstance(v, str) or not _NAME.fullmatch(v):
+        raise AgentError(f"{what}: not a name ({printable(str(v), 40)})")
+    return v
+
+
+def _us(v: Any, what: str) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e9:
+        raise AgentError(f"{what}: not a round trip in microseconds")
+    if math.isnan(v):
+        raise AgentError(f"{what}: not a number")
+    return float(v)
+
+
+def _text(v: Any, what: str) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise AgentError(f"{what}: not text")
+    return printable(v, MAX_ERROR)
+
+
+def _address(v: Any) -> str:
+    if not isinstance(v, str) or len(v) > 64:
+        raise AgentError("address: not an IP address")
+    try:
+        return str(ipaddress.ip_address(v))
+    except ValueError:
+        raise AgentError(f"address: not an IP address ({printable(v, 40)})") from None
+
+
+def parse_agent(line: str | bytes) -> dict[str, Any]:
+    """One line of an agent, checked: its type and fields as the module's docstring says."""
+    msg = _load(line, MAX_LINE)
+    kind = msg["t"]
+    if kind == "hello":
+        if msg.get("v") != VERSION:
+            raise AgentError(f"protocol version {printable(str(msg.get('v')), 20)}, not {VERSION}")
+        if not isinstance(msg.get("id"), str) or not _ID.fullmatch(msg["id"]):
+            raise AgentError("hello: no agent id")
+        eps = msg.get("endpoints")
+        if not isinstance(eps, list) or len(eps) > MAX_ENDPOINTS:
+            raise AgentError(f"hello: endpoints not a list of at most {MAX_ENDPOINTS}")
+        msg["endpoints"] = [_hello_endpoint(e) for e in eps]
+        msg["node"] = _name(msg.get("node"), "hello: node")
+    elif kind == "ready":
+        problems = msg.get("problems", {})
+        if not isinstance(problems, dict) or len(problems) > MAX_ENDPOINTS:
+            raise AgentError("ready: problems not a mapping")
+        msg["problems"] = {
+            _int(int(k) if isinstance(k, str) and k.isdigit() else -1, 0, MAX_ENDPOINTS - 1,
+                 "ready: endpoint"): _text(v, "ready: problem") or "unusable"
+            for k, v in problems.items()
+        }  # fmt: skip
+    elif kind == "result":
+        msg["r"] = _int(msg.get("r"), 0, 1 << 20, "result: round")
+        pairs = msg.get("pairs")
+        if not isinstance(pairs, list) or len(pairs) > MAX_ENDPOINTS:
+            raise AgentError("result: pairs not a list")
+        msg["pairs"] = [_pair(p) for p in pairs]
+    elif kind == "error":
+        msg["message"] = _text(msg.get("message"), "error") or "no reason given"
+        msg["hint"] = _text(msg.get("hint"), "error: hint")
+    else:
+        raise AgentError(f"unknown message {printable(kind, 20)!r}")
+    return msg
+
+
+def _hello_endpoint(e: Any) -> dict[str, Any]:
+    if not isinstance(e, dict):
+        raise AgentError("hello: an endpoint not an object")
+    state = e.get("state")
+    if state not in _STATES:
+        raise AgentError(f"hello: port state {printable(str(state), 20)}")
+    link = e.get("link_layer")
+    if link not in ("Ethernet", "InfiniBand", "Unknown"):
+        raise AgentError("hello: link layer")
+    gid = e.get("gid_index")
+    return {
+        "device": _name(e.get("device"), "hello: device"),
+        "port": _int(e.get("port"), 1, 255, "hello: port"),
+        "state": state,
+        "link_layer": link,
+        "address": _address(e.get("address")) if e.get("address") is not None else None,
+        "gid_index": None if gid is None else _int(gid, 0, 255, "hello: gid index"),
+        "hw": bool(e.get("hw")),
+        "problem": _text(e.get("problem"), "hello: problem"),
+    }
+
+
+_PAIR_STATES = {int(PairState.PROBED): PairState.PROBED, int(PairState.SKIPPED): PairState.SKIPPED}
+_BIG = 1 << 31
+
+
+def _pair(p: Any) -> tuple:
+    """One pair of a result. Checked inline: a 1,024 x 8 mesh has 8.4 million of them."""
+    if type(p) is not list or len(p) != 10:
+        raise AgentError("result: a pair not a list of 10")
+    src, dst, state, sent, received, med, p90, p99, hw, err = p
+    if not (
+        type(src) is int
+        and type(dst) is int
+        and type(sent) is int
+        and type(received) is int
+        and 0 <= src < _BIG
+        and 0 <= dst < _BIG
+        and 0 <= received <= sent <= _BIG
+        and type(state) is int
+        and state in _PAIR_STATES
+        and type(hw) is bool
+    ):
+        raise AgentError(f"result: a pair out of range ({printable(str(p), 80)})")
+    for x in (med, p90, p99):
+        # NaN fails the comparison; so does infinity, and a bool is no round trip
+        if x is not None and not (type(x) in (int, float) and 0 <= x < 1e9):
+            raise AgentError("result: a round trip out of range")
+    if err is not None:
+        if type(err) is not str:
+            raise AgentError("result: error not text")
+        err = printable(err, MAX_ERROR)
+    return (src, dst, _PAIR_STATES[state], sent, received, med, p90, p99, hw, err)
+
+
+# -- the plan, as the agent reads it ----------------------------------------------------------
+
+
+def plan_message(endpoints: list[Endpoint], ids: list[tuple[str, int]], schedule, settings) -> str:
+    """The plan every agent gets: `ids[i]` is endpoint i's (agent id, index in its hello)."""
+    return dumps(
+        {
+            "t": "plan",
+            "v": VERSION,
+            "endpoints": [[aid, k, e.address or "", e.up] for (aid, k), e in zip(ids, endpoints)],
+            "schedule": schedule.to_wire(),
+            "count": settings.count,
+            "size": settings.size,
+            "mode": settings.mode,
+            "rate": settings.rate,
+            "timeout": settings.timeout,
+            "tcp_port": settings.tcp_port,
+        }
+    )
+
+
+def parse_coordinator(line: str | bytes) -> dict[str, Any]:
+    """A line from the coordinator (who started this agent: bounded and checked all the same,
+    a wrong one ends the agent with its reason)."""
+    msg = _load(line, MAX_PLAN)
+    kind = msg["t"]
+    if kind == "plan":
+        if msg.get("v") != VERSION:
+            raise AgentError(f"plan of protocol version {msg.get('v')!r}, not {VERSION}")
+        eps = msg.get("endpoints")
+        if not isinstance(eps, list):
+            raise AgentError("plan: no endpoints")
+        for e in eps:
+            if not (isinstance(e, list) and len(e) == 4 and isinstance(e[0], str)):
+                raise AgentError("plan: an endpoint not [id, index, address, up]")
+            _int(e[1], 0, MAX_ENDPOINTS - 1, "plan: index")
+            if e[2]:
+                _address(e[2])
+        sched = msg.get("schedule")
+        if not isinstance(sched, dict):
+            raise AgentError("plan: no schedule")
+        n = len(eps)
+        groups, shifts = sched.get("groups"), sched.get("shifts")
+        if not isinstance(groups, dict) or not isinstance(shifts, dict):
+            raise AgentError("plan: schedule without groups and shifts")
+        for name, members in groups.items():
+            if not isinstance(members, list) or name not in shifts:
+                raise AgentError("plan: a group without its shifts")
+            for m in members:
+                _int(m, 0, n - 1, "plan: group member")
+            for s in shifts[name]:
+                _int(s, 1, max(1, len(members) - 1), "plan: shift")
+        _int(msg.get("count"), 1, 1 << 20, "plan: count")
+        _int(msg.get("size"), 1, 1 << 20, "plan: size")
+        _int(msg.get("tcp_port"), 1, 65535, "plan: tcp port")
+        if msg.get("mode") not in ("send", "write-imm"):
+            raise AgentError("plan: mode")
+        for key in ("rate", "timeout"):
+            v = msg.get(key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e6:
+                raise AgentError(f"plan: {key}")
+    elif kind == "round":
+        _int(msg.get("r"), 0, 1 << 20, "round")
+        skip = msg.get("skip", [])
+        if not isinstance(skip, list):
+            raise AgentError("round: skip")
+        for s in skip:
+            _int(s, 0, 1 << 24, "round: skip")
+    elif kind != "end":
+        raise AgentError(f"unknown message {printable(kind, 20)!r}")
+    return msg

@@ -1,0 +1,339 @@
+"""The coordinator: start the agents through an engine, learn the endpoints, hand out the
+plan, run the rounds as a barrier (round r+1 starts when every agent reported round r, or
+its time ran out), gather every pair, end the agents, and judge.
+
+Whatever goes wrong on a node -- no ssh, no ibtool, no RDMA device, garbage on its stdout,
+an agent that dies or hangs mid-mesh -- is that node's fault in the result (unreachable, or
+its pairs MISSING), never the end of the mesh for the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ibtool.errors import IbtoolError
+from ibtool.mesh import protocol
+from ibtool.mesh.analysis import analyse
+from ibtool.mesh.engines import EXIT, LINE, STDERR, Engine
+from ibtool.mesh.schedule import Partners, plan
+from ibtool.model.mesh import Endpoint, MeshResult, Pair, PairState, PairTable, Settings
+from ibtool.model.names import printable
+
+START_TIMEOUT = 120.0  # s for every agent's hello (ssh, Python, the RDMA ports read)
+READY_TIMEOUT = 120.0  # s for every agent's servers to listen (verbs opened)
+ROUND_SLACK = 30.0  # s a round may take beyond its pings' own worst case
+CLOSE_GRACE = 30.0  # s the agents have to stop their servers and exit after `end`
+MAX_STDERR = 5  # lines of an agent's stderr kept to say why it failed
+
+
+@dataclass
+class Options:
+    count: int = 20
+    size: int = 64
+    mode: str = "send"
+    rate: float = 100.0
+    timeout: float = 2.0
+    rounds: int | None = None
+    all_rails: bool = False
+    slow_factor: float = 10.0
+    tcp_port: int = 18521
+    start_timeout: float = START_TIMEOUT
+
+
+@dataclass
+class _Node:
+    key: str  # the engine's name for it
+    name: str = ""  # the mesh's name for it
+    agent: str = ""  # its agent's id
+    hello: dict | None = None
+    ready: bool = False
+    gone: str | None = None  # why it left the mesh
+    stderr: list[str] = field(default_factory=list)
+    endpoints: list[int] = field(default_factory=list)
+    mine: set[int] = field(default_factory=set)  # the same, for lookups
+
+
+def round_timeout(o: Options) -> float:
+    """The longest a round may take: every ping to its timeout, one connection timeout."""
+    return o.timeout + o.count * (o.timeout + 1.0 / o.rate) + ROUND_SLACK
+
+
+class Coordinator:
+    def __init__(self, engine: Engine, options: Options, say: Callable[[str], None]):
+        self.engine, self.o, self.say = engine, options, say
+        self.nodes: dict[str, _Node] = {}
+        self.unreachable: dict[str, str] = {}
+        self.gone: set[str] = set()  # the keys of nodes out of the mesh
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _node(self, key: str) -> _Node:
+        node = self.nodes.get(key)
+        if node is None:
+            node = self.nodes[key] = _Node(key, key if self.engine.name != "srun" else "")
+        return node
+
+    def _drop(self, node: _Node, why: str) -> None:
+        if node.gone is None:
+            node.gone = why
+            self.gone.add(node.key)
+            self.say(f"{node.name or node.key}: {why}")
+
+    def _pump(
+        self, deadline: float, handle: Callable[[_Node, dict], None], done: Callable[[], bool]
+    ):
+        """Events until `done()` or the deadline; each agent's message to `handle`."""
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            ev = self.engine.get(min(left, 1.0))
+            if ev is None:
+                continue
+            if ev.kind == EXIT and not ev.node:  # the whole engine ended
+                for n in self.nodes.values():
+                    if not n.gone:
+                        self._drop(n, self._why_exit(n, ev.data))
+                self.engine_done = True
+                return
+            node = self._node(ev.node)
+            if ev.kind == STDERR:
+                if len(node.stderr) < MAX_STDERR and ev.data:
+                    node.stderr.append(printable(str(ev.data), 160))
+            elif ev.kind == EXIT:
+                if not node.gone:
+                    self._drop(node, self._why_exit(node, ev.data))
+            elif ev.kind == LINE and not node.gone:
+                text = str(ev.data)
+                if not text.startswith("{"):
+                    if len(node.stderr) < MAX_STDERR and text.strip():
+                        node.stderr.append(printable(text, 160))
+                    continue  # a login banner, a shell's noise: not ours
+                try:
+                    msg = protocol.parse_agent(text)
+                except protocol.AgentError as e:
+                    self._drop(node, f"spoke garbage: {e}")
+                    continue
+                if msg["t"] == "error":
+                    hint = f" ({msg['hint']})" if msg.get("hint") else ""
+                    self._drop(node, f"its agent: {msg['message']}{hint}")
+                    continue
+                handle(node, msg)
+
+    def _why_exit(self, node: _Node, rc) -> str:
+        tail = f": {node.stderr[-1]}" if node.stderr else ""
+        if rc == 255:
+            return f"ssh failed (exit 255){tail}"
+        if rc == 127:
+            return f"no ibtool there (exit 127){tail}"
+        if rc is None:
+            return f"its agent ended{tail}"
+        return f"its agent exited {rc}{tail}"
+
+    # -- the phases --------------------------------------------------------------------------
+
+    def run(self, agent_argv: list[str]) -> MeshResult:
+        o = self.o
+        settings = Settings(o.count, o.size, o.mode, o.rate, o.timeout, o.all_rails,
+                            o.slow_factor, o.tcp_port, self.engine.name)  # fmt: skip
+        started_wall, t0 = time.time(), time.monotonic()
+        self.engine_done = False
+        self.engine.start(agent_argv)
+        try:
+            result = self._mesh(settings)
+        finally:
+            if not self.engine_done:
+                self.engine.send(protocol.dumps({"t": "end"}))
+            self.engine.close(CLOSE_GRACE)
+        result.started, result.elapsed = started_wall, time.monotonic() - t0
+        return result
+
+    def _mesh(self, settings: Settings) -> MeshResult:
+        o = self.o
+        expected = len(self.engine.nodes)
+
+        def hello(node: _Node, msg: dict) -> None:
+            if msg["t"] != "hello" or node.hello is not None:
+                self._drop(node, f"said {msg['t']} before its hello")
+                return
+            if self.engine.name == "srun":
+                name = msg["node"]
+                if name not in self.engine.nodes or any(
+                    n.name == name for n in self.nodes.values() if n is not node
+                ):
+                    self._drop(node, f"says it is {name}, not a node of the step or a second one")
+                    return
+                node.name = name
+            node.hello, node.agent = msg, msg["id"]
+            said.add(node.key)
+
+        said: set[str] = set()
+
+        def all_said() -> bool:
+            return len(said | self.gone) >= expected
+
+        self._pump(time.monotonic() + o.start_timeout, hello, all_said)
+        endpoints, ids = self._endpoints()
+        answered = sum(1 for n in self.nodes.values() if n.hello and not n.gone)
+        self.say(f"mesh: {len(endpoints)} endpoints on {answered} of {expected} nodes")
+        schedule = plan(endpoints, o.all_rails, o.rounds)
+        table = PairTable(schedule.rounds, len(endpoints))
+        partners = Partners(schedule, len(endpoints))
+        for r in range(schedule.rounds):
+            for src, dst in schedule.pairs(r):
+                table.schedule(r, src, dst)
+        result = MeshResult(settings, endpoints, table, schedule.rounds,
+                            {k: list(v) for k, v in schedule.shifts.items()})  # fmt: skip
+        live = [n for n in self.nodes.values() if n.hello and not n.gone]
+        if live and endpoints and not self.engine_done:
+            self.engine.send(protocol.plan_message(endpoints, ids, schedule, settings))
+            self._ready(live, endpoints)
+            self._rounds(live, endpoints, partners, table, result)
+        for n in live:
+            if n.gone:  # what was probed before it left stays; the rest is its fault
+                for i in n.endpoints:
+                    if endpoints[i].up:
+                        why = f"its agent left the mesh: {n.gone}"
+                        endpoints[i] = dataclasses.replace(endpoints[i], problem=why)
+        self._unreachable()
+        result.unreachable = dict(self.unreachable)
+        result.endpoints = endpoints
+        analyse(result, schedule)
+        return result
+
+    def _endpoints(self) -> tuple[list[Endpoint], list[tuple[str, int]]]:
+        """The mesh's endpoints, node by node in the engine's order, each node's ports in
+        its (device, port) order: rail k is a node's k-th port."""
+        order = {name: i for i, name in enumerate(self.engine.nodes)}
+        nodes = sorted(
+            (n for n in self.nodes.values() if n.hello and not n.gone),
+            key=lambda n: order.get(n.name, len(order)),
+        )
+        endpoints, ids = [], []
+        seen: dict[str, str] = {}
+        for node in nodes:
+            for k, e in enumerate(node.hello["endpoints"]):
+                problem = e["problem"]
+                address = e["address"] or ""
+                if address and address in seen:
+                    problem = f"its address {address} is also {seen[address]}'s"
+                elif address:
+                    seen[address] = f"{node.name}/{e['device']}/{e['port']}"
+                node.endpoints.append(len(endpoints))
+                node.mine.add(len(endpoints))
+                endpoints.append(
+                    Endpoint(
+                        node.name,
+                        e["device"],
+                        e["port"],
+                        k,
+                        address,
+                        e["state"],
+                        e["link_layer"],
+                        e["gid_index"],
+                        e["hw"],
+                        problem,
+                    )  # fmt: skip
+                )
+                ids.append((node.agent, k))
+        return endpoints, ids
+
+    def _ready(self, live: list[_Node], endpoints: list[Endpoint]) -> None:
+        def ready(node: _Node, msg: dict) -> None:
+            if msg["t"] != "ready":
+                self._drop(node, f"said {msg['t']} before it was ready")
+                return
+            node.ready = True
+            for k, why in msg["problems"].items():
+                if k < len(node.endpoints):
+                    i = node.endpoints[k]
+                    endpoints[i] = dataclasses.replace(endpoints[i], problem=why)
+
+        self._pump(time.monotonic() + READY_TIMEOUT, ready,
+                   lambda: all(n.ready or n.gone for n in live))  # fmt: skip
+        for n in live:
+            if not n.ready:
+                self._drop(n, "its ping servers did not start in time")
+
+    def _rounds(self, live, endpoints, partners: Partners, table: PairTable, result) -> None:
+        dead: set[int] = set()
+        told: set[int] = set()
+        keys = {n.key for n in live}
+        o = self.o
+        for r in range(partners.rounds):
+            for n in live:
+                if n.gone:
+                    dead.update(n.endpoints)
+            if all(n.gone for n in live) or self.engine_done:
+                break
+            skip = sorted(dead - told)
+            told |= dead
+            t_round = time.monotonic()
+            self.engine.send(protocol.dumps({"t": "round", "r": r, "skip": skip}))
+            reported: set[str] = set()
+
+            def result_of(node: _Node, msg: dict, r=r, reported=reported) -> None:
+                if msg["t"] != "result" or msg["r"] != r:
+                    self._drop(node, f"answered round {r} with {msg['t']} {msg.get('r', '')}")
+                    return
+                mine = node.mine
+                of = partners.of
+                for p in msg["pairs"]:
+                    src, dst = p[0], p[1]
+                    if src not in mine or of(r, src) != dst:
+                        self._drop(node, f"reported a pair {src} -> {dst} not its own in round {r}")
+                        return
+                for p in msg["pairs"]:
+                    table.record(r, *p)
+                reported.add(node.key)
+
+            self._pump(
+                time.monotonic() + round_timeout(o),
+                result_of,
+                lambda reported=reported: len(reported | (self.gone & keys)) >= len(keys),
+            )
+            result.round_seconds.append(time.monotonic() - t_round)
+            for n in live:
+                if n.key not in reported and not n.gone:
+                    self._drop(n, f"did not report round {r} in {round_timeout(o):.0f} s")
+            self._fill(r, live, reported, endpoints, partners, table)
+            if (r + 1) % max(1, partners.rounds // 10) == 0 or r + 1 == partners.rounds:
+                self.say(f"mesh: round {r + 1}/{partners.rounds}")
+
+    def _fill(self, r, live, reported, endpoints, partners: Partners, table: PairTable) -> None:
+        """Round r's pairs no agent reported: MISSING (its node gone), or SKIPPED."""
+        for n in live:
+            if n.key in reported:
+                continue
+            for src in n.endpoints:
+                dst = partners.of(r, src)
+                if dst >= 0:
+                    table.put(Pair(r, src, dst, PairState.MISSING, error=f"{n.name}: {n.gone}"))
+        for src, e in enumerate(endpoints):
+            dst = partners.of(r, src)
+            if dst >= 0 and table.state[table.slot(r, src)] == PairState.UNSCHEDULED:
+                why = "not probed: " + (e.why_down() if not e.up else endpoints[dst].why_down())
+                table.put(Pair(r, src, dst, PairState.SKIPPED, error=why))
+
+    def _unreachable(self) -> None:
+        seen = set()
+        for n in self.nodes.values():
+            name = n.name or n.key
+            if n.gone and not n.hello:
+                self.unreachable[name] = n.gone
+            seen.add(name)
+        for name in self.engine.nodes:
+            if name not in seen and name not in self.unreachable:
+                self.unreachable[name] = "no word from its agent in time" + (
+                    "" if self.engine.name != "srun" else " (no hello from its srun task)"
+                )
+
+
+def mesh(engine: Engine, options: Options, agent_argv: list[str], say) -> MeshResult:
+    """One mesh through `engine`; `say` gets its progress lines."""
+    if options.rate <= 0:
+        raise IbtoolError("--rate must be above 0")
+    return Coordinator(engine, options, say).run(agent_argv)

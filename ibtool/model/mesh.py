@@ -1,0 +1,236 @@
+"""`ibtool mesh`'s records: the endpoints, what each probed pair measured, the verdicts.
+
+A mesh of 1,024 nodes x 8 rails probes 8,380,416 ordered pairs when every shift runs: a
+record per pair would cost gigabytes, so the pairs live in a `PairTable`, columns of machine
+numbers indexed by (round, source endpoint) -- each endpoint is the source of at most one pair
+a round (the schedule's promise) -- and a pair is read back as a `Pair` only when asked for.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+
+class PairState(enum.IntEnum):
+    """What became of one scheduled pair."""
+
+    UNSCHEDULED = 0  # no pair for this source in this round (its group ran out of shifts)
+    PROBED = 1  # pinged: sent/received/RTTs say how it went
+    SKIPPED = 2  # not pinged: an end's port is not ACTIVE, or its node has no agent
+    MISSING = 3  # the source's node never reported this round (it died or timed out)
+
+
+class Health(enum.IntEnum):
+    """A pair's health, worst last."""
+
+    OK = 0
+    SLOW = 1  # every ping answered, the RTTs far above the group's baseline
+    LOSSY = 2  # some pings unanswered
+    FAILED = 3  # no ping answered, or none could be sent
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One RDMA port of one node: (node, port), on its rail (its rank among the node's ports)."""
+
+    node: str
+    device: str
+    port: int
+    rail: int
+    address: str  # where its ping server listens (the IPv4 address of its netdev or IPoIB)
+    state: str  # the port's state as sysfs says it: ACTIVE, DOWN, INIT, ...
+    link_layer: str = "Ethernet"
+    gid_index: int | None = None
+    hw_timestamps: bool = False
+    problem: str | None = None  # why its agent serves no pings on it (a port up but unusable)
+
+    @property
+    def name(self) -> str:
+        return f"{self.node}/{self.device}/{self.port}"
+
+    @property
+    def up(self) -> bool:
+        return self.state == "ACTIVE" and self.problem is None
+
+    def why_down(self) -> str:
+        return self.problem or f"port {self.state}"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One ordered pair's probe: `src` pinged `dst` in `round`."""
+
+    round: int
+    src: int
+    dst: int
+    state: PairState
+    sent: int = 0
+    received: int = 0
+    median_us: float | None = None
+    p90_us: float | None = None
+    p99_us: float | None = None
+    hw: bool = False  # RTTs on the HCA's clock
+    error: str | None = None
+    health: Health = Health.OK  # as the analysis judged it against its group's baseline
+
+    @property
+    def lost(self) -> int:
+        return self.sent - self.received
+
+
+def _opt(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+class PairTable:
+    """Every pair of a mesh, by (round, source), in columns (see the module's docstring)."""
+
+    def __init__(self, rounds: int, endpoints: int):
+        self.rounds, self.width = rounds, endpoints
+        n = rounds * endpoints
+        self.dst = array("i", [-1]) * n
+        self.state = array("B", [0]) * n
+        self.sent = array("I", [0]) * n
+        self.received = array("I", [0]) * n
+        self.median = array("f", [math.nan]) * n
+        self.p90 = array("f", [math.nan]) * n
+        self.p99 = array("f", [math.nan]) * n
+        self.hw = array("B", [0]) * n
+        self.health = array("B", [0]) * n  # Health, filled in by the analysis
+        self.errors: dict[int, str] = {}  # slot -> why, for the few pairs that have one
+
+    def slot(self, round_: int, src: int) -> int:
+        return round_ * self.width + src
+
+    def schedule(self, round_: int, src: int, dst: int) -> None:
+        self.dst[self.slot(round_, src)] = dst
+
+    def put(self, pair: Pair) -> None:
+        self.record(pair.round, pair.src, pair.dst, pair.state, pair.sent, pair.received,
+                    pair.median_us, pair.p90_us, pair.p99_us, pair.hw, pair.error)  # fmt: skip
+
+    def record(self, round_: int, src: int, dst: int, state: int, sent: int, received: int,
+               median: float | None, p90: float | None, p99: float | None, hw: bool,
+               error: str | None) -> None:  # fmt: skip
+        """`put` without a Pair: what the coordinator does 8.4 million times a large mesh."""
+        i = round_ * self.width + src
+        self.dst[i], self.state[i] = dst, state
+        self.sent[i], self.received[i] = sent, received
+        self.median[i] = math.nan if median is None else median
+        self.p90[i] = math.nan if p90 is None else p90
+        self.p99[i] = math.nan if p99 is None else p99
+        self.hw[i] = hw
+        if error:
+            self.errors[i] = error
+        elif self.errors:
+            self.errors.pop(i, None)
+
+    def get(self, i: int) -> Pair:
+        round_, src = divmod(i, self.width)
+        return Pair(
+            round_,
+            src,
+            self.dst[i],
+            PairState(self.state[i]),
+            self.sent[i],
+            self.received[i],
+            _opt(self.median[i]),
+            _opt(self.p90[i]),
+            _opt(self.p99[i]),
+            bool(self.hw[i]),
+            self.errors.get(i),
+            Health(self.health[i]),
+        )
+
+    def slots(self) -> Iterator[int]:
+        """The slots holding a scheduled pair, in (round, source) order."""
+        dst = self.dst
+        for i in range(len(dst)):
+            if dst[i] >= 0:
+                yield i
+
+    def __iter__(self) -> Iterator[Pair]:
+        return (self.get(i) for i in self.slots())
+
+    def __len__(self) -> int:
+        return sum(1 for d in self.dst if d >= 0)
+
+
+class Level(enum.IntEnum):
+    """A verdict's weight, and the mesh's exit code by the worst one (ibtool-mesh(8))."""
+
+    WARN = 1
+    FAIL = 2
+
+
+class Culprit(str, enum.Enum):
+    """What a verdict names."""
+
+    NODE = "node"  # a node: no agent, or every one of its endpoints bad
+    RAIL = "rail"  # most of a rail's endpoints bad at once: the rail's switch
+    ENDPOINT = "endpoint"  # one port: its port, cable or node
+    PATH = "path"  # one pair alone: the path between its two ends
+
+
+@dataclass(frozen=True)
+class Verdict:
+    culprit: Culprit
+    level: Level
+    subject: str  # what is named: a node, "rail 3", an endpoint's name, "a <-> b"
+    why: str  # how many of its pairs, against what baseline
+    endpoints: tuple[int, ...] = ()  # the endpoints it names (a path: its two ends)
+    rail: int | None = None
+    next: tuple[str, ...] = ()  # the commands to run next (ibtool doctor)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A group's typical pair: the median of its answered pairs' medians and p90s."""
+
+    group: str  # "rail 0", or "all rails"
+    pairs: int  # answered pairs it was taken over
+    median_us: float | None
+    p90_us: float | None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the mesh ran."""
+
+    count: int
+    size: int
+    mode: str
+    rate: float  # pings per second per endpoint, at most
+    timeout: float
+    all_rails: bool
+    slow_factor: float
+    tcp_port: int
+    engine: str  # clustershell, srun, local, or a fake one in tests
+
+
+@dataclass
+class MeshResult:
+    settings: Settings
+    endpoints: list[Endpoint]
+    pairs: PairTable
+    rounds: int
+    shifts: dict[str, list[int]]  # group -> its shifts, in round order
+    unreachable: dict[str, str] = field(default_factory=dict)  # node -> why it has no agent
+    baselines: list[Baseline] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    started: float = 0.0  # wall clock (time.time) when the mesh began
+    elapsed: float = 0.0  # seconds of the whole mesh
+    round_seconds: list[float] = field(default_factory=list)  # each round's duration
+
+    @property
+    def worst(self) -> Level | None:
+        return max((v.level for v in self.verdicts), default=None)
+
+    def exit_code(self) -> int:
+        """0 healthy, 1 a WARN verdict at worst, 2 a FAIL verdict (as ibtool doctor)."""
+        worst = self.worst
+        return 0 if worst is None else int(worst)

@@ -1,0 +1,195 @@
+"""`ibtool mesh NODESET`: an RDMA ping mesh over every node and rail, fanned out through
+ClusterShell or Slurm (or every port of this host with --local), that names the bad node,
+rail, endpoint or path; and `ibtool mesh --agent`, what it runs on each node."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from ibtool import hookimpl
+from ibtool.argtypes import number
+from ibtool.errors import UsageError
+from ibtool.plugin.commands import Invocation
+
+TCP_PORT = 18521  # the agents' ping servers (ibtool ping --server's is 18520)
+
+
+def configure(parser) -> None:
+    parser.add_argument("nodeset", nargs="?", metavar="NODESET",
+                        help="the nodes, as ClusterShell (clush -w) takes them: node[001-064]; "
+                        "with --srun, default: the allocation's")  # fmt: skip
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--srun", action="store_true",
+                     help="fan out through Slurm's srun inside an allocation, one task a node")  # fmt: skip
+    how.add_argument("--local", action="store_true",
+                     help="this host alone: every RDMA port of it is an endpoint (rail to rail "
+                     "through the switch)")  # fmt: skip
+    how.add_argument("--agent", action="store_true",
+                     help="what the mesh runs on each node (over stdin/stdout; not by hand)")  # fmt: skip
+    parser.add_argument("--all-rails", action="store_true",
+                        help="pair every endpoint with every other, not rail k with rail k")  # fmt: skip
+    parser.add_argument("-c", "--count", type=number(int, 1, 100000), default=20, metavar="N",
+                        help="pings per pair (default 20)")  # fmt: skip
+    parser.add_argument("--size", type=number(int, 1, 1 << 20, unit="bytes"), default=64,
+                        metavar="BYTES", help="ping size (default 64)")  # fmt: skip
+    parser.add_argument("--mode", choices=("send", "write-imm"), default="send",
+                        help="SEND/RECV (default) or RDMA WRITE WITH IMMEDIATE")  # fmt: skip
+    parser.add_argument("--rate", type=number(float, 0.1, 1e6), default=100.0, metavar="N",
+                        help="pings a second an endpoint sends, at most (default 100)")  # fmt: skip
+    parser.add_argument("--timeout", type=number(float, 0.1, 60.0), default=2.0, metavar="S",
+                        help="seconds for a ping's reply and a pair's connection (default 2)")  # fmt: skip
+    parser.add_argument("--rounds", type=number(int, 1, 1 << 20), metavar="K",
+                        help="run K of the N-1 shifted rounds, spread evenly (default: all, "
+                        "every ordered pair once)")  # fmt: skip
+    parser.add_argument("--slow", type=number(float, 1.5, 1000.0), default=10.0,
+                        metavar="FACTOR",
+                        help="a pair is slow when its p90 RTT is FACTOR times its rail's median "
+                        "(default 10)")  # fmt: skip
+    parser.add_argument("--tcp-port", type=number(int, 1, 65535), default=TCP_PORT, metavar="N",
+                        help=f"the agents' ping servers' TCP port (default {TCP_PORT})")  # fmt: skip
+    parser.add_argument("--ibtool", default="ibtool", metavar="CMD",
+                        help="how the nodes run ibtool (default: ibtool, from their PATH)")  # fmt: skip
+    parser.add_argument("--start-timeout", type=number(float, 1.0, 3600.0), default=120.0,
+                        metavar="S",
+                        help="seconds for every node's agent to start (default 120)")  # fmt: skip
+    parser.add_argument("--textfile", metavar="PATH",
+                        help="also write per-pair series for node_exporter's textfile collector")  # fmt: skip
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="also draw the heat map to a PNG (needs matplotlib)")  # fmt: skip
+    parser.add_argument("--no-save", action="store_true",
+                        help="do not keep this mesh as the last one for `ibtool tui`")  # fmt: skip
+
+
+def run(inv: Invocation) -> int:
+    args = inv.args
+    if args.agent:
+        inv.host.require_live("an ibtool mesh agent serves and pings this host's RDMA ports")
+        from ibtool.mesh import agent
+
+        return agent.main(inv.host)
+    _check_outputs(args)  # before the mesh: a wrong path is known in a second, not after it
+    engine, argv = _engine(inv)
+    from ibtool.mesh.run import Options, mesh
+
+    options = Options(
+        count=args.count,
+        size=args.size,
+        mode=args.mode,
+        rate=args.rate,
+        timeout=args.timeout,
+        rounds=args.rounds,
+        all_rails=args.all_rails,
+        slow_factor=args.slow,
+        tcp_port=args.tcp_port,
+        start_timeout=args.start_timeout,
+    )
+
+    def say(line: str) -> None:
+        sys.stderr.write(f"ibtool {line}\n" if line.startswith("mesh") else f"ibtool mesh: {line}\n")
+        sys.stderr.flush()
+
+    result = mesh(engine, options, argv, say)
+    _outputs(inv, result)
+    return result.exit_code()
+
+
+def _engine(inv: Invocation):
+    """The engine the command line asks for, and the agent's command line on the nodes."""
+    from ibtool.mesh import engines
+
+    args = inv.args
+    agent = ["mesh", "--agent"]
+    if args.local:
+        if args.nodeset:
+            raise UsageError("--local takes no NODESET", "leave NODESET out, or --local out")
+        inv.host.require_live("ibtool mesh --local pings between this host's RDMA ports")
+        return engines.LocalEngine(), [sys.executable, "-m", "ibtool", *agent]
+    try:
+        remote = shlex.split(args.ibtool)
+    except ValueError as e:
+        raise UsageError(f"--ibtool {args.ibtool}: {e}", "a command as a shell takes it") from None
+    if not remote:
+        raise UsageError("--ibtool is empty", "the command that runs ibtool on the nodes")
+    if args.srun:
+        return engines.SrunEngine(args.nodeset, engines.slurm_overlap()), remote + agent
+    if not args.nodeset:
+        raise UsageError(
+            "ibtool mesh needs the nodes: NODESET, --srun in an allocation, or --local",
+            "ibtool mesh 'node[01-16]', or ibtool mesh --local for this host's ports",
+        )
+    return engines.ClusterShellEngine(args.nodeset), remote + agent
+
+
+def _outputs(inv: Invocation, result) -> None:
+    from ibtool.views import mesh as view
+
+    args = inv.args
+    if inv.json:
+        for chunk in view.json_chunks(result):
+            inv.out.write(chunk)
+        inv.out.write("\n")
+    else:
+        color = _color(inv)
+        for line in view.render_text(result, width=_width(), color=color):
+            inv.print(line)
+    inv.out.flush()
+    if args.textfile:
+        _textfile(args.textfile, view.textfile(result))
+    if args.plot:
+        from ibtool.views.mesh_plot import plot
+
+        plot(result, args.plot)
+    if not args.no_save:
+        from ibtool.mesh import last
+
+        path = last.default_path()
+        try:
+            last.save(result, path)
+        except OSError as e:
+            inv.warn(f"the mesh is not kept for ibtool tui: {path}: {e.strerror or e}")
+
+
+def _textfile(path: str, text: str) -> None:
+    from ibtool.health.textfile import write_text
+
+    write_text(path, text)
+
+
+def _check_outputs(args) -> None:
+    import os
+
+    if args.textfile:
+        from ibtool.health.textfile import check_path
+
+        check_path(args.textfile)
+    for opt, path in (("--textfile", args.textfile), ("--plot", args.plot)):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise UsageError(f"{opt} {path}: no such directory", "give a path in a directory that exists")
+    if args.plot:
+        from ibtool.views.mesh_plot import require
+
+        require()
+
+
+def _color(inv: Invocation) -> bool:
+    import os
+
+    out = inv.out
+    return bool(getattr(out, "isatty", lambda: False)()) and "NO_COLOR" not in os.environ
+
+
+def _width() -> int:
+    import shutil
+
+    return max(40, shutil.get_terminal_size((80, 24)).columns)
+
+
+@hookimpl
+def ibtool_register_commands(cli):
+    cli.add(
+        "mesh",
+        run,
+        configure=configure,
+        help="RDMA ping mesh over nodes and rails (ClusterShell, Slurm): names the bad one",
+    )

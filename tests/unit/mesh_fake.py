@@ -1,0 +1,133 @@
+"""A simulated cluster behind the mesh's Engine interface: agents that speak the real protocol
+(hello, ready, a result line a round, as ibtool.mesh.agent writes them) with pings that are
+not sent but computed from the faults injected. The coordinator, the schedule and the
+analysis run over it as they do over ClusterShell or srun.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ibtool.mesh.engines import EXIT, LINE, STDERR, Engine, Event
+from ibtool.mesh.schedule import Partners, Schedule
+
+RTT = 3.0  # us, a healthy pair's median
+P90 = 3.6
+P99 = 5.0
+
+
+class FakeCluster(Engine):
+    """`nodes` x `rails` endpoints, rxe<k>/1 on node i at 10.<k>.<i//250>.<i%250+1>.
+
+    Faults, by endpoint name (node/device/port), node name or pair of names:
+    - down: the port is DOWN (in the hello)
+    - slow: every pair with it has a p90 of 40 ms (a lossy link under RC: retransmissions)
+    - lossy: every pair with it loses half its pings
+    - blocked: (a, b) pairs whose connection times out, both ways
+    - silent: nodes that never answer (ssh failed: exit 255)
+    - garbage: nodes whose agent prints something that is not the protocol
+    - dies: {node: round} an agent that exits before reporting that round
+    """
+
+    name = "fake"
+
+    def __init__(self, nodes: int, rails: int, *, down=(), slow=(), lossy=(), blocked=(),
+                 silent=(), garbage=(), dies=None, count: int = 20):  # fmt: skip
+        super().__init__()
+        self.nodes = [f"node{i:04d}" for i in range(1, nodes + 1)]
+        self.rails = rails
+        self.down, self.slow, self.lossy = set(down), set(slow), set(lossy)
+        self.blocked = {frozenset(p) for p in blocked}
+        self.silent, self.garbage = set(silent), set(garbage)
+        self.dies = dict(dies or {})
+        self.count = count
+        self.ids = {n: f"{i:016x}" for i, n in enumerate(self.nodes)}
+        self.sent: list[str] = []
+        self.closed = False
+
+    def address(self, node_index: int, rail: int) -> str:
+        return f"10.{rail}.{node_index // 250}.{node_index % 250 + 1}"
+
+    def start(self, argv: list[str]) -> None:
+        self.argv = argv
+        for i, node in enumerate(self.nodes):
+            if node in self.silent:
+                self.events.put(Event(node, STDERR, "ssh: connect to host: No route to host"))
+                self.events.put(Event(node, EXIT, 255))
+                continue
+            if node in self.garbage:
+                self.events.put(Event(node, LINE, '{"t": "hello", "v": 1, "id": "zz"}'))
+                continue
+            eps = []
+            for k in range(self.rails):
+                name = f"{node}/rxe{k}/1"
+                eps.append(
+                    {"device": f"rxe{k}", "port": 1,
+                     "state": "DOWN" if name in self.down else "ACTIVE",
+                     "link_layer": "Ethernet", "address": self.address(i, k), "gid_index": 1,
+                     "hw": False, "problem": None}
+                )  # fmt: skip
+            hello = {"t": "hello", "v": 1, "id": self.ids[node], "node": node, "endpoints": eps}
+            self.events.put(Event(node, LINE, json.dumps(hello)))
+
+    def send(self, line: str) -> None:
+        self.sent.append(line[:200])
+        msg = json.loads(line)
+        if msg["t"] == "plan":
+            self._plan(msg)
+        elif msg["t"] == "round":
+            self._round(msg["r"], set(msg["skip"]))
+        elif msg["t"] == "end":
+            for node in self.alive:
+                self.events.put(Event(node, EXIT, 0))
+
+    def _plan(self, plan: dict) -> None:
+        eps = plan["endpoints"]
+        by_id = {v: k for k, v in self.ids.items()}
+        self.names = [f"{by_id[aid]}/rxe{k}/1" for aid, k, _, _ in eps]
+        self.node_of = [by_id[aid] for aid, _, _, _ in eps]
+        self.up = [e[3] for e in eps]
+        s = plan["schedule"]
+        schedule = Schedule(
+            {k: tuple(v) for k, v in s["groups"].items()},
+            {k: tuple(v) for k, v in s["shifts"].items()},
+        )
+        self.partners = Partners(schedule, len(eps))
+        self.own: dict[str, list[int]] = {}
+        for i, node in enumerate(self.node_of):
+            self.own.setdefault(node, []).append(i)
+        self.alive = [n for n in self.nodes if n in self.own]
+        for node in self.alive:
+            self.events.put(Event(node, LINE, '{"t":"ready","problems":{}}'))
+
+    def _pair(self, i: int, d: int) -> list:
+        names = self.names
+        a, b = names[i], names[d]
+        count = self.count
+        if not (self.up[i] and self.up[d]):
+            return [i, d, 2, 0, 0, None, None, None, False, "not probed: down"]
+        if frozenset((a, b)) in self.blocked:
+            return [i, d, 1, 0, 0, None, None, None, False, "cannot reach: timed out"]
+        if a in self.lossy or b in self.lossy:
+            return [i, d, 1, count, count // 2, RTT, P90, P99, False, "ping: no reply"]
+        if a in self.slow or b in self.slow:
+            return [i, d, 1, count, count, RTT * 2, 40000.0, 67000.0, False, None]
+        return [i, d, 1, count, count, RTT, P90, P99, False, None]
+
+    def _round(self, r: int, skip: set[int]) -> None:
+        of = self.partners.of
+        for node in list(self.alive):
+            if self.dies.get(node) == r:
+                self.alive.remove(node)
+                self.events.put(Event(node, EXIT, 1))
+                continue
+            pairs = []
+            for i in self.own[node]:
+                d = of(r, i)
+                if d >= 0:
+                    pairs.append(self._pair(i, d))
+            line = json.dumps({"t": "result", "r": r, "pairs": pairs}, separators=(",", ":"))
+            self.events.put(Event(node, LINE, line))
+
+    def close(self, grace: float) -> None:
+        self.closed = True
