@@ -95,8 +95,11 @@ def parse_nodeset(text: str) -> list[str]:
 class ClusterShellEngine(Engine):
     name = "clustershell"
 
-    def __init__(self, nodeset: str, connect_timeout: float | None = None):
+    def __init__(self, nodeset: str, connect_timeout: float | None = None, remote: bool = True):
+        """`remote` False: ClusterShell's exec worker runs the command here once a node, %h
+        in it standing for the node (`ip netns exec %h ...`, a container, a test)."""
         super().__init__()
+        self.remote = remote
         self.nodes = parse_nodeset(nodeset)
         self.nodeset = nodeset
         self.connect_timeout = connect_timeout
@@ -146,7 +149,11 @@ class ClusterShellEngine(Engine):
             if self.connect_timeout:
                 task.set_info("connect_timeout", self.connect_timeout)
             worker = task.shell(
-                command, nodes=NodeSet.fromlist(self.nodes), handler=Reader(), stderr=True
+                command,
+                nodes=NodeSet.fromlist(self.nodes),
+                handler=Reader(),
+                stderr=True,
+                remote=self.remote,
             )
             self.port = task.port(handler=Writer(), autoclose=True)
         except Exception as e:  # ClusterShell's own errors: said by start()

@@ -169,6 +169,8 @@ class Coordinator:
                 node.name = name
             node.hello, node.agent = msg, msg["id"]
             said.add(node.key)
+            if not msg["endpoints"]:
+                self._drop(node, "has no RDMA port")
 
         said: set[str] = set()
 
@@ -322,7 +324,7 @@ class Coordinator:
         seen = set()
         for n in self.nodes.values():
             name = n.name or n.key
-            if n.gone and not n.hello:
+            if n.gone and not n.endpoints:  # out before the plan: none of its ports meshed
                 self.unreachable[name] = n.gone
             seen.add(name)
         for name in self.engine.nodes:

@@ -1,0 +1,262 @@
+"""`ibtool mesh`: the schedule, the agents' protocol as an attacker would speak it, the
+coordinator over a simulated cluster (faults injected, up to 1,024 nodes x 8 rails), the
+analysis's verdicts, and the ClusterShell engine through its exec worker. The testbed
+(tests/integration/test_mesh.py) runs the real agents between real kernels."""
+
+from __future__ import annotations
+
+import json
+import sys
+from itertools import product
+from pathlib import Path
+
+import pytest
+
+from ibtool.mesh import protocol
+from ibtool.mesh.run import Options, mesh
+from ibtool.mesh.schedule import Partners, plan, spread
+from ibtool.model.mesh import Culprit, Endpoint, Level, PairState
+from tests.unit.mesh_fake import FakeCluster
+
+DOUBLE = Path(__file__).with_name("mesh_agent_double.py")
+
+
+def _eps(nodes: int, rails: int) -> list[Endpoint]:
+    return [
+        Endpoint(f"n{i}", f"mlx5_{k}", 1, k, f"10.{k}.0.{i + 1}", "ACTIVE")
+        for i, k in product(range(nodes), range(rails))
+    ]
+
+
+def _run(cluster: FakeCluster, **options) -> tuple:
+    said: list[str] = []
+    result = mesh(cluster, Options(**options), ["ibtool", "mesh", "--agent"], said.append)
+    return result, said
+
+
+def _named(result) -> set[tuple[str, str, str]]:
+    return {(v.culprit.value, v.level.name, v.subject) for v in result.verdicts}
+
+
+# -- the schedule --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nodes,rails,all_rails", [(2, 1, False), (5, 1, False), (7, 3, False),
+                                                   (4, 2, True), (16, 8, False)])  # fmt: skip
+def test_every_ordered_pair_once_one_partner_a_round(nodes, rails, all_rails):
+    eps = _eps(nodes, rails)
+    s = plan(eps, all_rails, None)
+    seen = set()
+    for r in range(s.rounds):
+        pairs = s.pairs(r)
+        assert len({a for a, _ in pairs}) == len(pairs)  # each endpoint the client once
+        assert len({b for _, b in pairs}) == len(pairs)  # and the server once
+        for a, b in pairs:
+            assert a != b and (a, b) not in seen
+            assert all_rails or eps[a].rail == eps[b].rail
+            seen.add((a, b))
+    group = len(eps) if all_rails else nodes
+    assert len(seen) == len(eps) * (group - 1)
+    p = Partners(s, len(eps))
+    for r in range(s.rounds):
+        for a, b in s.pairs(r):
+            assert p.of(r, a) == b and p.by(r, b) == a and s.partner(r, a) == b
+
+
+def test_fewer_rounds_are_spread_over_the_shifts():
+    assert spread(1024, 4) == [1, 256, 512, 768]
+    assert spread(5, None) == [1, 2, 3, 4]
+    assert spread(5, 10) == [1, 2, 3, 4]
+    assert spread(1, None) == []
+    s = plan(_eps(1024, 2), False, 16)
+    assert s.rounds == 16 and set(s.shifts) == {"rail 0", "rail 1"}
+
+
+# -- the protocol, spoken by a hostile node --------------------------------------------------
+
+
+def _hello(**changes) -> str:
+    ep = {"device": "rxe0", "port": 1, "state": "ACTIVE", "link_layer": "Ethernet",
+          "address": "10.0.0.1", "gid_index": 1, "hw": False, "problem": None}  # fmt: skip
+    ep.update(changes.pop("endpoint", {}))
+    msg = {"t": "hello", "v": 1, "id": "ab" * 8, "node": "n1", "endpoints": [ep]}
+    msg.update(changes)
+    return json.dumps(msg)
+
+
+@pytest.mark.parametrize(
+    "line,said",
+    [
+        ("x" * (protocol.MAX_LINE + 1), "over the"),
+        ("[" * 100000 + "]" * 100000, "over the"),
+        ("[" * 5000 + "]" * 5000, "not a JSON message|without its type"),
+        ("not json", "not a JSON message"),
+        ('{"t": "reboot"}', "unknown message"),
+        (_hello(v=2), "protocol version"),
+        (_hello(id="../../etc"), "no agent id"),
+        (_hello(node="n1; rm -rf /"), "not a name"),
+        (_hello(endpoint={"device": "$(reboot)"}), "not a name"),
+        (_hello(endpoint={"port": True}), "port"),
+        (_hello(endpoint={"state": "ACTIVE\x1b[2J"}), "port state"),
+        (_hello(endpoint={"address": "10.0.0.1; curl evil"}), "not an IP address"),
+        (_hello(endpoints=[{}] * 65), "at most 64"),
+        ('{"t":"result","r":0,"pairs":[[0,1,1,5,6,1,1,1,false,null]]}', "out of range"),
+        ('{"t":"result","r":0,"pairs":[[0,1,1,5,5,NaN,1,1,false,null]]}', "round trip"),
+        ('{"t":"result","r":0,"pairs":[[0,1,1,5,5,Infinity,1,1,false,null]]}', "round trip"),
+        ('{"t":"result","r":0,"pairs":[[0,1,3,5,5,1,1,1,false,null]]}', "out of range"),
+        ('{"t":"result","r":0,"pairs":[[0,1,1,true,1,1,1,1,false,null]]}', "out of range"),
+        ('{"t":"result","r":0,"pairs":[[-1,1,1,5,5,1,1,1,false,null]]}', "out of range"),
+        ('{"t":"result","r":0,"pairs":[[0,1,1,5,5,1,1,1,false,["x"]]]}', "not text"),
+        ('{"t":"result","r":-1,"pairs":[]}', "round"),
+        ('{"t":"ready","problems":{"999":"x"}}', "endpoint"),
+    ],
+    ids=lambda v: v[:30] if isinstance(v, str) else None,
+)
+def test_a_node_that_breaks_the_protocol_is_refused_with_the_reason(line, said):
+    """(ids: the parametrize ids are cut, the lines are long)"""
+    with pytest.raises(protocol.AgentError, match=said):
+        protocol.parse_agent(line)
+
+
+def test_an_agents_text_is_escaped_and_bounded():
+    line = json.dumps({"t": "result", "r": 0,
+                       "pairs": [[0, 1, 1, 5, 0, None, None, None, False, "\x1b[31mred\n" * 100]]})  # fmt: skip
+    (pair,) = protocol.parse_agent(line)["pairs"]
+    assert "\x1b" not in pair[9] and "\n" not in pair[9] and len(pair[9]) <= protocol.MAX_ERROR + 3
+
+
+def test_the_plan_an_agent_reads_is_checked_too():
+    for bad in ('{"t":"plan","v":1,"endpoints":[["a",99,"","x"]]}',
+                '{"t":"round","r":"0"}', '{"t":"shutdown"}'):  # fmt: skip
+        with pytest.raises(protocol.AgentError):
+            protocol.parse_coordinator(bad)
+
+
+# -- the coordinator and the analysis over a simulated cluster ----------------------------
+
+
+def test_a_healthy_mesh_says_so():
+    result, said = _run(FakeCluster(6, 2))
+    assert result.verdicts == [] and result.exit_code() == 0
+    assert len(result.pairs) == 6 * 2 * 5 and result.rounds == 5
+    assert all(p.state == PairState.PROBED and p.received == 20 for p in result.pairs)
+    assert said[0] == "mesh: 12 endpoints on 6 of 6 nodes"
+
+
+def test_the_three_faults_of_the_testbed_and_no_other():
+    """One lossy endpoint (slow under RC), one port down, one pair blocked: four endpoints,
+    where every endpoint has a bad pair, and only the three causes are named."""
+    cluster = FakeCluster(4, 1, slow={"node0001/rxe0/1"}, down={"node0002/rxe0/1"},
+                          blocked=[("node0003/rxe0/1", "node0004/rxe0/1")])  # fmt: skip
+    result, _ = _run(cluster)
+    assert _named(result) == {
+        ("endpoint", "WARN", "node0001/rxe0/1"),
+        ("endpoint", "FAIL", "node0002/rxe0/1"),
+        ("path", "FAIL", "node0003/rxe0/1 <-> node0004/rxe0/1"),
+    }
+    assert result.exit_code() == 2
+    by = {v.subject: v for v in result.verdicts}
+    assert "port DOWN" in by["node0002/rxe0/1"].why
+    assert "2 of its partners bad both ways" in by["node0001/rxe0/1"].why
+    path = by["node0003/rxe0/1 <-> node0004/rxe0/1"]
+    assert path.next[-1] == "on node0003: ibtool doctor --dev rxe0/1 10.0.0.4"
+    # the doctor runs next are against partners no verdict names
+    assert "10.0.0.1" not in " ".join(by["node0002/rxe0/1"].next)
+
+
+def test_lossy_endpoint_and_a_rail_switch():
+    rail3 = {f"node{i:04d}/rxe3/1" for i in range(1, 9)}
+    result, _ = _run(FakeCluster(10, 4, lossy={"node0005/rxe1/1"} | rail3))
+    assert _named(result) == {("endpoint", "FAIL", "node0005/rxe1/1"), ("rail", "FAIL", "rail 3")}
+    rail = next(v for v in result.verdicts if v.culprit == Culprit.RAIL)
+    assert rail.why.startswith("8 of its 10 endpoints bad at once")
+
+
+def test_nodes_that_never_answer_speak_garbage_or_die_are_theirs_alone():
+    cluster = FakeCluster(8, 2, silent={"node0002"}, garbage={"node0003"}, dies={"node0004": 2})
+    result, said = _run(cluster)
+    got = {v.subject: v for v in result.verdicts}
+    assert set(got) == {"node0002", "node0003", "node0004"}
+    assert (
+        got["node0002"].why
+        == "no agent: ssh failed (exit 255): ssh: connect to host: No route to host"
+    )
+    assert "spoke garbage" in got["node0003"].why
+    assert "its agent left the mesh: its agent exited 1" in got["node0004"].why
+    assert all(v.culprit == Culprit.NODE and v.level == Level.FAIL for v in result.verdicts)
+    # the others' pairs were all probed and fine
+    good = [p for p in result.pairs if "node0004" not in result.endpoints[p.src].name
+            and "node0004" not in result.endpoints[p.dst].name]  # fmt: skip
+    assert good and all(p.received == 20 for p in good)
+    assert cluster.closed
+
+
+def test_a_node_reporting_pairs_not_its_own_is_dropped():
+    class Liar(FakeCluster):
+        def _pair(self, i, d):
+            row = super()._pair(i, d)
+            if self.node_of[i] == "node0002":
+                row[0] = 0  # claims to be node0001's endpoint
+            return row
+
+    result, said = _run(Liar(4, 1))
+    assert any("reported a pair 0 -> " in s for s in said)
+    assert "node0002/rxe0/1" in {v.subject for v in result.verdicts}
+    assert all(result.endpoints[p.src].node != "node0002" or p.state != PairState.PROBED
+               for p in result.pairs)  # fmt: skip
+
+
+def test_a_thousand_nodes_of_eight_rails():
+    """The scheduler and the analysis at 1,024 x 8 (64 of the 1,023 shifts: a unit test's
+    time; bench/bench_mesh.py runs them all and prints how long it takes)."""
+    cluster = FakeCluster(
+        1024, 8,
+        down={"node0100/rxe2/1"},
+        slow={"node0500/rxe5/1"},
+        lossy={"node0777/rxe0/1"},
+        silent={"node1000"},
+        dies={"node0042": 10},
+    )  # fmt: skip
+    result, _ = _run(cluster, rounds=64)
+    assert result.rounds == 64 and len(result.endpoints) == 1023 * 8
+    assert _named(result) == {
+        ("endpoint", "FAIL", "node0100/rxe2/1"),
+        ("endpoint", "WARN", "node0500/rxe5/1"),
+        ("endpoint", "FAIL", "node0777/rxe0/1"),
+        ("node", "FAIL", "node1000"),
+        ("node", "FAIL", "node0042"),
+    }
+
+
+# -- the ClusterShell engine, through its exec worker ---------------------------------------
+
+
+def test_clustershell_carries_the_mesh(tmp_path):
+    pytest.importorskip("ClusterShell")
+    from ibtool.mesh.engines import ClusterShellEngine
+
+    engine = ClusterShellEngine("n[1-4]", remote=False)
+    argv = [sys.executable, str(DOUBLE), "%h"]
+    said: list[str] = []
+    result = mesh(engine, Options(count=5), argv, said.append)
+    assert result.verdicts == [] and len(result.pairs) == 12
+    assert [e.node for e in result.endpoints] == ["n1", "n2", "n3", "n4"]
+    assert all(p.hw and p.median_us == 2.5 for p in result.pairs)
+
+
+@pytest.mark.parametrize("mode,why", [("exit", "its agent exited 3: ibtool: no RDMA device"),
+                                      ("garbage", "spoke garbage")])  # fmt: skip
+def test_clustershell_node_faults(mode, why, tmp_path):
+    pytest.importorskip("ClusterShell")
+    from ibtool.mesh.engines import ClusterShellEngine
+
+    script = tmp_path / "agent.sh"
+    script.write_text(
+        f'#!/bin/sh\nif [ "$1" = n2 ]; then exec {sys.executable} {DOUBLE} "$1" {mode}; fi\n'
+        f'exec {sys.executable} {DOUBLE} "$1" banner\n'
+    )
+    script.chmod(0o755)
+    result = mesh(ClusterShellEngine("n[1-3]", remote=False), Options(count=5),
+                  [str(script), "%h"], lambda line: None)  # fmt: skip
+    (verdict,) = result.verdicts
+    assert verdict.subject in ("n2", "n2/mlx5_0/1") and why in verdict.why
