@@ -16,49 +16,117 @@ TCP_PORT = 18521  # the agents' ping servers (ibtool ping --server's is 18520)
 
 
 def configure(parser) -> None:
-    parser.add_argument("nodeset", nargs="?", metavar="NODESET",
-                        help="the nodes, as ClusterShell (clush -w) takes them: node[001-064]; "
-                        "with --srun, default: the allocation's")  # fmt: skip
+    parser.add_argument(
+        "nodeset",
+        nargs="?",
+        metavar="NODESET",
+        help="the nodes, as ClusterShell (clush -w) takes them: node[001-064]; "
+        "with --srun, default: the allocation's",
+    )
     how = parser.add_mutually_exclusive_group()
-    how.add_argument("--srun", action="store_true",
-                     help="fan out through Slurm's srun inside an allocation, one task a node")  # fmt: skip
-    how.add_argument("--local", action="store_true",
-                     help="this host alone: every RDMA port of it is an endpoint (rail to rail "
-                     "through the switch)")  # fmt: skip
-    how.add_argument("--agent", action="store_true",
-                     help="what the mesh runs on each node (over stdin/stdout; not by hand)")  # fmt: skip
-    parser.add_argument("--all-rails", action="store_true",
-                        help="pair every endpoint with every other, not rail k with rail k")  # fmt: skip
-    parser.add_argument("-c", "--count", type=number(int, 1, 100000), default=20, metavar="N",
-                        help="pings per pair (default 20)")  # fmt: skip
-    parser.add_argument("--size", type=number(int, 1, 1 << 20, unit="bytes"), default=64,
-                        metavar="BYTES", help="ping size (default 64)")  # fmt: skip
-    parser.add_argument("--mode", choices=("send", "write-imm"), default="send",
-                        help="SEND/RECV (default) or RDMA WRITE WITH IMMEDIATE")  # fmt: skip
-    parser.add_argument("--rate", type=number(float, 0.1, 1e6), default=100.0, metavar="N",
-                        help="pings a second an endpoint sends, at most (default 100)")  # fmt: skip
-    parser.add_argument("--timeout", type=number(float, 0.1, 60.0), default=2.0, metavar="S",
-                        help="seconds for a ping's reply and a pair's connection (default 2)")  # fmt: skip
-    parser.add_argument("--rounds", type=number(int, 1, 1 << 20), metavar="K",
-                        help="run K of the N-1 shifted rounds, spread evenly (default: all, "
-                        "every ordered pair once)")  # fmt: skip
-    parser.add_argument("--slow", type=number(float, 1.5, 1000.0), default=10.0,
-                        metavar="FACTOR",
-                        help="a pair is slow when its p90 RTT is FACTOR times its rail's median "
-                        "(default 10)")  # fmt: skip
-    parser.add_argument("--tcp-port", type=number(int, 1, 65535), default=TCP_PORT, metavar="N",
-                        help=f"the agents' ping servers' TCP port (default {TCP_PORT})")  # fmt: skip
-    parser.add_argument("--ibtool", default="ibtool", metavar="CMD",
-                        help="how the nodes run ibtool (default: ibtool, from their PATH)")  # fmt: skip
-    parser.add_argument("--start-timeout", type=number(float, 1.0, 3600.0), default=120.0,
-                        metavar="S",
-                        help="seconds for every node's agent to start (default 120)")  # fmt: skip
-    parser.add_argument("--textfile", metavar="PATH",
-                        help="also write per-pair series for node_exporter's textfile collector")  # fmt: skip
-    parser.add_argument("--plot", metavar="FILE.png",
-                        help="also draw the heat map to a PNG (needs matplotlib)")  # fmt: skip
-    parser.add_argument("--no-save", action="store_true",
-                        help="do not keep this mesh as the last one for `ibtool tui`")  # fmt: skip
+    how.add_argument(
+        "--srun",
+        action="store_true",
+        help="fan out through Slurm's srun inside an allocation, one task a node",
+    )
+    how.add_argument(
+        "--local",
+        action="store_true",
+        help="this host alone: every RDMA port of it is an endpoint (rail to rail "
+        "through the switch)",
+    )
+    how.add_argument(
+        "--agent",
+        action="store_true",
+        help="what the mesh runs on each node (over stdin/stdout; not by hand)",
+    )
+    parser.add_argument(
+        "--all-rails",
+        action="store_true",
+        help="pair every endpoint with every other, not rail k with rail k",
+    )
+    parser.add_argument(
+        "-c",
+        "--count",
+        type=number(int, 1, 100000),
+        default=20,
+        metavar="N",
+        help="pings per pair (default 20)",
+    )
+    parser.add_argument(
+        "--size",
+        type=number(int, 1, 1 << 20, unit="bytes"),
+        default=64,
+        metavar="BYTES",
+        help="ping size (default 64)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("send", "write-imm"),
+        default="send",
+        help="SEND/RECV (default) or RDMA WRITE WITH IMMEDIATE",
+    )
+    parser.add_argument(
+        "--rate",
+        type=number(float, 0.1, 1e6),
+        default=100.0,
+        metavar="N",
+        help="pings a second an endpoint sends, at most (default 100)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=number(float, 0.1, 60.0),
+        default=2.0,
+        metavar="S",
+        help="seconds for a ping's reply and a pair's connection (default 2)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=number(int, 1, 1 << 20),
+        metavar="K",
+        help="run K of the N-1 shifted rounds, spread evenly (default: all, "
+        "every ordered pair once)",
+    )
+    parser.add_argument(
+        "--slow",
+        type=number(float, 1.5, 1000.0),
+        default=10.0,
+        metavar="FACTOR",
+        help="a pair is slow when its p90 RTT is FACTOR times its rail's median (default 10)",
+    )
+    parser.add_argument(
+        "--tcp-port",
+        type=number(int, 1, 65535),
+        default=TCP_PORT,
+        metavar="N",
+        help=f"the agents' ping servers' TCP port (default {TCP_PORT})",
+    )
+    parser.add_argument(
+        "--ibtool",
+        default="ibtool",
+        metavar="CMD",
+        help="how the nodes run ibtool (default: ibtool, from their PATH)",
+    )
+    parser.add_argument(
+        "--start-timeout",
+        type=number(float, 1.0, 3600.0),
+        default=120.0,
+        metavar="S",
+        help="seconds for every node's agent to start (default 120)",
+    )
+    parser.add_argument(
+        "--textfile",
+        metavar="PATH",
+        help="also write per-pair series for node_exporter's textfile collector",
+    )
+    parser.add_argument(
+        "--plot", metavar="FILE.png", help="also draw the heat map to a PNG (needs matplotlib)"
+    )
+    parser.add_argument(
+        "--no-save",
+        action="store_true",
+        help="do not keep this mesh as the last one for `ibtool tui`",
+    )
 
 
 def run(inv: Invocation) -> int:
@@ -86,7 +154,9 @@ def run(inv: Invocation) -> int:
     )
 
     def say(line: str) -> None:
-        sys.stderr.write(f"ibtool {line}\n" if line.startswith("mesh") else f"ibtool mesh: {line}\n")
+        sys.stderr.write(
+            f"ibtool {line}\n" if line.startswith("mesh") else f"ibtool mesh: {line}\n"
+        )
         sys.stderr.flush()
 
     result = mesh(engine, options, argv, say)
@@ -165,7 +235,9 @@ def _check_outputs(args) -> None:
         check_path(args.textfile)
     for opt, path in (("--textfile", args.textfile), ("--plot", args.plot)):
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise UsageError(f"{opt} {path}: no such directory", "give a path in a directory that exists")
+            raise UsageError(
+                f"{opt} {path}: no such directory", "give a path in a directory that exists"
+            )
     if args.plot:
         from ibtool.views.mesh_plot import require
 

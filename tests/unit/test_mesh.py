@@ -119,8 +119,8 @@ def test_a_node_that_breaks_the_protocol_is_refused_with_the_reason(line, said):
 
 
 def test_an_agents_text_is_escaped_and_bounded():
-    line = json.dumps({"t": "result", "r": 0,
-                       "pairs": [[0, 1, 1, 5, 0, None, None, None, False, "\x1b[31mred\n" * 100]]})  # fmt: skip
+    pair = [0, 1, 1, 5, 0, None, None, None, False, "\x1b[31mred\n" * 100]
+    line = json.dumps({"t": "result", "r": 0, "pairs": [pair]})
     (pair,) = protocol.parse_agent(line)["pairs"]
     assert "\x1b" not in pair[9] and "\n" not in pair[9] and len(pair[9]) <= protocol.MAX_ERROR + 3
 
