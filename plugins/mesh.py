@@ -131,6 +131,11 @@ def configure(parser) -> None:
 
 def run(inv: Invocation) -> int:
     args = inv.args
+    if inv.root != "/" or inv.snapshot is not None:
+        raise UsageError(
+            "ibtool mesh runs on live hosts, not on a --root tree or a --snapshot",
+            "leave --root and --snapshot out",
+        )
     if args.agent:
         inv.host.require_live("an ibtool mesh agent serves and pings this host's RDMA ports")
         from ibtool.mesh import agent

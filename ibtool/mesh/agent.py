@@ -221,6 +221,7 @@ class Agent:
             t = threading.Thread(target=self._pair, args=(i, d, results, lock), name=f"ping {i}")
             t.start()
             threads.append(t)
+        self.workers = threads
         for t in threads:
             t.join()
         self.say({"t": "result", "r": r, "pairs": sorted(results)})
@@ -242,7 +243,7 @@ class Agent:
     def close(self) -> None:
         """Servers stopped and waited for, then the client ladders closed."""
         self.stop.set()
-        for t in self.servers:
+        for t in self.workers + self.servers:  # a pair's client, then the servers
             t.join(60)
         for ladder in self.ladders.values():
             try:
