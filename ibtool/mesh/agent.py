@@ -37,9 +37,21 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def local_endpoints(host) -> list[dict[str, Any]]:
-    """Every RDMA port of this host, in (device, port) order: its rank is its rail."""
+def _ipv4() -> list[tuple[str, str, int]]:
+    from ibtool.sources.rtnetlink import ipv4_addresses
+
+    try:
+        return ipv4_addresses()
+    except OSError:
+        return []
+
+
+def local_endpoints(host, addresses: Callable[[], list] = _ipv4) -> list[dict[str, Any]]:
+    """Every RDMA port of this host, in (device, port) order: its rank is its rail. A RoCE
+    port's address is its GID's (the --best rule's); an InfiniBand port's, its IPoIB
+    netdev's first IPv4 address (`addresses`: every (netdev, address, prefix) of the host)."""
     out = []
+    ipv4: list | None = None
     for p in sorted(host.ports(), key=lambda p: (p.device, p.port)):
         state = p.state.name if p.state else "UNKNOWN"
         link = {LinkLayer.ETHERNET: "Ethernet", LinkLayer.INFINIBAND: "InfiniBand"}.get(
@@ -53,10 +65,16 @@ def local_endpoints(host) -> list[dict[str, Any]]:
                     if g.index == gid_index:
                         address = g.ip
             elif p.netdev:  # InfiniBand: its IPoIB address carries the TCP exchange
-                have = host.ipv4_addresses(p.netdev)
-                address = have[0] if have else None
+                ipv4 = addresses() if ipv4 is None else ipv4
+                address = next((a for n, a, _ in ipv4 if n == p.netdev), None)
         except IbtoolError as e:
             problem = e.message
+        if address and ipaddress.ip_address(address).is_link_local and problem is None:
+            problem = (
+                f"only a link-local address ({address}) on {p.netdev or 'its netdev'}: give it "
+                "an IPv4 or a global IPv6 address"
+            )
+            address = None
         if address is None and problem is None:
             problem = f"no IP address on {p.netdev or 'its netdev'} to serve pings on"
         out.append(

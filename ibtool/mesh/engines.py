@@ -302,7 +302,7 @@ class SrunEngine(ProcessEngine):
     def command(self, argv: list[str]) -> list[str]:
         n = str(len(self.nodes))
         cmd = [self.srun, "--nodes", n, "--ntasks", n, "--ntasks-per-node", "1", "--label",
-               "--unbuffered", "--kill-on-bad-exit=0",
+               "--unbuffered", "--kill-on-bad-exit=0", "--input=all",
                "--nodelist", ",".join(self.nodes)]  # fmt: skip
         if self.overlap:
             cmd.append("--overlap")  # Slurm 20.11 and later: steps share the allocation

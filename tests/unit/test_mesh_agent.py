@@ -1,0 +1,94 @@
+"""`ibtool mesh --agent` on what real adapters show (fixture trees in the kernel's formats): the
+endpoints it announces, and how it reads its coordinator (bounded, ends on EOF or silence,
+builds nothing before a plan). Its pings between real kernels: tests/integration/test_mesh.py."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ibtool.host import Host
+from ibtool.mesh import protocol
+from ibtool.mesh.agent import Agent, Lines, local_endpoints, quantile
+from tests.fixtures import sysfs_trees
+
+
+def _host(name: str, tmp_path, warnings: list | None = None) -> Host:
+    root = sysfs_trees.build(name, tmp_path)
+    return Host(str(root), warn=(warnings if warnings is not None else []).append)
+
+
+def test_roce_endpoint_is_its_gid_address(tmp_path):
+    (ep,) = local_endpoints(_host("mlx5_roce", tmp_path), lambda: [])
+    assert ep == {
+        "device": "mlx5_0",
+        "port": 1,
+        "state": "ACTIVE",
+        "link_layer": "Ethernet",
+        "address": "192.168.10.1",
+        "gid_index": 3,
+        "hw": False,
+        "problem": None,
+    }
+    # what the coordinator accepts of it
+    hello = {"t": "hello", "v": 1, "id": "0" * 16, "node": "n1", "endpoints": [ep]}
+    assert protocol.parse_agent(json.dumps(hello))["endpoints"][0]["address"] == "192.168.10.1"
+
+
+def test_infiniband_endpoints_take_their_ipoib_address(tmp_path):
+    up, down = local_endpoints(_host("mlx5_ib_hca", tmp_path), lambda: [("ib0", "10.9.0.7", 16)])
+    assert (up["link_layer"], up["address"], up["gid_index"]) == ("InfiniBand", "10.9.0.7", None)
+    assert (down["port"], down["state"], down["problem"]) == (2, "DOWN", None)
+
+
+def test_a_broken_device_is_an_endpoint_with_its_problem_and_the_others_are_fine(tmp_path):
+    warnings: list[str] = []
+    broken, good = local_endpoints(_host("broken_device", tmp_path, warnings), lambda: [])
+    assert broken["state"] == "UNKNOWN" and broken["address"] is None
+    assert good["state"] == "ACTIVE" and good["address"] == "192.168.10.1"
+    assert any("malformed value 'garbage'" in w for w in warnings)
+
+
+def test_a_port_with_no_routable_address_says_why(tmp_path):
+    active, _ = local_endpoints(_host("cxgb4_iwarp", tmp_path), lambda: [])
+    assert active["address"] is None and "no RoCE v2 GID" in active["problem"]
+
+
+def _pipe(data: bytes, close: bool = True) -> int:
+    r, w = os.pipe()
+    os.write(w, data)
+    if close:
+        os.close(w)
+    return r
+
+
+def test_lines_are_bounded_and_end_on_eof_or_silence():
+    fd = _pipe(b'{"t":"end"}\npartial')
+    lines = Lines(fd, idle=5)
+    assert lines.next() == b'{"t":"end"}' and lines.next() is None  # EOF: the half line dropped
+    silent = Lines(_pipe(b"", close=False), idle=0.05)
+    assert silent.next() is None
+    with pytest.raises(protocol.AgentError, match="over the bound"):
+        Lines(_pipe(b"x" * 5000), limit=1000).next()
+
+
+def test_an_agent_whose_coordinator_leaves_before_the_plan_builds_nothing(tmp_path):
+    said: list[dict] = []
+    agent = Agent(_host("mlx5_roce", tmp_path), said.append, lambda line: None)
+    assert agent.run(Lines(_pipe(b""))) == 0
+    assert [m["t"] for m in said] == ["hello"] and agent.ladders == {} and agent.servers == []
+
+
+def test_an_agent_refuses_a_plan_that_is_not_one(tmp_path):
+    agent = Agent(_host("mlx5_roce", tmp_path), lambda m: None, lambda line: None)
+    with pytest.raises(protocol.AgentError):
+        agent.run(Lines(_pipe(b'{"t":"plan","v":1,"endpoints":"all"}\n')))
+    assert agent.ladders == {}
+
+
+def test_quantiles_are_nearest_rank():
+    values = sorted(float(v) for v in range(1, 21))
+    assert (quantile(values, 0.5), quantile(values, 0.9), quantile(values, 0.99)) == (10, 18, 20)
+    assert quantile([], 0.5) is None and quantile([7.0], 0.99) == 7.0
