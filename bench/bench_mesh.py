@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""What `ibtool mesh` costs as the cluster grows.
+
+    .venv/bin/python bench/bench_mesh.py simulate [NODES...]
+        The coordinator, the schedule and the analysis over a simulated cluster of NODES x 8
+        rails (tests/unit/mesh_fake.py: agents that speak the real protocol, their pings
+        computed from injected faults), every shift: N - 1 rounds, every ordered pair once.
+        Prints, per size: pairs, rounds, wall time, pairs a second, peak memory, and whether
+        the verdicts named exactly the injected faults. Default sizes 64 128 256 512 1024.
+
+    tests/testbed/testbed mesh -- .venv/bin/python bench/bench_mesh.py testbed [REPEAT]
+        In the mesh testbed's first node: `ibtool mesh` through ClusterShell over 2, 3, ... N
+        nodes (the whole mesh, Python start-up on every node included), against the pile it
+        replaces: every ordered pair pinged by hand with ibv_rc_pingpong (a server over ssh,
+        a client here or there), one after another. Prints the time of each, their ratio, and
+        the probes a second each endpoint sent during the mesh's rounds.
+
+Under QEMU TCG absolute times are meaningless (a Python start-up is seconds there): the ratios
+of one run, and how the time grows with N, are what to compare.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from ibtool.mesh.run import Options, mesh  # noqa: E402
+from ibtool.model.mesh import PairState  # noqa: E402
+
+RAILS = 8
+
+
+def simulate(sizes: list[int]) -> None:
+    from tests.unit.mesh_fake import FakeCluster
+
+    print(f"{'nodes':>6} {'endpoints':>9} {'rounds':>6} {'pairs':>9} {'seconds':>8} "
+          f"{'pairs/s':>9} {'rss MiB':>8}  verdicts")  # fmt: skip
+    for n in sizes:
+        faults = {
+            "down": {f"node{3:04d}/rxe2/1"},
+            "slow": {f"node{n // 2:04d}/rxe5/1"},
+            "lossy": {f"node{n - 5:04d}/rxe0/1"},
+            "blocked": [(f"node{1:04d}/rxe1/1", f"node{n // 3:04d}/rxe1/1")],
+            "silent": {f"node{n - 1:04d}"},
+        }
+        expect = {
+            ("endpoint", f"node{3:04d}/rxe2/1"),
+            ("endpoint", f"node{n // 2:04d}/rxe5/1"),
+            ("endpoint", f"node{n - 5:04d}/rxe0/1"),
+            ("path", f"node{1:04d}/rxe1/1 <-> node{n // 3:04d}/rxe1/1"),
+            ("node", f"node{n - 1:04d}"),
+        }
+        cluster = FakeCluster(n, RAILS, **faults)
+        t0 = time.perf_counter()
+        result = mesh(cluster, Options(), ["ibtool", "mesh", "--agent"], lambda line: None)
+        took = time.perf_counter() - t0
+        pairs = len(result.pairs)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        got = {(v.culprit.value, v.subject) for v in result.verdicts}
+        verdict = "exactly the 5 injected" if got == expect else f"WRONG: {sorted(got ^ expect)}"
+        print(f"{n:>6} {len(result.endpoints):>9} {result.rounds:>6} {pairs:>9} {took:>8.2f} "
+              f"{pairs / took:>9.0f} {rss:>8.0f}  {verdict}", flush=True)  # fmt: skip
+
+
+def _run(argv: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def testbed(repeat: int) -> None:
+    info = json.load(open(os.environ.get("IBTOOL_TESTBED_INFO", "/run/ibtool-testbed.json")))
+    nodes = info["nodes"].split() if isinstance(info["nodes"], str) else list(info["nodes"])
+    ibtool = [sys.executable, "-m", "ibtool"]
+    print(f"{'nodes':>5} {'mesh s':>7} {'pile s':>7} {'ratio':>6} {'pairs':>5} "
+          f"{'round s':>8} {'probes/s/endpoint':>18}")  # fmt: skip
+    for n in range(2, len(nodes) + 1):
+        subset = ",".join(nodes[:n])
+        for _ in range(repeat):
+            t0 = time.monotonic()
+            proc = _run(ibtool + ["-j", "mesh", subset, "--no-save", "-c", "20"])
+            mesh_s = time.monotonic() - t0
+            if proc.returncode != 0:
+                raise SystemExit(f"mesh {subset}: exit {proc.returncode}\n{proc.stderr}")
+            result = json.loads(proc.stdout)
+            pairs = [p for p in result["pairs"] if p["state"] == PairState.PROBED.name.lower()]
+            rounds = result.get("round_seconds") or []
+            round_s = sum(rounds) / len(rounds) if rounds else float("nan")
+            rate = 20 / round_s if rounds else float("nan")
+            pile_s = _pile(nodes[:n], info)
+            print(f"{n:>5} {mesh_s:>7.1f} {pile_s:>7.1f} {mesh_s / pile_s:>6.2f} "
+                  f"{len(pairs):>5} {round_s:>8.2f} {rate:>18.1f}", flush=True)  # fmt: skip
+
+
+def _pile(nodes: list[str], info: dict) -> float:
+    """Every ordered pair by hand: ibv_rc_pingpong -n 20, its server started over ssh on the
+    pinged node, its client over ssh on the pinging one, one pair after another."""
+    addresses = {n: f"10.77.0.{i + 1}" for i, n in enumerate(info["nodes"].split())}
+    dev = info.get("device", "rxe0")
+    gid = str(info.get("gid_index", 1))
+    t0 = time.monotonic()
+    for a in nodes:
+        for b in nodes:
+            if a == b:
+                continue
+            server = subprocess.Popen(
+                ["ssh", b, f"ibv_rc_pingpong -d {dev} -g {gid} -n 20 -p 18793"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            try:
+                for _ in range(600):
+                    if _run(["ssh", b, "ss -Hltn sport = :18793"]).stdout.strip():
+                        break
+                    time.sleep(0.1)
+                client = _run(["ssh", a, f"ibv_rc_pingpong -d {dev} -g {gid} -n 20 -p 18793 "
+                               f"{addresses[b]}"])  # fmt: skip
+                if client.returncode != 0:
+                    raise SystemExit(f"rc_pingpong {a} -> {b}: {client.stderr}")
+            finally:
+                server.wait(120)
+    return time.monotonic() - t0
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "simulate"
+    if what == "simulate":
+        simulate([int(a) for a in sys.argv[2:]] or [64, 128, 256, 512, 1024])
+    elif what == "testbed":
+        testbed(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+    else:
+        raise SystemExit("usage: bench_mesh.py simulate [NODES...] | testbed [REPEAT]")
