@@ -314,8 +314,29 @@ class SrunEngine(ProcessEngine):
     def node_of(self, line: str) -> tuple[str, str] | None:
         m = _LABEL.match(line)
         if not m:
-            return None  # srun's own words on stdout (none expected)
+            ended = _TASK_EXIT.match(line)
+            if ended:  # srun's word that tasks ended: their EXIT, now, not at a timeout
+                code = int(ended.group(3)) if ended.group(3) else None
+                for task in _tasks(ended.group(2)):
+                    self.events.put(Event(f"task{task}", EXIT, code))
+            return None
         return f"task{m.group(1)}", m.group(2)
+
+
+# srun(1) on a task that ended badly (src/srun/srun_job.c, _task_finish): "srun: error:
+# NODE: task 2: Exited with exit code 3", or "tasks 0-1,3" for several.
+_TASK_EXIT = re.compile(
+    r"srun: error: (\S+): tasks? ([\d,-]+): (?:Exited with exit code (\d+)|.*)\Z"
+)
+
+
+def _tasks(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            out += range(int(lo), int(hi or lo) + 1)
+    return out[:100000]
 
 
 def expand_hostlist(text: str, srun: str = "srun") -> list[str]:

@@ -260,3 +260,66 @@ def test_clustershell_node_faults(mode, why, tmp_path):
                   [str(script), "%h"], lambda line: None)  # fmt: skip
     (verdict,) = result.verdicts
     assert verdict.subject in ("n2", "n2/mlx5_0/1") and why in verdict.why
+
+
+# -- the srun engine, against a stand-in for srun --------------------------------------------
+
+FAKE_SRUN = """#!{python}
+# srun as the mesh uses it: --nodelist's tasks, stdin to every one, each line labelled.
+import subprocess, sys, threading
+args = sys.argv[1:]
+nodes = args[args.index("--nodelist") + 1].split(",")
+argv = args[args.index("--") + 1:]
+assert "--label" in args and "--input=all" in args
+procs = [subprocess.Popen(argv + [n] + (["{mode}"] if n == "{odd}" else []),
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          env={{"SLURMD_NODENAME": n}}) for n in nodes]
+def out(i, p):
+    for line in p.stdout:
+        sys.stdout.write(f"{{i:>2}}: {{line.decode()}}"); sys.stdout.flush()
+    rc = p.wait()
+    if rc:  # as srun says it (src/srun/srun_job.c)
+        sys.stderr.write(f"srun: error: {{nodes[i]}}: task {{i}}: Exited with exit code {{rc}}\\n")
+        sys.stderr.flush()
+threads = [threading.Thread(target=out, args=(i, p)) for i, p in enumerate(procs)]
+for t in threads: t.start()
+for line in sys.stdin:
+    for p in procs:
+        try:
+            p.stdin.write(line.encode()); p.stdin.flush()
+        except BrokenPipeError:
+            pass
+for p in procs:
+    p.stdin.close()
+for t in threads: t.join()
+sys.exit(max(p.wait() for p in procs))
+"""
+
+
+@pytest.mark.parametrize("mode", ["ok", "exit"])
+def test_srun_carries_the_mesh_and_maps_tasks_by_their_node(mode, tmp_path):
+    from ibtool.mesh.engines import SrunEngine
+
+    srun = tmp_path / "srun"
+    srun.write_text(FAKE_SRUN.format(python=sys.executable, mode=mode, odd="c3"))
+    srun.chmod(0o755)
+    engine = SrunEngine("c[1-4]", overlap=True, srun=str(srun))
+    assert engine.command(["x"])[-3:] == ["--overlap", "--", "x"]
+    result = mesh(engine, Options(count=5), [sys.executable, str(DOUBLE)], lambda line: None)
+    assert [e.node for e in result.endpoints] == (
+        ["c1", "c2", "c3", "c4"] if mode == "ok" else ["c1", "c2", "c4"]
+    )
+    if mode == "ok":
+        assert result.verdicts == [] and len(result.pairs) == 12
+    else:
+        (verdict,) = result.verdicts
+        assert verdict.subject == "c3" and "its agent exited 3" in verdict.why
+
+
+def test_srun_outside_an_allocation_says_how(monkeypatch):
+    from ibtool.errors import UsageError
+    from ibtool.mesh.engines import SrunEngine
+
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    with pytest.raises(UsageError, match="not one"):
+        SrunEngine(None, overlap=False)
