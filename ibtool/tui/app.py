@@ -28,6 +28,7 @@ from ibtool.tui.screens.doctor import DoctorScreen
 from ibtool.tui.screens.doctor import Runner as DoctorRunner
 from ibtool.tui.screens.help import HelpScreen
 from ibtool.tui.screens.loopback import LoopbackScreen, Runner
+from ibtool.tui.screens.mesh import MeshScreen
 from ibtool.tui.widgets.events import EventLog
 from ibtool.tui.widgets.ports import PortTable
 from ibtool.tui.widgets.statusline import StatusLine
@@ -74,6 +75,8 @@ class Dashboard(App):
         Binding("enter", "open", "Port detail", show=False),
         Binding("l", "loopback", "Loopback"),
         Binding("d", "doctor", "Doctor", tooltip="Doctor: why RDMA to a peer fails"),
+        # in the help, not the footer: with a filter set, an 80-column footer has no room for it
+        Binding("m", "mesh", "Mesh", tooltip="Mesh: the last ibtool mesh run here", show=False),
         Binding("p", "pause", "Pause"),
         Binding("r", "refresh", "Read", tooltip="Read now (a capture: read it again)"),
         # < and > are in the help, not the footer: at 80 columns it has room for the rest only
@@ -95,6 +98,7 @@ class Dashboard(App):
         loopback: Runner | None = None,
         doctor: DoctorRunner | None = None,
         peers: tuple[str, ...] | None = None,
+        mesh: str | None = None,
     ) -> None:
         super().__init__()
         self.feed = feed
@@ -103,6 +107,7 @@ class Dashboard(App):
         self.frame: Frame | None = None
         self.loopback_runner = loopback
         self.doctor_runner = doctor
+        self.mesh_path = mesh  # the last mesh's file; None: ibtool.mesh.last.default_path()
         # the doctor's peer: the last one run in this session, else the health config's first
         # [datapath] peer
         if peers is None:
@@ -332,7 +337,7 @@ class Dashboard(App):
             return self.screen is self.overview and self._filtering()
         if action == "filter":  # the overview's ports: not from a port's detail
             return self.screen is self.overview
-        if action in ("loopback", "doctor"):  # of the overview's port or the detail's
+        if action in ("loopback", "doctor", "mesh"):  # of the overview's port or the detail's
             return self.screen is self.overview or isinstance(self.screen, PortScreen)
         return True
 
@@ -430,6 +435,12 @@ class Dashboard(App):
             return
         screen = DoctorScreen(key[0], key[1], self.doctor_runner, peer=self.doctor_peer)
         self.push_screen(screen, self._doctor_closed)
+
+    def action_mesh(self) -> None:
+        """The last mesh run from this node (read when the screen opens)."""
+        from ibtool.mesh import last
+
+        self.push_screen(MeshScreen(self.mesh_path or last.default_path()))
 
     def _doctor_closed(self, peer: str | None) -> None:
         if peer is not None:

@@ -105,3 +105,32 @@ def test_doctor(snap_compare, node, size):
 
     app = node().app(doctor=Fake())
     assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_mesh(snap_compare, node, tmp_path, size):
+    """`m`: the last mesh of 6 nodes x 2 rails (a port down, a slow endpoint, a lossy path, a
+    node with no agent): the head, the heat map coloured by health, the verdicts."""
+    from ibtool.mesh import last
+    from tests.tui.test_mesh import faulty
+
+    path = tmp_path / "mesh.json"
+    last.save(faulty(), str(path))
+
+    async def run_before(pilot):
+        await settle(pilot)
+        await pilot.press("m")
+        await pilot.pause()
+
+    app = node().app(mesh=str(path))
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+def test_mesh_none_yet(snap_compare, node, tmp_path):
+    async def run_before(pilot):
+        await settle(pilot)
+        await pilot.press("m")
+        await pilot.pause()
+
+    app = node().app(mesh=str(tmp_path / "mesh.json"))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
