@@ -405,11 +405,17 @@ def _quantiles(values, qs: tuple[float, ...]) -> list[float | None]:
 
 def rtt_quantiles(result: MeshResult) -> tuple[float | None, float | None]:
     """(median of the answered pairs' medians, 99th percentile of their p99s); over a sample
-    of SAMPLE pairs evenly strided through a bigger mesh."""
+    of at most SAMPLE pairs evenly strided through a bigger mesh (never a list of them all)."""
     t = result.pairs
-    answered = [i for i in t.slots() if t.state[i] == PairState.PROBED and t.received[i]]
-    stride = max(1, math.ceil(len(answered) / SAMPLE))
-    picked = answered[::stride]
+    state, received = t.state, t.received
+
+    def answered():
+        for i in t.slots():
+            if state[i] == PairState.PROBED and received[i]:
+                yield i
+
+    stride = max(1, math.ceil(sum(1 for _ in answered()) / SAMPLE))
+    picked = [i for k, i in enumerate(answered()) if k % stride == 0]
     medians = [v for v in (t.median[i] for i in picked) if not math.isnan(v)]
     med = statistics.median(medians) if medians else None
     p99 = _quantiles((t.p99[i] for i in picked), (0.99,))[0]
@@ -516,6 +522,11 @@ def verdict_json(v: Verdict, names: list[str]) -> dict:
 CHUNK = 2048  # pairs a chunk of the JSON stream
 
 
+def _num(x: float) -> str:
+    """A float32 column's figure as JSON: null for NaN, else 3 decimals (as _r)."""
+    return "null" if math.isnan(x) else repr(round(float(x), 3))
+
+
 def json_chunks(result: MeshResult) -> Iterator[str]:
     """One JSON object, in pieces: everything but the pairs first, then the pairs CHUNK at a
     time (never the whole list in memory). Keys: settings, endpoints, baselines, verdicts,
@@ -534,30 +545,25 @@ def json_chunks(result: MeshResult) -> Iterator[str]:
         "exit_code": result.exit_code(),
     }
     yield dumps(head)[:-1] + ', "pairs": ['
+    # each pair written by hand, the names escaped once: json.dumps of a dict per pair is
+    # 4 times slower (a 1,024 x 8 mesh: 8.4 million of them)
     t = result.pairs
+    quoted = [dumps(n) for n in names]
     states = {int(s): s.name for s in PairState}
     healths = {int(h): h.name for h in Health}
     batch: list[str] = []
     first = True
     for i in t.slots():
         r, s = divmod(i, t.width)
+        error = t.errors.get(i)
         batch.append(
-            dumps(
-                {
-                    "src": names[s],
-                    "dst": names[t.dst[i]],
-                    "round": r,
-                    "state": states[t.state[i]],
-                    "sent": t.sent[i],
-                    "received": t.received[i],
-                    "rtt_median_us": _r(t.median[i]),
-                    "rtt_p90_us": _r(t.p90[i]),
-                    "rtt_p99_us": _r(t.p99[i]),
-                    "hw": bool(t.hw[i]),
-                    "error": t.errors.get(i),
-                    "health": healths[t.health[i]],
-                }
-            )
+            f'{{"src": {quoted[s]}, "dst": {quoted[t.dst[i]]}, "round": {r}, '
+            f'"state": "{states[t.state[i]]}", "sent": {t.sent[i]}, '
+            f'"received": {t.received[i]}, "rtt_median_us": {_num(t.median[i])}, '
+            f'"rtt_p90_us": {_num(t.p90[i])}, "rtt_p99_us": {_num(t.p99[i])}, '
+            f'"hw": {"true" if t.hw[i] else "false"}, '
+            f'"error": {"null" if error is None else dumps(error)}, '
+            f'"health": "{healths[t.health[i]]}"}}'
         )
         if len(batch) >= CHUNK:
             yield ("" if first else ", ") + ", ".join(batch)

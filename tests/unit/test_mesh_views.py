@@ -336,3 +336,41 @@ def test_plot_png(which, faulty, tmp_path):
     mesh_plot.plot(r, str(path))
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_json_pairs_as_the_table_holds_them():
+    """Each pair written by hand reads back as the table's Pair (an error with quotes and
+    control characters escaped, NaN as null)."""
+    r = meshes.build(5, 1, down=(N(3),), lossy=((N(1), N(2)),))
+    t = r.pairs
+    odd = next(i for i in t.slots() if t.errors.get(i))
+    t.errors[odd] = 'say "hi"\n\x1b[31m\\ end'
+    doc = json.loads("".join(view.json_chunks(r)))
+    names = [e.name for e in r.endpoints]
+    for i, got in zip(t.slots(), doc["pairs"]):
+        p = t.get(i)
+        assert got == {
+            "src": names[p.src],
+            "dst": names[p.dst],
+            "round": p.round,
+            "state": p.state.name,
+            "sent": p.sent,
+            "received": p.received,
+            "rtt_median_us": None if p.median_us is None else round(p.median_us, 3),
+            "rtt_p90_us": None if p.p90_us is None else round(p.p90_us, 3),
+            "rtt_p99_us": None if p.p99_us is None else round(p.p99_us, 3),
+            "hw": p.hw,
+            "error": p.error,
+            "health": p.health.name,
+        }
+    assert 'say "hi"\n\x1b[31m\\ end' in [p["error"] for p in doc["pairs"]]
+
+
+@pytest.mark.parametrize("width", [20, 33, 40, 57, 80, 101, 160, 300])
+@pytest.mark.parametrize("shape", [(2, 1), (16, 1), (4, 8), (40, 8), (130, 1)])
+def test_no_line_wider_than_asked(width, shape):
+    r = meshes.build(*shape, rounds=5, down=(N(2),))
+    for color in (False, True):
+        lines = view.heat_map(r, width=width, color=color)
+        assert max(len(SGR.sub("", line)) for line in lines) <= width
+    assert len(grid(view.heat_map(r, width=width))) >= 1
