@@ -15,6 +15,9 @@
 #                     the two-host tests, `pytest -m pair tests/integration`, in the runner
 #   make pair-ends    the same with bullseye's kernel and root against sid's
 #                     (not in `make test`: CI time; see tests/testbed/README.md)
+#   make mesh         four testbed guests on one shared Ethernet segment (node1..node4, ssh
+#                     between all, one Slurm cluster): `pytest -m mesh tests/integration` in
+#                     node1 (not in `make test`: CI time; see tests/testbed/README.md)
 #   make deps / venv  the Debian packages / .venv (re-made when pyproject.toml changes)
 
 PYTHON := /usr/bin/python3
@@ -25,7 +28,7 @@ TESTBED := tests/testbed/testbed
 OLDEST := bullseye
 NEWEST := sid
 
-.PHONY: demo test unit integration ends matrix deps venv capture bench lint pair pair-ends
+.PHONY: demo test unit integration ends matrix deps venv capture bench lint pair pair-ends mesh
 .NOTPARALLEL:
 
 test: deps venv unit integration ends
@@ -71,6 +74,9 @@ pair: venv
 
 pair-ends: deps
 	$(TESTBED) --release $(OLDEST) pair-suite --peer-release $(NEWEST)
+
+mesh: venv
+	$(TESTBED) mesh-suite
 
 lint: venv
 	$(VENV)/bin/ruff check .

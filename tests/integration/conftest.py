@@ -16,6 +16,7 @@ import signal
 import pytest
 
 from tests.integration import faults
+from tests.integration import mesh as mesh_hosts
 from tests.integration import pair as pair_hosts
 from tests.integration.running import Running
 
@@ -116,20 +117,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Outside `testbed pair`, tests marked `pair` skip; under CI=true, where tests/conftest.py
-    fails any skipped integration test, they are deselected instead, so the single-guest suite
-    (`make integration`) passes as before."""
-    if pair_hosts.in_pair():
-        return
-    marked = [item for item in items if item.get_closest_marker("pair")]
-    if not marked:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        config.hook.pytest_deselected(items=marked)
-        items[:] = [item for item in items if not item.get_closest_marker("pair")]
-        return
-    for item in marked:
-        item.add_marker(pytest.mark.skip(reason=PAIR_ONLY))
+    """Outside `testbed pair`, tests marked `pair` skip, and outside `testbed mesh` those
+    marked `mesh`; under CI=true, where tests/conftest.py fails any skipped integration test,
+    they are deselected instead, so the single-guest suite (`make integration`) passes as
+    before."""
+    for marker, inside, reason in (
+        ("pair", pair_hosts.in_pair(), PAIR_ONLY),
+        ("mesh", mesh_hosts.in_mesh(), mesh_hosts.MESH_ONLY),
+    ):
+        if inside:
+            continue
+        marked = [item for item in items if item.get_closest_marker(marker)]
+        if not marked:
+            continue
+        if os.environ.get("CI", "").lower() == "true":
+            config.hook.pytest_deselected(items=marked)
+            items[:] = [item for item in items if not item.get_closest_marker(marker)]
+            continue
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture
@@ -144,3 +150,40 @@ def pair(testbed):
         yield hosts
     finally:
         hosts.stop_all()
+
+
+# -- `testbed mesh`: N guests on one segment ---------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def mesh_nodes(testbed) -> mesh_hosts.Mesh:
+    """The mesh's nodes, built once (their facts); use the `mesh` fixture in tests."""
+    if not mesh_hosts.in_mesh():
+        pytest.skip(mesh_hosts.MESH_ONLY)
+    return mesh_hosts.Mesh(testbed)
+
+
+@pytest.fixture
+def mesh(mesh_nodes):
+    """node1 (this guest) and node2..nodeN over ssh: `mesh.nodes` (Node: name, address,
+    device, netdev, gid_index, run(argv, timeout), start(argv)), the faults `lossy(node,
+    percent)`, `port_down(node)`, `block_pair(a, b)` (each returns its undo) and
+    `wait_nothing_left()`. At teardown every process started is stopped and every fault
+    undone, whatever happened. Skips outside `testbed mesh`."""
+    try:
+        yield mesh_nodes
+    finally:
+        try:
+            mesh_nodes.stop_all()
+        finally:
+            mesh_nodes.undo_all()
+
+
+@pytest.fixture(scope="session")
+def mesh_slurm(mesh_nodes):
+    """One Slurm cluster over every node (slurmctld on node1, slurmd everywhere), started the
+    first time a test asks for it, stopped at the end of the session."""
+    from tests.integration.mesh_slurm import slurm_mesh
+
+    with slurm_mesh(mesh_nodes) as cluster:
+        yield cluster

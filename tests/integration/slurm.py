@@ -49,24 +49,33 @@ def _munge() -> None:
     sh("runuser", "-u", "munge", "--", "munged", "--force")
 
 
+# slurm.conf's lines between SlurmctldHost and the nodes (tests/integration/mesh_slurm.py too)
+SETTINGS = (
+    "SlurmUser=root",
+    "AuthType=auth/munge",
+    "ProctrackType=proctrack/linuxproc",
+    "TaskPlugin=task/none",
+    "StateSaveLocation=/var/spool/slurmctld",
+    "SlurmdSpoolDir=/var/spool/slurmd",
+    "SlurmctldPidFile=/run/slurmctld.pid",
+    "SlurmdPidFile=/run/slurmd.pid",
+    "SlurmctldLogFile=/var/log/slurm/slurmctld.log",
+    "SlurmdLogFile=/var/log/slurm/slurmd.log",
+    "ReturnToService=2",
+    "SchedulerType=sched/builtin",
+    "SelectType=select/cons_tres",
+)
+# slurmd 22.05 sets up a cgroup for its step daemons whatever the proctrack plugin; the guest
+# has no systemd to ask for one (IgnoreSystemd: slurmd makes it in cgroupfs itself)
+CGROUP_SETTINGS = "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n"
+
+
 def _config(node: str, program: str | None, interval: int) -> str:
     lines = [
         "ClusterName=ibtooltest",
         # the guest's name is in no /etc/hosts: every daemon is reached on the loopback
         f"SlurmctldHost={node}(127.0.0.1)",
-        "SlurmUser=root",
-        "AuthType=auth/munge",
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
-        "StateSaveLocation=/var/spool/slurmctld",
-        "SlurmdSpoolDir=/var/spool/slurmd",
-        "SlurmctldPidFile=/run/slurmctld.pid",
-        "SlurmdPidFile=/run/slurmd.pid",
-        "SlurmctldLogFile=/var/log/slurm/slurmctld.log",
-        "SlurmdLogFile=/var/log/slurm/slurmd.log",
-        "ReturnToService=2",
-        "SchedulerType=sched/builtin",
-        "SelectType=select/cons_tres",
+        *SETTINGS,
         f"NodeName={node} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN",
         f"PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP",
     ]
@@ -91,10 +100,8 @@ def slurm_node(program: str | None = None, interval: int = 0) -> Iterator[str]:
     os.makedirs(os.path.dirname(CONF), exist_ok=True)
     with open(CONF, "w") as f:
         f.write(_config(node, program, interval))
-    # slurmd 22.05 sets up a cgroup for its step daemons whatever the proctrack plugin; the guest
-    # has no systemd to ask for one (IgnoreSystemd: slurmd makes it in cgroupfs itself)
     with open(CGROUP_CONF, "w") as f:
-        f.write("CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n")
+        f.write(CGROUP_SETTINGS)
     if not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
         sh("mount", "-t", "cgroup2", "none", "/sys/fs/cgroup")
     os.makedirs("/sys/fs/cgroup/system.slice", exist_ok=True)  # where it puts its scope

@@ -52,6 +52,7 @@ write_topology() {
     /usr/bin/python3 - "$1" /run/ibtool-testbed.json "$OUT/topology.json" <<'PY'
 import json, sys
 env = dict(line.split("=", 1) for line in open(sys.argv[1]).read().splitlines() if "=" in line)
+env = {k: v[1:-1] if len(v) > 1 and v[0] == v[-1] == '"' else v for k, v in env.items()}
 info = {k[len("IBTOOL_TB_"):].lower(): v for k, v in env.items() if k.startswith("IBTOOL_TB_")}
 for path in sys.argv[2:]:
     with open(path, "w") as f:
@@ -258,12 +259,169 @@ SSH
     log "runner up after $(uptime_s) s of uptime: rxe0 on $nic (10.77.0.1, $ip6); peer 10.77.0.2 kernel $(sed -n 's/^IBTOOL_TB_PEER_KERNEL=//p' /run/ibtool-testbed.env)"
 }
 
-if [ "$ROLE" = single ]; then
-    setup
-else
-    setup_pair
-fi
-if [ "$ROLE" = peer ]; then
+# -- mesh mode -------------------------------------------------------------------------------
+# ROLE meshK: node K of N (OUT/nodes) on one shared Ethernet segment (QEMU multicast dgram,
+# tests/testbed/testbed boot_mesh): hostname nodeK, 10.77.0.K/24 and fd77:1::K/64 on the NIC
+# with MAC 52:54:00:77:00:0K (OUT/mac), rxe0 on it, every node in /etc/hosts, dropbear for
+# root with the run's key (OUT/ssh/id, its private half on every node: any node reaches any
+# other, and itself, as `ssh nodeJ`), the run's munge key installed (Slurm's daemons are
+# started by the tests: tests/integration/mesh_slurm.py), `ibtool` on PATH
+# (/usr/local/bin/ibtool runs the checkout's with the testbed environment). Each node writes
+# its topology to its OUT and touches OUT/ready; node1 (whose OUT holds node2..nodeN's as
+# OUT/nodeK) waits for all of them and opens an ssh master connection to every node.
+# Everything written outside /run stays inside the guest: /etc/hosts, /etc/hostname and
+# /usr/local/bin are bind mounts or overlays on the guest's tmpfs.
+
+# writable_dir DIR: DIR as an overlay on a tmpfs upper layer (the guest sees the host's files
+# read-only there).
+writable_dir() {
+    local name
+    name=$(echo "$1" | tr / _)
+    mkdir -p "/run/ibtool-overlay/$name/upper" "/run/ibtool-overlay/$name/work"
+    step mount -t overlay "ibtool$name" -o "lowerdir=$1,upperdir=/run/ibtool-overlay/$name/upper,workdir=/run/ibtool-overlay/$name/work" "$1"
+}
+
+setup_mesh() {
+    local me=${ROLE#mesh} n mac nic="" f k ip6_gid
+    n=$(cat "$OUT/nodes")
+    mac=$(cat "$OUT/mac")
+    ip6_gid=fd77:0001:0000:0000:0000:0000:0000:000$me
+    echo "$(uptime_s) modprobe virtio_net rdma_rxe rdma_ucm sch_netem nf_tables" >&3
+    timeout 60 modprobe virtio_net >&3 2>&1 || fail "module virtio_net cannot be loaded in the guest"
+    timeout 60 modprobe rdma_rxe >&3 2>&1 \
+        || fail "module rdma_rxe cannot be loaded in the guest (kernel $(uname -r)): see setup.log"
+    timeout 60 modprobe rdma_ucm >&3 2>&1 || fail "module rdma_ucm cannot be loaded in the guest"
+    step modprobe sch_netem
+    step modprobe nf_tables
+    step hostname "node$me"
+    echo "node$me" > /run/ibtool-hostname
+    step mount --bind /run/ibtool-hostname /etc/hostname
+    {
+        printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n'
+        for k in $(seq "$n"); do printf '10.77.0.%s node%s\n' "$k" "$k"; done
+        for k in $(seq "$n"); do printf 'fd77:1::%s node%s\n' "$k" "$k"; done
+    } > /run/ibtool-hosts
+    step mount --bind /run/ibtool-hosts /etc/hosts
+    for _ in $(seq 200); do
+        for f in /sys/class/net/*/address; do
+            [ "$(cat "$f")" = "$mac" ] && nic=$(basename "$(dirname "$f")")
+        done
+        [ -n "$nic" ] && break
+        sleep 0.1
+    done
+    [ -n "$nic" ] || fail "no NIC with MAC $mac: $(cat /sys/class/net/*/address | tr '\n' ' ')"
+    # accept_dad=0: the segment echoes every frame to its sender too (multicast loop), and a
+    # node's own neighbour solicitation coming back would fail its link-local address's DAD.
+    sysctl -qw "net.ipv6.conf.$nic.keep_addr_on_down=1" net.ipv6.conf.default.keep_addr_on_down=1 \
+        "net.ipv6.conf.$nic.accept_dad=0"
+    step ip addr add "10.77.0.$me/24" dev "$nic"
+    step ip -6 addr add "fd77:1::$me/64" dev "$nic" nodad
+    step ip link set "$nic" up
+    step rdma link add rxe0 type rxe netdev "$nic"
+    echo "$(uptime_s) waiting for the GIDs" >&3
+    wait_gid rxe0 "ffff:0a4d:000$me"
+    wait_gid rxe0 "$ip6_gid"
+    step nft list ruleset
+    writable_root
+    writable_dir /usr/local/bin
+    install -m 600 "$OUT/ssh/id" /root/.ssh/id_ed25519 || fail "no client key in $OUT/ssh/id"
+    install -m 600 "$OUT/ssh/id.pub" /root/.ssh/authorized_keys || fail "no public key in $OUT/ssh/id.pub"
+    # The run's munge key (Slurm across the nodes: one key on all of them).
+    if getent passwd munge >/dev/null; then   # not in a --release root
+        mkdir -p /etc/munge
+        install -o munge -g munge -m 400 "$OUT/ssh/munge.key" /etc/munge/munge.key \
+            || fail "cannot install the munge key"
+    fi
+    # Any node to any (itself too): the first ssh to a node becomes the master connection the
+    # next ones reuse (ControlPersist keeps it open in the background, its stdin, stdout and
+    # stderr on /dev/null, so a caller reading its pipes is not held up by it).
+    mkdir -p /run/ibtool-ssh
+    cat > /root/.ssh/config <<SSH
+Host node* 10.77.0.* fd77:1::*
+    User root
+    IdentityFile /root/.ssh/id_ed25519
+    StrictHostKeyChecking no
+    UserKnownHostsFile /dev/null
+    BatchMode yes
+    LogLevel ERROR
+    ConnectTimeout 30
+    ControlMaster auto
+    ControlPersist yes
+    ControlPath /run/ibtool-ssh/%C
+SSH
+    cat > /run/ibtool-testbed.env <<ENV
+IBTOOL_TESTBED=1
+IBTOOL_TESTBED_INFO=/run/ibtool-testbed.json
+HYPOTHESIS_STORAGE_DIRECTORY=/tmp/hypothesis
+IBTOOL_TB_MESH=1
+IBTOOL_TB_NODES="$(seq -f 'node%g' -s ' ' "$n")"
+IBTOOL_TB_NODE=node$me
+IBTOOL_TB_ROLE=$([ "$me" -eq 1 ] && echo runner || echo node)
+IBTOOL_TB_KERNEL=$(uname -r)
+IBTOOL_TB_RELEASE=$(cat "$OUT/release" 2>/dev/null)
+IBTOOL_TB_OUT=$OUT
+IBTOOL_TB_REPO=$REPO
+IBTOOL_TB_RDMA_CORE=$(dpkg-query -W -f='${Version}' rdma-core 2>/dev/null)
+IBTOOL_TB_DEVICE=rxe0
+IBTOOL_TB_NETDEV=$nic
+IBTOOL_TB_MAC=$mac
+IBTOOL_TB_IPV4=10.77.0.$me
+IBTOOL_TB_IPV4_GID_INDEX=$(gid_index rxe0 "ffff:0a4d:000$me" "$nic")
+IBTOOL_TB_GID_INDEX=$(gid_index rxe0 "ffff:0a4d:000$me" "$nic")
+IBTOOL_TB_IPV6=fd77:1::$me
+IBTOOL_TB_IPV6_GID_INDEX=$(gid_index rxe0 "$ip6_gid" "$nic")
+ENV
+    # `ibtool` for non-interactive ssh commands (ClusterShell, the tests): the checkout's, with
+    # the testbed environment, as commands on the pair's peer run. dropbear's PATH for root
+    # (/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin) finds it.
+    cat > /usr/local/bin/ibtool <<SH
+#!/bin/sh
+set -a
+. /run/ibtool-testbed.env
+set +a
+exec $REPO/.venv/bin/python -m ibtool "\$@"
+SH
+    chmod 755 /usr/local/bin/ibtool
+    mkdir -p /etc/dropbear
+    echo "$(uptime_s) dropbear -R -F -E -s -p 10.77.0.$me:22 -p [fd77:1::$me]:22" >&3
+    setsid dropbear -R -F -E -s -p "10.77.0.$me:22" -p "[fd77:1::$me]:22" </dev/null >>"$OUT/dropbear.log" 2>&1 &
+    for _ in $(seq 200); do
+        grep -q ':0016 00000000:0000 0A' /proc/net/tcp && break   # 0x16 = 22, 0A = LISTEN
+        sleep 0.1
+    done
+    grep -q ':0016 00000000:0000 0A' /proc/net/tcp || fail "dropbear did not listen: $(cat "$OUT/dropbear.log")"
+    # node1's topology is written once the mesh is up: the host reports the mesh ready then.
+    [ "$me" -eq 1 ] || write_topology /run/ibtool-testbed.env
+    touch "$OUT/ready"
+    log "node$me up after $(uptime_s) s of uptime: rxe0 on $nic (10.77.0.$me, fd77:1::$me), dropbear on :22"
+    [ "$me" -eq 1 ] || return 0
+    # node1: every other node set up, then a master connection to each (itself included).
+    local waited=0 budget
+    budget=$(cat "$OUT/peer-timeout" 2>/dev/null || echo 300)
+    echo "$(uptime_s) waiting for node2..node$n ($OUT/nodeK/ready, up to $budget s)" >&3
+    for k in $(seq 2 "$n"); do
+        until [ -f "$OUT/node$k/ready" ]; do
+            [ "$waited" -ge $((budget * 10)) ] && fail "node$k did not come up within $budget s (see $OUT/node$k/setup.log)"
+            sleep 0.1
+            waited=$((waited + 1))
+        done
+    done
+    for k in $(seq "$n"); do
+        echo "$(uptime_s) ssh master connection to node$k" >&3
+        timeout 120 ssh -o ControlMaster=yes -o ControlPersist=yes -f -N "node$k" </dev/null >&3 2>&1 \
+            || fail "ssh to node$k failed (see $OUT/setup.log, $OUT/node$k/dropbear.log)"
+        [ "$(timeout 60 ssh "node$k" hostname 2>&3)" = "node$k" ] || fail "ssh node$k hostname did not answer node$k"
+    done
+    write_topology /run/ibtool-testbed.env
+    log "mesh of $n nodes up after $(uptime_s) s of uptime"
+}
+
+case $ROLE in
+    single) setup ;;
+    mesh*) setup_mesh ;;
+    *) setup_pair ;;
+esac
+if [ "$ROLE" = peer ] || { [ "${ROLE#mesh}" != "$ROLE" ] && [ "$ROLE" != mesh1 ]; }; then
     # Serve until the host ends this VM (after the runner's command), within the VM's bound.
     sleep "$(cat "$OUT/command-timeout" 2>/dev/null || echo 600)"
     exit 0
