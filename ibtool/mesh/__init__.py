@@ -7,4 +7,8 @@ cluster already runs (ClusterShell, Slurm), and the analysis that names the bad 
 - engines: ClusterShell, srun, local: start, broadcast, gather, close
 - run: the coordinator (rounds as a barrier, every node's faults its own)
 - analysis: baselines, each pair's health, the verdicts
+- last: the last mesh that ran on this node, kept for the dashboard
+
+May import ibtool.doctor, ibtool.rdma, ibtool.host, ibtool.sources, ibtool.views, ibtool.model,
+ibtool.errors and ibtool.argtypes (and ClusterShell, inside the engine that uses it).
 """
