@@ -530,7 +530,7 @@ def _num(x: float) -> str:
 def json_chunks(result: MeshResult) -> Iterator[str]:
     """One JSON object, in pieces: everything but the pairs first, then the pairs CHUNK at a
     time (never the whole list in memory). Keys: settings, endpoints, baselines, verdicts,
-    unreachable, rounds, started, elapsed, exit_code, pairs."""
+    unreachable, rounds, started, elapsed, round_seconds, exit_code, pairs."""
     names = [e.name for e in result.endpoints]
     dumps = json.dumps
     head = {
@@ -542,6 +542,7 @@ def json_chunks(result: MeshResult) -> Iterator[str]:
         "rounds": result.rounds,
         "started": round(result.started, 3),
         "elapsed": round(result.elapsed, 3),
+        "round_seconds": [round(x, 3) for x in result.round_seconds],
         "exit_code": result.exit_code(),
     }
     yield dumps(head)[:-1] + ', "pairs": ['
