@@ -306,14 +306,15 @@ def test_srun_carries_the_mesh_and_maps_tasks_by_their_node(mode, tmp_path):
     engine = SrunEngine("c[1-4]", overlap=True, srun=str(srun))
     assert engine.command(["x"])[-3:] == ["--overlap", "--", "x"]
     result = mesh(engine, Options(count=5), [sys.executable, str(DOUBLE)], lambda line: None)
-    assert [e.node for e in result.endpoints] == (
-        ["c1", "c2", "c3", "c4"] if mode == "ok" else ["c1", "c2", "c4"]
-    )
+    nodes = [e.node for e in result.endpoints]
     if mode == "ok":
+        assert nodes == ["c1", "c2", "c3", "c4"]
         assert result.verdicts == [] and len(result.pairs) == 12
     else:
+        # its hello may be read before srun says it ended (then its endpoint is named), or not
+        assert [n for n in nodes if n != "c3"] == ["c1", "c2", "c4"]
         (verdict,) = result.verdicts
-        assert verdict.subject == "c3" and "its agent exited 3" in verdict.why
+        assert verdict.subject in ("c3", "c3/mlx5_0/1") and "its agent exited 3" in verdict.why
 
 
 def test_srun_outside_an_allocation_says_how(monkeypatch):

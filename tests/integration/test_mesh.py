@@ -1,0 +1,138 @@
+"""`ibtool mesh` between the guests of `testbed mesh`: four nodes, each its own kernel with its
+own rxe device and address on one Ethernet segment, reached through the real ClusterShell
+library over ssh and, in another test, through the Slurm the guests run. A healthy mesh says
+so; with one endpoint's link lossy (netem 20%), one endpoint's port down and one pair blocked
+(nft drops between two addresses only), the verdicts name exactly those three, and once
+repaired the mesh is healthy again. After every mesh nothing is left on any node: no agent,
+no QP.
+
+Each mesh's text is saved to the results folder (mesh-*.txt), the output ibtool-mesh(8) and
+the README quote."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from tests.integration.faults import wait_for
+from tests.integration.mesh import Mesh
+
+pytestmark = [pytest.mark.integration, pytest.mark.mesh]
+
+TCP_PORT = "18521"
+# Under TCG a node's Python starts in seconds and four guests share two CPUs: pings take
+# milliseconds, a connection and its QP a second or more.
+OPTIONS = ("-c", "20", "--timeout", "5", "--start-timeout", "300")
+
+
+def _save(mesh: Mesh, name: str, text: str) -> None:
+    out = mesh.topology.get("out")
+    if out and os.path.isdir(out):
+        with open(os.path.join(out, f"mesh-{name}.txt"), "w") as f:
+            f.write(text)
+
+
+def run_mesh(mesh: Mesh, *args: str, name: str | None = None, timeout: float = 1200):
+    """`ibtool -j mesh ARGS` on node1; with a `name`, first as text, saved (two meshes: what a
+    person reads is kept; the JSON is what is checked)."""
+    node = mesh.runner
+    if name:
+        text = node.run(node.ibtool("mesh", *args, *OPTIONS, "--no-save"), timeout=timeout)
+        said = f"{text.stdout}{text.stderr}(exit {text.returncode})\n"
+        _save(mesh, name, f"$ ibtool mesh {' '.join(args)}\n{said}")
+        assert text.stdout, text.stderr
+    proc = node.run(node.ibtool("-j", "mesh", *args, *OPTIONS, "--no-save"), timeout=timeout)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def named(result: dict) -> set[tuple[str, str]]:
+    return {(v["culprit"], v["subject"]) for v in result["verdicts"]}
+
+
+@pytest.fixture
+def clean(mesh: Mesh):
+    """Every node as it was: after the test, no agent and no QP left anywhere."""
+    before = mesh.resources()
+    yield
+    mesh.wait_nothing_left(before, timeout=120)
+
+
+def test_a_healthy_mesh_through_clustershell(mesh: Mesh, clean):
+    nodeset = f"node[1-{len(mesh.nodes)}]"
+    rc, result, err = run_mesh(mesh, nodeset, name="healthy")
+    n = len(mesh.nodes)
+    assert (rc, result["verdicts"], result["unreachable"]) == (0, [], []), err
+    assert result["settings"]["engine"] == "clustershell"
+    assert [e["node"] for e in result["endpoints"]] == mesh.names()
+    assert all(e["address"] == node.address for e, node in zip(result["endpoints"], mesh.nodes))
+    pairs = result["pairs"]
+    assert len(pairs) == n * (n - 1) and result["rounds"] == n - 1
+    assert {(p["src"], p["dst"]) for p in pairs} == {
+        (a, b) for a in [e["name"] for e in result["endpoints"]] for b in
+        [e["name"] for e in result["endpoints"]] if a != b
+    }  # fmt: skip
+    assert all(p["state"] == "PROBED" and p["received"] == p["sent"] == 20 for p in pairs)
+    assert all(p["health"] == "OK" for p in pairs)
+
+
+def test_three_faults_are_named_and_no_other_then_repaired(mesh: Mesh, clean):
+    """Four endpoints, every one with a bad pair: the lossy one is named as the endpoint (its
+    pairs slow both ways: RC retransmits what netem drops), the downed one by its port, and
+    the blocked pair as a path, though both its ends also met the lossy one."""
+    assert len(mesh.nodes) >= 4
+    n1, n2, n3, n4 = mesh.nodes[:4]
+    nodeset = f"node[1-{len(mesh.nodes)}]"
+    mesh.lossy(n2, 20)
+    down = mesh.port_down(n3)
+    block = mesh.block_pair(n1, n4)
+    rc, result, err = run_mesh(mesh, nodeset, name="faults")
+    assert named(result) == {
+        ("endpoint", f"{n2.name}/{n2.device}/1"),
+        ("endpoint", f"{n3.name}/{n3.device}/1"),
+        ("path", f"{n1.name}/{n1.device}/1 <-> {n4.name}/{n4.device}/1"),
+    }, (result["verdicts"], err)
+    assert rc == 2
+    by = {v["subject"]: v for v in result["verdicts"]}
+    assert "port DOWN" in by[f"{n3.name}/{n3.device}/1"]["why"]
+    path = by[f"{n1.name}/{n1.device}/1 <-> {n4.name}/{n4.device}/1"]
+    assert path["level"] == "FAIL"
+    assert path["next"][-1] == f"on {n1.name}: ibtool doctor --dev {n1.device}/1 {n4.address}"
+    mesh.undo_all()
+    del down, block
+    rc, result, err = run_mesh(mesh, nodeset)
+    assert (rc, result["verdicts"]) == (0, []), err
+
+
+def test_a_mesh_through_slurm(mesh: Mesh, mesh_slurm, clean):
+    nodeset = f"node[1-{len(mesh.nodes)}]"
+    mesh.port_down(mesh.nodes[-1])
+    rc, result, err = run_mesh(mesh, "--srun", nodeset)
+    last = mesh.nodes[-1]
+    assert result["settings"]["engine"] == "srun"
+    assert [e["node"] for e in result["endpoints"]] == mesh.names()
+    assert named(result) == {("endpoint", f"{last.name}/{last.device}/1")}, err
+    assert rc == 2
+    probed = [p for p in result["pairs"] if p["state"] == "PROBED"]
+    n = len(mesh.nodes) - 1
+    assert len(probed) == n * (n - 1) and all(p["health"] == "OK" for p in probed)
+
+
+def test_an_interrupted_mesh_leaves_nothing_on_any_node(mesh: Mesh, clean):
+    """Ctrl-C on the coordinator mid-mesh: ClusterShell's ssh ends, each agent sees its stdin
+    close, stops its servers and destroys what it built."""
+    node = mesh.runner
+    nodeset = f"node[1-{len(mesh.nodes)}]"
+    proc = node.start(node.ibtool("mesh", nodeset, "-c", "100000", "--rate", "20",
+                                  "--start-timeout", "300", "--no-save"))  # fmt: skip
+    wait_for(
+        lambda: all(n.listening(int(TCP_PORT)) for n in mesh.nodes) or not proc.running(),
+        "every node's agent serving",
+        600,
+    )
+    assert proc.running(), proc.stop()
+    rc, out, err = proc.stop(signal.SIGINT, timeout=120)
+    assert rc == 130, (out, err)
