@@ -182,10 +182,11 @@ def analyse(result: MeshResult, schedule: Schedule) -> None:
     group_of = _group_of(schedule, n)
     named: dict[int, Verdict] = {}
     for node, why in sorted(result.unreachable.items()):
+        mine = tuple(i for i, e in enumerate(eps) if e.node == node)  # none, from a coordinator
         result.verdicts.append(
-            Verdict(Culprit.NODE, Level.FAIL, node, f"no agent: {why}", next=(_reach(node),))
+            Verdict(Culprit.NODE, Level.FAIL, node, f"no agent: {why}", mine, next=(_reach(node),))
         )
-    live = [e.up for e in eps]
+    live = [e.up and e.node not in result.unreachable for e in eps]
     t = result.pairs
     for i, e in enumerate(eps):
         if not e.up:
@@ -271,6 +272,8 @@ def _endpoint_verdict(result: MeshResult, tally: _Tally, b: Baseline, e: int, ki
 def _fold(result: MeshResult, schedule: Schedule, named: dict[int, Verdict]) -> list[Verdict]:
     """Named endpoints, a whole node or a whole rail folded into one verdict."""
     eps = result.endpoints
+    for i in [i for i in named if eps[i].node in result.unreachable]:
+        del named[i]  # its node's verdict says it
     by_node: dict[str, list[int]] = defaultdict(list)
     for i, e in enumerate(eps):
         by_node[e.node].append(i)
