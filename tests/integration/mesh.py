@@ -1,6 +1,7 @@
 """The N guests of `testbed mesh`: node1 (this guest, the runner) and node2..nodeN on one shared
-Ethernet segment, each with rxe0 on its NIC, reached with `ssh nodeK` (tests/testbed/guest.sh,
-setup_mesh: dropbear on every node, one key per run, a master connection per node).
+Ethernet segment (the fabric), each with rxe0 on its NIC, reached with `ssh nodeK` over a
+second, management network that the faults leave alone (tests/testbed/guest.sh, setup_mesh:
+dropbear on every node, one key per run, a master connection per node).
 
 `Mesh.nodes` are `Node`s, pair.py's `Host` with the mesh's names: `run(argv, timeout)` -> a
 CompletedProcess (on node1 here, elsewhere through ssh from the node's checkout with its
@@ -67,13 +68,15 @@ def link_local(mac: str) -> str:
 
 
 class Node(Host):
-    """One guest of the mesh: `name` (nodeK), `address` (10.77.0.K), `ipv6`, `device` (rxe0),
-    `netdev` (its NIC), `gid_index` (the IPv4 GID's), `mac`, `kernel`, `release`, `repo`."""
+    """One guest of the mesh: `name` (nodeK), `address` (10.77.0.K, on the fabric), `ipv6`,
+    `device` (rxe0), `netdev` (its fabric NIC), `gid_index` (the IPv4 GID's), `mac`, `mgmt`
+    (10.78.0.K, the management NIC's: `ssh nodeK` goes there), `kernel`, `release`, `repo`."""
 
     def __init__(self, facts: dict[str, str], remote: bool):
         super().__init__(facts["node"], facts, remote)
         self.address = self.ipv4
         self.mac = facts.get("mac", "")
+        self.mgmt = facts.get("mgmt_ipv4", "")  # the management address: ssh, Slurm
 
     def _ssh(self, command: str) -> list[str]:
         return [
@@ -174,30 +177,15 @@ class Mesh:
         self._undos.append(once)
         return once
 
-    def lossy(self, node: Node, percent: float, keep_ssh: bool = True) -> Callable[[], None]:
-        """netem `loss PERCENT%` on the node's NIC egress: every frame it sends, to every other
-        node. With `keep_ssh` (the default) IPv4 TCP port 22 bypasses the loss (a prio qdisc,
-        ssh filtered to a band of its own, netem under the other), so node1 keeps driving the
-        node even at 100%; without it netem is the root qdisc itself."""
+    def lossy(self, node: Node, percent: float) -> Callable[[], None]:
+        """netem `loss PERCENT%` as the root qdisc of the node's fabric NIC: every frame it
+        sends there (its egress) to any other node is lost at that rate. ssh is untouched: it
+        goes over the management NIC."""
         dev = node.netdev
-        loss = ["netem", "loss", f"{percent}%"]
-        if not keep_ssh:
-            node.check(["tc", "qdisc", "replace", "dev", dev, "root", *loss])
-        else:
-            lines = [
-                f"tc qdisc replace dev {dev} root handle 1: prio bands 3 priomap{' 1' * 16}",
-                f"tc qdisc add dev {dev} parent 1:2 handle 20: {' '.join(loss)}",
-            ]
-            for port in ("sport", "dport"):  # to band 1:1, which has no netem
-                lines.append(
-                    f"tc filter add dev {dev} parent 1: protocol ip prio 1 u32 "
-                    f"match ip protocol 6 0xff match ip {port} 22 0xffff flowid 1:1"
-                )
-            node.check(["sh", "-ec", "\n".join(lines)])
+        node.check(["tc", "qdisc", "replace", "dev", dev, "root", "netem", "loss", f"{percent}%"])
 
         def undo() -> None:
-            shown = node.check(["tc", "qdisc", "show", "dev", dev])
-            if "netem" in shown or "prio" in shown:
+            if "netem" in node.check(["tc", "qdisc", "show", "dev", dev, "root"]):
                 node.check(["tc", "qdisc", "del", "dev", dev, "root"])
 
         return self._undo(undo)
@@ -217,32 +205,24 @@ class Mesh:
         )
         return once
 
-    def block_pair(self, a: Node, b: Node, keep_ssh: bool = True) -> Callable[[], None]:
-        """Everything between a and b dropped, both ways, by an nft table on each (`inet
-        ibtool_block_<other>`: input from and output to the other's IPv4, IPv6 and link-local
-        addresses); every other pair untouched. With `keep_ssh` (the default) TCP port 22 still
-        passes, so node1 keeps driving both ends (ClusterShell, the fixture's own commands)."""
+    def block_pair(self, a: Node, b: Node) -> Callable[[], None]:
+        """Everything between a and b on the fabric dropped, both ways, by an nft table on
+        each (`inet ibtool_block_<other>`: input from and output to the other's IPv4, IPv6 and
+        link-local fabric addresses); every other pair untouched, and so is the management
+        network (ssh, Slurm)."""
         tables = []
         for here, there in ((a, b), (b, a)):
             table = f"ibtool_block_{there.name}"
             v6 = ", ".join(x for x in (there.ipv6, link_local(there.mac) if there.mac else "") if x)
-            ssh = "tcp sport 22 accept\ntcp dport 22 accept\n" if keep_ssh else ""
             rules = "".join(
-                f"chain {chain} {{\ntype filter hook {chain} priority -10; policy accept;\n{ssh}"
+                f"chain {chain} {{\ntype filter hook {chain} priority -10; policy accept;\n"
                 f"ip {d} {there.address} drop\n"
                 + (f"ip6 {d} {{ {v6} }} drop\n" if v6 else "")
                 + "}\n"
                 for chain, d in (("input", "saddr"), ("output", "daddr"))
             )
-            here.check(
-                [
-                    "sh",
-                    "-c",
-                    'printf %s "$1" | nft -f -',
-                    "sh",
-                    f"table inet {table} {{\n{rules}}}\n",
-                ]
-            )
+            ruleset = f"table inet {table} {{\n{rules}}}\n"
+            here.check(["sh", "-c", 'printf %s "$1" | nft -f -', "sh", ruleset])
             tables.append((here, table))
 
         def undo() -> None:

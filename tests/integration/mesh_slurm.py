@@ -1,7 +1,8 @@
 """One Slurm cluster over the guests of `testbed mesh` (Debian's slurm-wlm 22.05 and munge,
 from the host the guests share): munged on every node with the run's key (installed by
 tests/testbed/guest.sh), slurmctld on node1, slurmd on every node, all nodes in one
-partition. The daemons' settings are the one-node cluster's (tests/integration/slurm.py)."""
+partition, all talking over the management network (10.78.0.K). The daemons' settings are the
+one-node cluster's (tests/integration/slurm.py)."""
 
 from __future__ import annotations
 
@@ -54,9 +55,10 @@ def config(mesh: Mesh) -> str:
     n = len(mesh.nodes)
     lines = [
         "ClusterName=ibtoolmesh",
-        f"SlurmctldHost={runner.name}({runner.address})",
+        # the management network: a fabric fault (port down, loss) does not cut Slurm off
+        f"SlurmctldHost={runner.name}({runner.mgmt})",
         *SETTINGS,
-        f"NodeName={hostlist(mesh.names())} NodeAddr=10.77.0.[1-{n}] CPUs=1 State=UNKNOWN",
+        f"NodeName={hostlist(mesh.names())} NodeAddr=10.78.0.[1-{n}] CPUs=1 State=UNKNOWN",
         f"PartitionName={PARTITION} Nodes={hostlist(mesh.names())} Default=YES "
         "MaxTime=INFINITE State=UP",
     ]

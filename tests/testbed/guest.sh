@@ -261,10 +261,12 @@ SSH
 
 # -- mesh mode -------------------------------------------------------------------------------
 # ROLE meshK: node K of N (OUT/nodes) on one shared Ethernet segment (QEMU multicast dgram,
-# tests/testbed/testbed boot_mesh): hostname nodeK, 10.77.0.K/24 and fd77:1::K/64 on the NIC
-# with MAC 52:54:00:77:00:0K (OUT/mac), rxe0 on it, every node in /etc/hosts, dropbear for
-# root with the run's key (OUT/ssh/id, its private half on every node: any node reaches any
-# other, and itself, as `ssh nodeJ`), the run's munge key installed (Slurm's daemons are
+# tests/testbed/testbed boot_mesh): hostname nodeK, 10.77.0.K/24 and fd77:1::K/64 on the
+# fabric NIC with MAC 52:54:00:77:00:0K (OUT/mac), rxe0 on it, every node in /etc/hosts
+# (nodeK: 10.77.0.K and fd77:1::K), 10.78.0.K/24 on the management NIC (MAC
+# 52:54:00:78:00:0K, OUT/mgmt-mac; `ssh nodeK` goes there, see /root/.ssh/config), dropbear
+# for root with the run's key (OUT/ssh/id, its private half on every node: any node reaches
+# any other, and itself, as `ssh nodeJ`), the run's munge key installed (Slurm's daemons are
 # started by the tests: tests/integration/mesh_slurm.py), `ibtool` on PATH
 # (/usr/local/bin/ibtool runs the checkout's with the testbed environment). Each node writes
 # its topology to its OUT and touches OUT/ready; node1 (whose OUT holds node2..nodeN's as
@@ -281,8 +283,20 @@ writable_dir() {
     step mount -t overlay "ibtool$name" -o "lowerdir=$1,upperdir=/run/ibtool-overlay/$name/upper,workdir=/run/ibtool-overlay/$name/work" "$1"
 }
 
+# nic_by_mac MAC: the name of the NIC with that address (waits up to 20 s for virtio_net).
+nic_by_mac() {
+    local f
+    for _ in $(seq 200); do
+        for f in /sys/class/net/*/address; do
+            [ "$(cat "$f")" = "$1" ] && { basename "$(dirname "$f")"; return 0; }
+        done
+        sleep 0.1
+    done
+    return 1
+}
+
 setup_mesh() {
-    local me=${ROLE#mesh} n mac nic="" f k ip6_gid
+    local me=${ROLE#mesh} n mac nic mgmt k ip6_gid
     n=$(cat "$OUT/nodes")
     mac=$(cat "$OUT/mac")
     ip6_gid=fd77:0001:0000:0000:0000:0000:0000:000$me
@@ -302,14 +316,11 @@ setup_mesh() {
         for k in $(seq "$n"); do printf 'fd77:1::%s node%s\n' "$k" "$k"; done
     } > /run/ibtool-hosts
     step mount --bind /run/ibtool-hosts /etc/hosts
-    for _ in $(seq 200); do
-        for f in /sys/class/net/*/address; do
-            [ "$(cat "$f")" = "$mac" ] && nic=$(basename "$(dirname "$f")")
-        done
-        [ -n "$nic" ] && break
-        sleep 0.1
-    done
-    [ -n "$nic" ] || fail "no NIC with MAC $mac: $(cat /sys/class/net/*/address | tr '\n' ' ')"
+    nic=$(nic_by_mac "$mac") || fail "no NIC with MAC $mac: $(cat /sys/class/net/*/address | tr '\n' ' ')"
+    mgmt=$(nic_by_mac "$(cat "$OUT/mgmt-mac")") || fail "no management NIC with MAC $(cat "$OUT/mgmt-mac")"
+    sysctl -qw "net.ipv6.conf.$mgmt.disable_ipv6=1"
+    step ip addr add "10.78.0.$me/24" dev "$mgmt"
+    step ip link set "$mgmt" up
     # accept_dad=0: the segment echoes every frame to its sender too (multicast loop), and a
     # node's own neighbour solicitation coming back would fail its link-local address's DAD.
     sysctl -qw "net.ipv6.conf.$nic.keep_addr_on_down=1" net.ipv6.conf.default.keep_addr_on_down=1 \
@@ -336,8 +347,9 @@ setup_mesh() {
     # next ones reuse (ControlPersist keeps it open in the background, its stdin, stdout and
     # stderr on /dev/null, so a caller reading its pipes is not held up by it).
     mkdir -p /run/ibtool-ssh
-    cat > /root/.ssh/config <<SSH
-Host node* 10.77.0.* fd77:1::*
+    for k in $(seq "$n"); do printf 'Host node%s\n    HostName 10.78.0.%s\n' "$k" "$k"; done > /root/.ssh/config
+    cat >> /root/.ssh/config <<SSH
+Host node* 10.77.0.* 10.78.0.* fd77:1::*
     User root
     IdentityFile /root/.ssh/id_ed25519
     StrictHostKeyChecking no
@@ -370,6 +382,8 @@ IBTOOL_TB_IPV4_GID_INDEX=$(gid_index rxe0 "ffff:0a4d:000$me" "$nic")
 IBTOOL_TB_GID_INDEX=$(gid_index rxe0 "ffff:0a4d:000$me" "$nic")
 IBTOOL_TB_IPV6=fd77:1::$me
 IBTOOL_TB_IPV6_GID_INDEX=$(gid_index rxe0 "$ip6_gid" "$nic")
+IBTOOL_TB_MGMT_NETDEV=$mgmt
+IBTOOL_TB_MGMT_IPV4=10.78.0.$me
 ENV
     # `ibtool` for non-interactive ssh commands (ClusterShell, the tests): the checkout's, with
     # the testbed environment, as commands on the pair's peer run. dropbear's PATH for root
@@ -383,8 +397,9 @@ exec $REPO/.venv/bin/python -m ibtool "\$@"
 SH
     chmod 755 /usr/local/bin/ibtool
     mkdir -p /etc/dropbear
-    echo "$(uptime_s) dropbear -R -F -E -s -p 10.77.0.$me:22 -p [fd77:1::$me]:22" >&3
-    setsid dropbear -R -F -E -s -p "10.77.0.$me:22" -p "[fd77:1::$me]:22" </dev/null >>"$OUT/dropbear.log" 2>&1 &
+    echo "$(uptime_s) dropbear -R -F -E -s -p 10.78.0.$me:22 -p 10.77.0.$me:22 -p [fd77:1::$me]:22" >&3
+    setsid dropbear -R -F -E -s -p "10.78.0.$me:22" -p "10.77.0.$me:22" -p "[fd77:1::$me]:22" \
+        </dev/null >>"$OUT/dropbear.log" 2>&1 &
     for _ in $(seq 200); do
         grep -q ':0016 00000000:0000 0A' /proc/net/tcp && break   # 0x16 = 22, 0A = LISTEN
         sleep 0.1
@@ -393,7 +408,7 @@ SH
     # node1's topology is written once the mesh is up: the host reports the mesh ready then.
     [ "$me" -eq 1 ] || write_topology /run/ibtool-testbed.env
     touch "$OUT/ready"
-    log "node$me up after $(uptime_s) s of uptime: rxe0 on $nic (10.77.0.$me, fd77:1::$me), dropbear on :22"
+    log "node$me up after $(uptime_s) s of uptime: rxe0 on $nic (10.77.0.$me, fd77:1::$me), management $mgmt 10.78.0.$me, dropbear on :22"
     [ "$me" -eq 1 ] || return 0
     # node1: every other node set up, then a master connection to each (itself included).
     local waited=0 budget
