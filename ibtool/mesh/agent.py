@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import queue
 import secrets
 import select
 import socket
@@ -121,6 +122,19 @@ class Lines:
             self.buf += chunk
 
 
+def _read_into(lines: Lines, inbox: queue.Queue) -> None:
+    """The coordinator's messages into `inbox`, checked; None at its end, or the error."""
+    try:
+        while True:
+            line = lines.next()
+            if line is None:
+                inbox.put(None)
+                return
+            inbox.put(protocol.parse_coordinator(line))
+    except Exception as e:  # garbage or a read error: the agent ends with it
+        inbox.put(e)
+
+
 class Agent:
     def __init__(self, host, say: Callable[[dict], None], warn: Callable[[str], None]):
         self.host, self.say, self.warn = host, say, warn
@@ -145,16 +159,33 @@ class Agent:
             if plan["t"] != "plan":
                 return 0
             self._setup(plan, mine)
+            # The coordinator's next words are read while a round runs: an `end`, an EOF (its
+            # ssh or srun gone) or garbage stops the round's pings at once, not at its end.
+            inbox: queue.Queue = queue.Queue()
+            threading.Thread(target=_read_into, args=(lines, inbox), daemon=True).start()
             while True:
-                line = lines.next()
-                if line is None:
-                    return 0
-                msg = protocol.parse_coordinator(line)
-                if msg["t"] == "end":
+                msg = inbox.get()
+                if isinstance(msg, BaseException):
+                    raise msg
+                if msg is None or msg["t"] == "end":
                     return 0
                 if msg["t"] == "round":
                     self.skip.update(msg.get("skip", []))
-                    self._round(msg["r"])
+                    done = threading.Thread(target=self._round, args=(msg["r"],), daemon=True)
+                    done.start()
+                    while done.is_alive():
+                        try:
+                            msg = inbox.get(timeout=0.2)
+                        except queue.Empty:
+                            continue
+                        if isinstance(msg, BaseException) or msg is None or msg["t"] == "end":
+                            self.stop.set()  # the pings in flight end within their timeout
+                            done.join()
+                            if isinstance(msg, BaseException):
+                                raise msg
+                            return 0
+                        inbox.queue.appendleft(msg)  # a round's next: after this one
+                        done.join()
         finally:
             self.close()
 
@@ -162,7 +193,7 @@ class Agent:
         from ibtool.rdma.ladder import Ladder  # pyverbs: only once there is a plan
 
         eps = plan["endpoints"]
-        self.plan = plan
+        self.plan, self.mine = plan, mine
         self.addresses = [e[2] for e in eps]
         self.up = [bool(e[3]) for e in eps]
         self.skip: set[int] = set()
@@ -228,6 +259,7 @@ class Agent:
         results: list[list] = []
         lock = threading.Lock()
         threads = []
+        before = {i: self._retransmissions(i) for i in self.ladders}
         for i in sorted(self.own):
             d = self.partners.of(r, i) if r < self.partners.rounds else -1
             if d < 0:
@@ -242,7 +274,18 @@ class Agent:
         self.workers = threads
         for t in threads:
             t.join()
-        self.say({"t": "result", "r": r, "pairs": sorted(results)})
+        if self.stop.is_set():
+            return  # ended mid-round: the coordinator is gone or said so
+        retrans = {}
+        for i, was in before.items():
+            now = self._retransmissions(i)
+            if was is not None and now is not None and now >= was:
+                retrans[str(i)] = now - was
+        self.say({"t": "result", "r": r, "pairs": sorted(results), "retrans": retrans})
+
+    def _retransmissions(self, i: int) -> int | None:
+        ep = self.mine[self.own[i]]
+        return retransmissions(self.host.root, ep["device"], ep["port"])
 
     def _unusable(self, i: int, d: int) -> str | None:
         for end, what in ((i, "this end"), (d, "the other end")):
@@ -254,7 +297,7 @@ class Agent:
 
     def _pair(self, i: int, d: int, results: list, lock: threading.Lock) -> None:
         row = probe(self.ladders[i], self.clocks.get(i), self.addresses[i], self.addresses[d],
-                    self.plan)  # fmt: skip
+                    self.plan, self.stop)  # fmt: skip
         with lock:
             results.append([i, d, *row])
 
@@ -269,6 +312,37 @@ class Agent:
             except Exception as e:  # the next one still closes
                 self.warn(f"closing {ladder.device}: {e}")
         self.ladders.clear()
+
+
+# The requester's retransmissions on a port: what an RC QP sent again because an ACK did not
+# come in time (the packet or its ACK was lost). rxe: completer_retry_err (drivers/infiniband/
+# sw/rxe/rxe_hw_counters.c); mlx5: local_ack_timeout_err (Documentation/ABI, mlx5 hw_counters).
+RETRANSMISSIONS = ("completer_retry_err", "local_ack_timeout_err")
+
+
+def retransmissions(root: str, device: str, port: int) -> int | None:
+    """The port's retransmission counters summed (ports/P/hw_counters, else the device's
+    hw_counters), None when it has none of them or one cannot be read."""
+    base = os.path.join(root, "sys/class/infiniband", device)
+    for where in (os.path.join(base, "ports", str(port), "hw_counters"),
+                  os.path.join(base, "hw_counters")):  # fmt: skip
+        total, found = 0, False
+        for name in RETRANSMISSIONS:
+            try:
+                with open(os.path.join(where, name), "rb") as f:
+                    text = f.read(32)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return None
+            try:
+                total += int(text)
+            except ValueError:
+                return None
+            found = True
+        if found:
+            return total
+    return None
 
 
 def _clock(ladder):
@@ -288,9 +362,13 @@ def quantile(values: list[float], q: float) -> float | None:
     return values[k]
 
 
-def probe(ladder, hw, source: str, target: str, plan: dict) -> list:
+class Stopped(Exception):
+    """The agent is ending: a pair's pings stop where they are."""
+
+
+def probe(ladder, hw, source: str, target: str, plan: dict, stop: threading.Event) -> list:
     """One pair: `count` pings from `source` to the server at `target`, at most `rate` a
-    second; [state, sent, received, median, p90, p99, hw, error]."""
+    second, until `stop` is set; [state, sent, received, median, p90, p99, hw, error]."""
     from ibtool.rdma import wire
     from ibtool.rdma.ping.client import Client, PingStats, run_client
 
@@ -306,10 +384,18 @@ def probe(ladder, hw, source: str, target: str, plan: dict) -> list:
     def reply(seq: int, rtt: float, hw_us: float | None) -> None:
         if hw_us is not None:
             hw_rtts.append(hw_us)
+        if stop.is_set():
+            raise Stopped
+
+    def loss(seq: int, why: str) -> None:
+        errors.append(why)
+        if stop.is_set():
+            raise Stopped
 
     try:
-        run_client(client, plan["count"], 1.0 / plan["rate"], None, reply,
-                   lambda seq, why: errors.append(why), stats, rtts)  # fmt: skip
+        run_client(client, plan["count"], 1.0 / plan["rate"], None, reply, loss, stats, rtts)
+    except Stopped:
+        errors.append("stopped: the mesh ended")
     except IbtoolError as e:
         errors.append(e.message)
     except OSError as e:

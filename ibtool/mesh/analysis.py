@@ -13,9 +13,12 @@
    partner says nothing about which end is at fault. Its pairs are then explained, and the
    counts of its partners lose them, so that a healthy endpoint that merely met it is not
    named too.
-5. A node all of whose endpoints (two or more) were named is named instead of them; a rail
+5. Then, the same way, the endpoint whose port's RC retransmission counters moved in most of
+   its rounds (RETRANS_SHARE of the pings through it), its partners' rounds with it explained:
+   a lossy link under RC loses no ping, it delays some by a transport timeout.
+6. A node all of whose endpoints (two or more) were named is named instead of them; a rail
    with at least max(3, half its endpoints) named is the rail's switch.
-6. Every bad pair left is a path: the two ends are fine with everyone else.
+7. Every bad pair left is a path: the two ends are fine with everyone else.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from ibtool.model.mesh import (
 )
 
 BASELINE_SAMPLE = 1 << 18
+RETRANS_SHARE = 0.1  # an endpoint's round is lossy when its port resent this share of pings
 SLOW_FLOOR_US = 20.0  # a pair is slow only this far above its baseline too (jitter of a us)
 LOSS, SLOW = "loss", "slow"
 KIND_OF = {Health.FAILED: LOSS, Health.LOSSY: LOSS, Health.SLOW: SLOW}
@@ -221,6 +225,7 @@ def analyse(result: MeshResult, schedule: Schedule) -> None:
         _, _, e, kind = best
         named[e] = _endpoint_verdict(result, tally, base[group_of[e]], e, kind)
         tally.remove(e)
+    named.update(_retransmitting(result, partners, tally.live))
     result.verdicts += _fold(result, schedule, named)
     result.verdicts += _paths(result, named, base, group_of)
     bad = set()
@@ -237,6 +242,77 @@ def _with_next(eps: list[Endpoint], v: Verdict, bad: set[int]) -> Verdict:
     if v.culprit == Culprit.PATH:
         return dataclasses.replace(v, next=_next_pair(eps, *v.endpoints))
     return dataclasses.replace(v, next=_next_for(eps, v.endpoints[0], bad))
+
+
+def _retransmitting(result: MeshResult, partners: Partners, live: list[bool]) -> dict:
+    """Endpoints named by their ports' RC retransmissions (a lossy link under RC loses no
+    ping: the lost packets are sent again a transport timeout later, 67 ms with ibtool's QPs,
+    which may hide in the RTTs of a slow fabric or a small mesh): an endpoint whose port
+    retransmitted RETRANS_SHARE of the pings through it in more than half of its rounds, and
+    in two at least. Its partners' ports retransmit too in the rounds they meet it (their
+    ACKs or replies to it were lost): those rounds are explained once it is named."""
+    t, eps = result.pairs, result.endpoints
+    n, rounds = len(eps), partners.rounds
+    if not len(t.retrans) or max(t.retrans) < 0:
+        return {}  # no node told its counters
+    active: list[set[int]] = [set() for _ in range(n)]
+    lossy: list[set[int]] = [set() for _ in range(n)]
+    counts = [0] * n
+    pings = [0] * n
+    for r in range(rounds):
+        for e in range(n):
+            if not live[e] or t.retrans[t.slot(r, e)] < 0:
+                continue
+            s = partners.by(r, e)
+            through = 0
+            for src in (e, s):
+                if src >= 0 and live[src] and t.state[t.slot(r, src)] == PairState.PROBED:
+                    dst = partners.of(r, src)
+                    if dst >= 0 and live[dst]:
+                        through += t.sent[t.slot(r, src)]
+            if not through:
+                continue
+            active[e].add(r)
+            got = t.retrans[t.slot(r, e)]
+            if got >= max(2, RETRANS_SHARE * through):
+                lossy[e].add(r)
+                counts[e] += got
+                pings[e] += through
+    named = {}
+    while True:
+        best = max(
+            (e for e in range(n) if len(lossy[e]) >= 2 and 2 * len(lossy[e]) > len(active[e])),
+            key=lambda e: (len(lossy[e]), counts[e], -e),
+            default=None,
+        )
+        if best is None:
+            return named
+        e = best
+        share = 100.0 * counts[e] / pings[e] if pings[e] else 0.0
+        named[e] = Verdict(
+            Culprit.ENDPOINT,
+            Level.WARN,
+            eps[e].name,
+            f"its port retransmitted in {len(lossy[e])} of its {len(active[e])} rounds "
+            f"({counts[e]} RC retransmissions for {pings[e]} pings, {share:.0f}%; its "
+            "partners only in the rounds they met it): packets lost on its link",
+            (e,),
+            eps[e].rail,
+        )
+        for r in lossy[e]:
+            for slot in (
+                t.slot(r, e),
+                t.slot(r, partners.by(r, e)) if partners.by(r, e) >= 0 else -1,
+            ):
+                if slot >= 0 and t.health[slot] == Health.OK:
+                    t.health[slot] = Health.SLOW
+        for r in active[e]:
+            for other in (partners.of(r, e), partners.by(r, e)):
+                if other >= 0:
+                    active[other].discard(r)
+                    if r in lossy[other]:
+                        lossy[other].discard(r)
+        active[e], lossy[e] = set(), set()
 
 
 def _endpoint_verdict(result: MeshResult, tally: _Tally, b: Baseline, e: int, kind: str):

@@ -8,7 +8,8 @@ is what every engine carries. An agent says:
           address its ping server will listen on), and a random id the plan names it by
   ready   its ping servers listen; `problems`: endpoints it could not serve, and why
   result  round R's pairs it was the client of: [src, dst, state, sent, received, median,
-          p90, p99, hw, error]
+          p90, p99, hw, error]; `retrans`: each of its endpoints' RC retransmissions in the
+          round (its port's counters before and after)
   error   why it cannot take part (no RDMA device, no pyverbs, ...); it then exits
 
 and the coordinator, to every agent at once (srun and ClusterShell broadcast stdin):
@@ -131,6 +132,14 @@ def parse_agent(line: str | bytes) -> dict[str, Any]:
         if not isinstance(pairs, list) or len(pairs) > MAX_ENDPOINTS:
             raise AgentError("result: pairs not a list")
         msg["pairs"] = [_pair(p) for p in pairs]
+        retrans = msg.get("retrans", {})
+        if not isinstance(retrans, dict) or len(retrans) > MAX_ENDPOINTS:
+            raise AgentError("result: retrans not a mapping")
+        msg["retrans"] = {
+            _int(int(k) if isinstance(k, str) and k.isdigit() else -1, 0, _BIG - 1,
+                 "result: retrans endpoint"): _int(v, 0, _BIG, "result: retransmissions")
+            for k, v in retrans.items()
+        }  # fmt: skip
     elif kind == "error":
         msg["message"] = _text(msg.get("message"), "error") or "no reason given"
         msg["hint"] = _text(msg.get("hint"), "error: hint")

@@ -290,6 +290,9 @@ class Coordinator:
                         return
                 for p in msg["pairs"]:
                     table.record(r, *p)
+                for i, n in msg["retrans"].items():
+                    if i in mine:
+                        table.retrans[table.slot(r, i)] = min(n, 2**31 - 1)
                 reported.add(node.key)
 
             self._pump(

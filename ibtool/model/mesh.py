@@ -101,6 +101,9 @@ class PairTable:
         self.p99 = array("f", [math.nan]) * n
         self.hw = array("B", [0]) * n
         self.health = array("B", [0]) * n  # Health, filled in by the analysis
+        # The retransmissions of endpoint `src`'s port during `round` (its two pairs of the
+        # round: the one it pinged, the one that pinged it); -1 where its node did not say.
+        self.retrans = array("i", [-1]) * n
         self.errors: dict[int, str] = {}  # slot -> why, for the few pairs that have one
 
     def slot(self, round_: int, src: int) -> int:

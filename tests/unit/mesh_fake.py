@@ -27,12 +27,17 @@ class FakeCluster(Engine):
     - silent: nodes that never answer (ssh failed: exit 255)
     - garbage: nodes whose agent prints something that is not the protocol
     - dies: {node: round} an agent that exits before reporting that round
+    - resends: endpoints whose link loses 20% of what they send, under RC: no ping lost, no
+      RTT remarkable, but their ports' retransmission counters move (20% of the pings
+      through them), and their partners' (10%, their ACKs to them lost) in rounds they meet
+    - jitter: every port retransmits one packet every round (a busy host's stalls)
     """
 
     name = "fake"
 
     def __init__(self, nodes: int, rails: int, *, down=(), slow=(), lossy=(), blocked=(),
-                 silent=(), garbage=(), dies=None, count: int = 20):  # fmt: skip
+                 silent=(), garbage=(), dies=None, count: int = 20, resends=(),
+                 jitter: bool = False):  # fmt: skip
         super().__init__()
         self.nodes = [f"node{i:04d}" for i in range(1, nodes + 1)]
         self.rails = rails
@@ -41,6 +46,7 @@ class FakeCluster(Engine):
         self.silent, self.garbage = set(silent), set(garbage)
         self.dies = dict(dies or {})
         self.count = count
+        self.resends, self.jitter = set(resends), jitter
         self.ids = {n: f"{i:016x}" for i, n in enumerate(self.nodes)}
         self.sent: list[str] = []
         self.closed = False
@@ -122,12 +128,27 @@ class FakeCluster(Engine):
                 self.events.put(Event(node, EXIT, 1))
                 continue
             pairs = []
+            retrans = {}
             for i in self.own[node]:
                 d = of(r, i)
                 if d >= 0:
                     pairs.append(self._pair(i, d))
-            line = json.dumps({"t": "result", "r": r, "pairs": pairs}, separators=(",", ":"))
+                if self.resends or self.jitter:
+                    retrans[str(i)] = self._retrans(r, i)
+            msg = {"t": "result", "r": r, "pairs": pairs}
+            if retrans:
+                msg["retrans"] = retrans
+            line = json.dumps(msg, separators=(",", ":"))
             self.events.put(Event(node, LINE, line))
+
+    def _retrans(self, r: int, i: int) -> int:
+        partners = [p for p in (self.partners.of(r, i), self.partners.by(r, i)) if p >= 0]
+        pings = self.count * len(partners)
+        if self.names[i] in self.resends:
+            return pings // 5
+        if any(self.names[p] in self.resends for p in partners):
+            return self.count // 10 + 1
+        return 1 if self.jitter else 0
 
     def close(self, grace: float) -> None:
         self.closed = True

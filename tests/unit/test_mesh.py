@@ -164,6 +164,24 @@ def test_the_three_faults_of_the_testbed_and_no_other():
     assert "10.0.0.1" not in " ".join(by["node0002/rxe0/1"].next)
 
 
+def test_a_lossy_link_under_rc_is_named_by_its_retransmissions():
+    """As the testbed shows it: netem's losses resent by RC, every ping answered, the RTTs
+    unremarkable (the only answered pairs all involve the lossy endpoint), but its port's
+    retransmission counters move in every round and its partners' only when they meet it."""
+    cluster = FakeCluster(4, 1, resends={"node0002/rxe0/1"}, down={"node0003/rxe0/1"},
+                          blocked=[("node0001/rxe0/1", "node0004/rxe0/1")], jitter=True)  # fmt: skip
+    result, _ = _run(cluster)
+    assert _named(result) == {
+        ("endpoint", "WARN", "node0002/rxe0/1"),
+        ("endpoint", "FAIL", "node0003/rxe0/1"),
+        ("path", "FAIL", "node0001/rxe0/1 <-> node0004/rxe0/1"),
+    }
+    why = next(v.why for v in result.verdicts if v.subject == "node0002/rxe0/1")
+    assert why.startswith("its port retransmitted in 3 of its 3 rounds (24 RC retransmissions")
+    healthy, _ = _run(FakeCluster(8, 2, jitter=True))
+    assert healthy.verdicts == []
+
+
 def test_lossy_endpoint_and_a_rail_switch():
     rail3 = {f"node{i:04d}/rxe3/1" for i in range(1, 9)}
     result, _ = _run(FakeCluster(10, 4, lossy={"node0005/rxe1/1"} | rail3))

@@ -92,3 +92,48 @@ def test_quantiles_are_nearest_rank():
     values = sorted(float(v) for v in range(1, 21))
     assert (quantile(values, 0.5), quantile(values, 0.9), quantile(values, 0.99)) == (10, 18, 20)
     assert quantile([], 0.5) is None and quantile([7.0], 0.99) == 7.0
+
+
+def test_an_end_or_eof_mid_round_stops_the_pings_in_flight(tmp_path, monkeypatch):
+    """A round's pings run while the coordinator's words are read: its end (or its ssh gone)
+    stops them at once, and the agent closes everything, not at the round's end."""
+    import threading
+    import time
+
+    from ibtool.mesh import agent as agent_mod
+    from ibtool.mesh.schedule import Partners, Schedule
+
+    started, stopped = threading.Event(), []
+
+    def probe(ladder, hw, source, target, plan, stop):
+        started.set()
+        stop.wait(60)  # a long pair: 100,000 pings at 20 a second
+        stopped.append(stop.is_set())
+        return [1, 3, 3, 1.0, 1.0, 1.0, False, "stopped: the mesh ended"]
+
+    def setup(self, plan, mine):
+        self.plan, self.mine = plan, mine
+        self.addresses, self.up, self.skip = ["10.0.0.1", "10.0.0.2"], [True, True], set()
+        self.partners = Partners(Schedule({"rail 0": (0, 1)}, {"rail 0": (1,)}), 2)
+        self.own = {0: 0}
+        self.ladders = {0: object()}
+
+    monkeypatch.setattr(agent_mod, "probe", probe)
+    monkeypatch.setattr(agent_mod.Agent, "_setup", setup)
+    monkeypatch.setattr(agent_mod.Agent, "close", lambda self: self.stop.set())
+    r, w = os.pipe()
+    said: list[dict] = []
+    agent = Agent(_host("mlx5_roce", tmp_path), said.append, lambda line: None)
+    plan = {"t": "plan", "v": 1, "endpoints": [["a" * 16, 0, "10.0.0.1", True]],
+            "schedule": {"groups": {"rail 0": [0]}, "shifts": {"rail 0": []}}, "count": 1,
+            "size": 64, "mode": "send", "rate": 20, "timeout": 2, "tcp_port": 18521}  # fmt: skip
+    os.write(w, (json.dumps(plan) + "\n" + '{"t":"round","r":0}\n').encode())
+    done: list[int] = []
+    t = threading.Thread(target=lambda: done.append(agent.run(Lines(r, idle=60))))
+    t.start()
+    assert started.wait(30)
+    t0 = time.monotonic()
+    os.close(w)  # the coordinator's ssh is gone
+    t.join(30)
+    assert done == [0] and stopped == [True] and time.monotonic() - t0 < 10
+    assert [m["t"] for m in said] == ["hello"]  # no result for a round the mesh abandoned
