@@ -31,7 +31,7 @@ OPTIONS = ("-c", "20", "--timeout", "5", "--start-timeout", "300")
 def _save(mesh: Mesh, name: str, text: str) -> None:
     out = mesh.topology.get("out")
     if out and os.path.isdir(out):
-        with open(os.path.join(out, f"mesh-{name}.txt"), "w") as f:
+        with open(os.path.join(out, f"mesh-{name}" + ("" if "." in name else ".txt")), "w") as f:
             f.write(text)
 
 
@@ -46,6 +46,8 @@ def run_mesh(mesh: Mesh, *args: str, name: str | None = None, timeout: float = 1
         assert text.stdout, text.stderr
     proc = node.run(node.ibtool("-j", "mesh", *args, *OPTIONS, "--no-save"), timeout=timeout)
     assert proc.stdout, proc.stderr
+    if name:
+        _save(mesh, f"{name}.json", proc.stdout)
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
 
