@@ -81,6 +81,13 @@ def configure(parser) -> None:
         help="seconds for a ping's reply and a pair's connection (default 2)",
     )
     parser.add_argument(
+        "--qp-timeout",
+        type=number(int, 0, 31),
+        default=14,
+        metavar="N",
+        help="RC transport timeout of the pairs' QPs: 4.096 us * 2^N a try (default 14: 67 ms)",
+    )
+    parser.add_argument(
         "--rounds",
         type=number(int, 1, 1 << 20),
         metavar="K",
@@ -156,6 +163,7 @@ def run(inv: Invocation) -> int:
         slow_factor=args.slow,
         tcp_port=args.tcp_port,
         start_timeout=args.start_timeout,
+        qp_timeout=args.qp_timeout,
     )
 
     def say(line: str) -> None:

@@ -16,7 +16,9 @@ import os
 import queue
 import secrets
 import select
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -122,6 +124,79 @@ class Lines:
             self.buf += chunk
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the agent dies, however it dies (prctl(2)
+    PR_SET_PDEATHSIG), so no server outlives its mesh."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Server:
+    """An endpoint's ping server: `ibtool ping --server` in a process of its own, bound to the
+    endpoint's address and admitting only the mesh's addresses. Its own process, not a thread
+    of the agent: a server busy-polls its CQ, and so does the agent's client on the same
+    endpoint; in one process they would take turns at the interpreter's lock, and every
+    round trip would carry those turns (milliseconds, not microseconds)."""
+
+    def __init__(self, ep: dict, plan: dict, addresses: list[str], warn):
+        argv = [sys.executable, "-m", "ibtool", "ping", "--server",
+                "--dev", f"{ep['device']}/{ep['port']}", "--bind", ep["address"],
+                "--port", str(plan["tcp_port"]), "--no-facts", "--max-sessions", "8",
+                "--qp-timeout", str(plan.get("qp_timeout", 14)),
+                "--max-per-source", "4", "--idle-timeout", "600"]  # fmt: skip
+        if ep.get("gid_index") is not None:
+            argv += ["--gid-index", str(ep["gid_index"])]
+        argv += [f"--allow={a}" for a in sorted(set(addresses)) if a]
+        self.name = f"{ep['device']}/{ep['port']}"
+        self.warn = warn
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent,
+        )  # fmt: skip
+        self.listening = threading.Event()
+        self.said: list[str] = []
+        threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
+        threading.Thread(target=self._read, args=(self.proc.stderr,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for raw in stream:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line.startswith("listening on "):
+                self.listening.set()
+            elif "dropped" in line or "refused" in line or "error" in line:
+                self.warn(f"{self.name}: {line[:200]}")
+            if len(self.said) < 5:
+                self.said.append(line[:200])
+
+    def wait_listening(self, deadline: float) -> str | None:
+        """None once it listens; else why not (its exit and last words)."""
+        while not self.listening.is_set():
+            if self.proc.poll() is not None:
+                break
+            if time.monotonic() > deadline:
+                return "its ping server did not start in time"
+            self.listening.wait(0.1)
+        if self.listening.is_set():
+            return None
+        self.proc.wait()
+        last = self.said[-1] if self.said else f"exit {self.proc.returncode}"
+        return f"its ping server did not start: {last}"
+
+    def stop(self) -> None:
+        """SIGTERM (it destroys its sessions' QPs and closes its port), SIGKILL after 60 s."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
 def _read_into(lines: Lines, inbox: queue.Queue) -> None:
     """The coordinator's messages into `inbox`, checked; None at its end, or the error."""
     try:
@@ -140,7 +215,7 @@ class Agent:
         self.host, self.say, self.warn = host, say, warn
         self.id = secrets.token_hex(8)
         self.stop = threading.Event()
-        self.servers: list[threading.Thread] = []
+        self.servers: list[Server] = []
         self.ladders: dict[int, Any] = {}  # plan index -> the client's Ladder
         self.clocks: dict[int, Any] = {}  # plan index -> HwClock, where the HCA stamps
         self.workers: list[threading.Thread] = []
@@ -204,9 +279,6 @@ class Agent:
         )
         self.partners = Partners(schedule, len(eps))
         self.own = {i: e[1] for i, e in enumerate(eps) if e[0] == self.id and e[1] < len(mine)}
-        allow = tuple(
-            ipaddress.ip_network(a) for a in sorted(set(self.addresses)) if a
-        )  # the mesh's addresses, and no one else
         problems: dict[str, str] = {}
         listening = []
         for i, k in self.own.items():
@@ -220,40 +292,19 @@ class Agent:
                 continue
             self.ladders[i] = ladder
             self.clocks[i] = _clock(ladder)
-            ready = threading.Event()
-            failed: list[str] = []
-            t = threading.Thread(
-                target=self._serve, args=(ep, allow, ready, failed), name=f"serve {i}"
-            )
-            t.start()
-            self.servers.append(t)
-            listening.append((k, t, ready, failed))
+            try:
+                server = Server(ep, self.plan, self.addresses, self.warn)
+            except OSError as e:
+                problems[str(k)] = f"cannot start its ping server: {e.strerror or e}"
+                continue
+            self.servers.append(server)
+            listening.append((k, server))
         deadline = time.monotonic() + START_WAIT
-        for k, t, ready, failed in listening:
-            while not ready.is_set() and t.is_alive() and time.monotonic() < deadline:
-                ready.wait(0.1)
-            if not ready.is_set():
-                problems[str(k)] = failed[0] if failed else "its ping server did not start"
+        for k, server in listening:
+            why = server.wait_listening(deadline)
+            if why:
+                problems[str(k)] = why
         self.say({"t": "ready", "problems": problems})
-
-    def _serve(self, ep: dict, allow: tuple, ready: threading.Event, failed: list[str]) -> None:
-        from ibtool.rdma.ping import server
-        from ibtool.rdma.ping.admission import Limits
-
-        limits = Limits(max_sessions=8, max_per_source=4, allow=allow, idle_timeout=600.0)
-
-        def log(line: str) -> None:
-            if "dropped" in line or "refused" in line:
-                self.warn(f"{ep['device']}/{ep['port']}: {line}")
-
-        try:
-            server.serve(ep["device"], ep["port"], ep["gid_index"], ep["address"],
-                         self.plan["tcp_port"], log, limits=limits, stop=self.stop,
-                         listening=ready.set)  # fmt: skip
-        except IbtoolError as e:
-            failed.append(e.message)
-        except Exception as e:  # a server's thread must not die silently
-            failed.append(f"its ping server failed: {e}")
 
     def _round(self, r: int) -> None:
         results: list[list] = []
@@ -304,8 +355,10 @@ class Agent:
     def close(self) -> None:
         """Servers stopped and waited for, then the client ladders closed."""
         self.stop.set()
-        for t in self.workers + self.servers:  # a pair's client, then the servers
+        for t in self.workers:  # a pair's client: its QP before the ladder goes
             t.join(60)
+        for server in self.servers:
+            server.stop()
         for ladder in self.ladders.values():
             try:
                 ladder.close()
@@ -370,13 +423,15 @@ def probe(ladder, hw, source: str, target: str, plan: dict, stop: threading.Even
     """One pair: `count` pings from `source` to the server at `target`, at most `rate` a
     second, until `stop` is set; [state, sent, received, median, p90, p99, hw, error]."""
     from ibtool.rdma import wire
+    from ibtool.rdma.ladder import PathSpec
     from ibtool.rdma.ping.client import Client, PingStats, run_client
 
     mode = wire.Mode.WRITE_IMM if plan["mode"] == "write-imm" else wire.Mode.SEND
     timeout = float(plan["timeout"])
     stats, rtts, hw_rtts, errors = PingStats(), [], [], []
     try:
-        client = Client(ladder, target, plan["tcp_port"], plan["size"], mode, timeout, hw=hw,
+        client = Client(ladder, target, plan["tcp_port"], plan["size"], mode, timeout,
+                        PathSpec(ack_timeout=plan.get("qp_timeout", 14)), hw=hw,
                         source=source, connect_timeout=timeout)  # fmt: skip
     except IbtoolError as e:
         return [int(PairState.PROBED), 0, 0, None, None, None, False, e.message]

@@ -206,7 +206,9 @@ def _pair(p: Any) -> tuple:
 # -- the plan, as the agent reads it ----------------------------------------------------------
 
 
-def plan_message(endpoints: list[Endpoint], ids: list[tuple[str, int]], schedule, settings) -> str:
+def plan_message(
+    endpoints: list[Endpoint], ids: list[tuple[str, int]], schedule, settings, qp_timeout: int = 14
+) -> str:
     """The plan every agent gets: `ids[i]` is endpoint i's (agent id, index in its hello)."""
     return dumps(
         {
@@ -220,6 +222,7 @@ def plan_message(endpoints: list[Endpoint], ids: list[tuple[str, int]], schedule
             "rate": settings.rate,
             "timeout": settings.timeout,
             "tcp_port": settings.tcp_port,
+            "qp_timeout": qp_timeout,
         }
     )
 
@@ -258,6 +261,7 @@ def parse_coordinator(line: str | bytes) -> dict[str, Any]:
         _int(msg.get("count"), 1, 1 << 20, "plan: count")
         _int(msg.get("size"), 1, 1 << 20, "plan: size")
         _int(msg.get("tcp_port"), 1, 65535, "plan: tcp port")
+        msg["qp_timeout"] = _int(msg.get("qp_timeout", 14), 0, 31, "plan: qp timeout")
         if msg.get("mode") not in ("send", "write-imm"):
             raise AgentError("plan: mode")
         for key in ("rate", "timeout"):

@@ -41,6 +41,7 @@ class Options:
     slow_factor: float = 10.0
     tcp_port: int = 18521
     start_timeout: float = START_TIMEOUT
+    qp_timeout: int = 14  # the QPs' local ACK timeout exponent (ladder.PathSpec.ack_timeout)
 
 
 @dataclass
@@ -191,7 +192,9 @@ class Coordinator:
                             {k: list(v) for k, v in schedule.shifts.items()})  # fmt: skip
         live = [n for n in self.nodes.values() if n.hello and not n.gone]
         if live and endpoints and not self.engine_done:
-            self.engine.send(protocol.plan_message(endpoints, ids, schedule, settings))
+            self.engine.send(
+                protocol.plan_message(endpoints, ids, schedule, settings, o.qp_timeout)
+            )
             self._ready(live, endpoints)
             self._rounds(live, endpoints, partners, table, result)
         for n in live:

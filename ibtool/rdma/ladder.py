@@ -52,6 +52,9 @@ class PathSpec:
     traffic_class: int = 0
     mtu: int | None = None
     pkey_index: int = 0
+    # The local ACK timeout's exponent: each try waits 4.096 us * 2^N for its ACK (IBTA vol.
+    # 1, QP attribute Local ACK Timeout; perftest's -u), 14 = 67 ms, as rc_pingpong leaves it.
+    ack_timeout: int = 14
 
     def describe(self, mtu: int | None = None) -> str:
         """The path as a ping's first line says it, "mtu M, sl S, tclass T (DSCP D)"; `mtu` in
@@ -255,7 +258,7 @@ class Ladder(contextlib.AbstractContextManager):
         attr.min_rnr_timer = 12  # 0.64 ms
         attr.ah_attr = self.ah_attr(peer, path.sl, path.traffic_class)
         self.checked(lambda: self._to_rtr(qp, attr, peer), "QP INIT->RTR")
-        attr.timeout = 14  # 4.096 us * 2^14 = 67 ms per try
+        attr.timeout = path.ack_timeout  # 4.096 us * 2^14 = 67 ms per try by default
         attr.retry_cnt = 7
         attr.rnr_retry = 7  # retry forever while the peer has no receive posted
         attr.sq_psn = local_psn

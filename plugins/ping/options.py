@@ -97,6 +97,14 @@ def configure(parser) -> None:
         "-q", "--quiet", action="store_true", help="only the summary, no line per reply"
     )
     parser.add_argument(
+        "--qp-timeout",
+        type=number(int, 0, 31),
+        default=14,
+        metavar="N",
+        help="RC transport timeout: each try waits 4.096 us * 2^N for its ACK (default 14: "
+        "67 ms), as perftest's -u",
+    )
+    parser.add_argument(
         "--hw-timestamps",
         action="store_true",
         help="also time each round trip on the HCA's own clock (mlx5), without this side's polling",
@@ -381,4 +389,4 @@ def path_spec(args):
     from ibtool.rdma.ladder import MTU_CODES, PathSpec
 
     mtu = MTU_CODES[args.mtu] if args.mtu else None
-    return PathSpec(args.sl, args.tclass, mtu, args.pkey_index or 0)
+    return PathSpec(args.sl, args.tclass, mtu, args.pkey_index or 0, args.qp_timeout)
