@@ -82,12 +82,13 @@ def testbed(repeat: int) -> None:
         subset = ",".join(nodes[:n])
         for _ in range(repeat):
             t0 = time.monotonic()
-            proc = _run(ibtool + ["-j", "mesh", subset, "--no-save", "-c", "20"])
+            proc = _run(ibtool + ["-j", "mesh", subset, "--no-save", "-c", "20",
+                                  "--qp-timeout", "18"])  # fmt: skip
             mesh_s = time.monotonic() - t0
-            if proc.returncode != 0:
+            if proc.returncode not in (0, 1):
                 raise SystemExit(f"mesh {subset}: exit {proc.returncode}\n{proc.stderr}")
             result = json.loads(proc.stdout)
-            pairs = [p for p in result["pairs"] if p["state"] == PairState.PROBED.name.lower()]
+            pairs = [p for p in result["pairs"] if p["state"] == PairState.PROBED.name]
             rounds = result.get("round_seconds") or []
             round_s = sum(rounds) / len(rounds) if rounds else float("nan")
             rate = 20 / round_s if rounds else float("nan")
