@@ -45,7 +45,7 @@ def run_mesh(mesh: Mesh, *args: str, name: str | None = None, timeout: float = 1
     if name:
         text = node.run(node.ibtool("mesh", *args, *OPTIONS, "--no-save"), timeout=timeout)
         said = f"{text.stdout}{text.stderr}(exit {text.returncode})\n"
-        _save(mesh, name, f"$ ibtool mesh {' '.join(args)}\n{said}")
+        _save(mesh, name, f"$ ibtool mesh {' '.join(args + OPTIONS)}\n{said}")
         assert text.stdout, text.stderr
     proc = node.run(node.ibtool("-j", "mesh", *args, *OPTIONS, "--no-save"), timeout=timeout)
     assert proc.stdout, proc.stderr
