@@ -389,4 +389,5 @@ def path_spec(args):
     from ibtool.rdma.ladder import MTU_CODES, PathSpec
 
     mtu = MTU_CODES[args.mtu] if args.mtu else None
-    return PathSpec(args.sl, args.tclass, mtu, args.pkey_index or 0, args.qp_timeout)
+    ack = getattr(args, "qp_timeout", None)
+    return PathSpec(args.sl, args.tclass, mtu, args.pkey_index or 0, 14 if ack is None else ack)

@@ -17,14 +17,7 @@ N = "node{:02d}/mlx5_0/1".format
 def faulty():
     """6 nodes x 2 rails: node02's rail 0 down, node05's rail 1 slow, a lossy path, node06 with
     no agent."""
-    return meshes.build(
-        6,
-        2,
-        down=(N(2),),
-        slow=("node05/mlx5_1/1",),
-        lossy=((N(1), N(4)),),
-        unreachable=("node06",),
-    )
+    return meshes.faulty_six()
 
 
 @pytest.fixture

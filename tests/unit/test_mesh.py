@@ -168,8 +168,9 @@ def test_a_lossy_link_under_rc_is_named_by_its_retransmissions():
     """As the testbed shows it: netem's losses resent by RC, every ping answered, the RTTs
     unremarkable (the only answered pairs all involve the lossy endpoint), but its port's
     retransmission counters move in every round and its partners' only when they meet it."""
+    blocked = [("node0001/rxe0/1", "node0004/rxe0/1")]
     cluster = FakeCluster(4, 1, resends={"node0002/rxe0/1"}, down={"node0003/rxe0/1"},
-                          blocked=[("node0001/rxe0/1", "node0004/rxe0/1")], jitter=True)  # fmt: skip
+                          blocked=blocked, jitter=True)  # fmt: skip
     result, _ = _run(cluster)
     assert _named(result) == {
         ("endpoint", "WARN", "node0002/rxe0/1"),

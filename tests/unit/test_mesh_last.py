@@ -20,14 +20,7 @@ N = "node{:02d}/mlx5_0/1".format
 
 @pytest.fixture(scope="module")
 def faulty():
-    return meshes.build(
-        6,
-        2,
-        down=(N(2),),
-        slow=("node05/mlx5_1/1",),
-        lossy=((N(1), N(4)),),
-        unreachable=("node06",),
-    )
+    return meshes.faulty_six()
 
 
 @pytest.fixture
