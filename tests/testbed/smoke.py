@@ -628,6 +628,18 @@ def check_ping_rping(tb):
     return f"10/10 both ways, median {report['rtt_us']['median']} us"
 
 
+def check_mesh_local(tb):
+    """rxe0 and rxe1 of this guest as the two rails of one node, pinging each other through
+    the veth pair: the agent, its ping servers in their own processes, the counters."""
+    report = ibtool_json("mesh", "--local", "--all-rails", "-c", "5", "--qp-timeout", "18",
+                         "--no-save", timeout=600)  # fmt: skip
+    probed = [p for p in report["pairs"] if p["state"] == "PROBED"]
+    expect(report["verdicts"] == [], f"verdicts: {[v['why'] for v in report['verdicts']]}")
+    expect(len(probed) >= 2, f"{len(probed)} pairs probed of {len(report['pairs'])}")
+    expect(all(p["received"] == 5 for p in probed), "a pair lost pings")
+    return f"{len(report['endpoints'])} endpoints, {len(probed)} pairs, every ping answered"
+
+
 CHECKS = [
     ("--version", check_version),
     ("plugins", check_plugins),
@@ -660,6 +672,7 @@ CHECKS = [
     ("ping write-imm", check_ping("write-imm")),
     ("ping rc_pingpong", check_ping_rc_pingpong),
     ("ping rping", check_ping_rping),
+    ("mesh --local", check_mesh_local),
 ]
 
 

@@ -1,0 +1,58 @@
+"""`ibtool mesh --local` in the single-guest testbed, against its kernel: rxe0 (veth0) and rxe1
+(veth1) are two endpoints of this host, and with --all-rails they ping each other through the
+veth pair, as the rails of one node do through their switches. Each endpoint's agent serves
+pings in a child process and reads its port's retransmission counters; after the mesh no
+agent, no server and no RDMA object is left. (Between hosts: test_mesh.py, `make mesh`.)"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.integration.test_loopback import ibtool, no_leaks  # noqa: F401
+
+pytestmark = pytest.mark.integration
+
+
+def _ibtool_processes() -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        line = " ".join(argv)
+        if "-m ibtool" in line and ("mesh --agent" in line or "ping --server" in line):
+            found.append(f"{pid} {line}")
+    return found
+
+
+def test_the_rails_of_this_host_ping_each_other(testbed, no_leaks):  # noqa: F811
+    proc = ibtool("-j", "mesh", "--local", "--all-rails", "-c", "10", "--qp-timeout", "18",
+                  "--no-save", timeout=600)  # fmt: skip
+    assert proc.stdout, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (proc.returncode, report["verdicts"]) == (0, []), proc.stderr
+    assert report["settings"]["engine"] == "local"
+    names = {e["device"]: e for e in report["endpoints"]}
+    assert {"rxe0", "rxe1"} <= set(names)
+    assert names["rxe0"]["address"] == testbed["ipv4"]
+    probed = [p for p in report["pairs"] if p["state"] == "PROBED"]
+    ends = {(p["src"].split("/")[1], p["dst"].split("/")[1]) for p in probed}
+    assert {("rxe0", "rxe1"), ("rxe1", "rxe0")} <= ends
+    assert all(p["received"] == p["sent"] == 10 and p["health"] == "OK" for p in probed)
+    assert _ibtool_processes() == []
+
+
+def test_rails_pair_by_rank_and_a_lone_rail_pings_nobody(testbed, no_leaks):  # noqa: F811
+    """Without --all-rails rail k pings rail k of the other nodes: on one host there are none,
+    and the mesh says so without a verdict."""
+    proc = ibtool("-j", "mesh", "--local", "-c", "3", "--no-save", timeout=600)
+    report = json.loads(proc.stdout)
+    assert (proc.returncode, report["pairs"], report["verdicts"]) == (0, [], []), proc.stderr
+    assert _ibtool_processes() == []
