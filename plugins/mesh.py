@@ -11,6 +11,7 @@ from ibtool import hookimpl
 from ibtool.argtypes import number
 from ibtool.errors import UsageError
 from ibtool.plugin.commands import Invocation
+from ibtool.rdma.wire import MODES
 
 TCP_PORT = 18521  # the agents' ping servers (ibtool ping --server's is 18520)
 
@@ -62,7 +63,7 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--mode",
-        choices=("send", "write-imm"),
+        choices=tuple(MODES),
         default="send",
         help="SEND/RECV (default) or RDMA WRITE WITH IMMEDIATE",
     )

@@ -197,6 +197,9 @@ class Server:
                 self.proc.wait()
 
 
+_ROUND_DONE = object()  # a round's thread, to the agent's loop: its report is out
+
+
 def _read_into(lines: Lines, inbox: queue.Queue) -> None:
     """The coordinator's messages into `inbox`, checked; None at its end, or the error."""
     try:
@@ -238,29 +241,26 @@ class Agent:
             # ssh or srun gone) or garbage stops the round's pings at once, not at its end.
             inbox: queue.Queue = queue.Queue()
             threading.Thread(target=_read_into, args=(lines, inbox), daemon=True).start()
+            running: threading.Thread | None = None
             while True:
                 msg = inbox.get()
-                if isinstance(msg, BaseException):
-                    raise msg
-                if msg is None or msg["t"] == "end":
+                if msg is _ROUND_DONE:
+                    running = None
+                elif isinstance(msg, BaseException) or msg is None or msg["t"] == "end":
+                    self.stop.set()  # the pings in flight end within their timeout
+                    if running is not None:
+                        running.join()
+                    if isinstance(msg, BaseException):
+                        raise msg
                     return 0
-                if msg["t"] == "round":
+                elif msg["t"] == "round":
+                    if running is not None:
+                        running.join()  # the coordinator waits for each report: never here
                     self.skip.update(msg.get("skip", []))
-                    done = threading.Thread(target=self._round, args=(msg["r"],), daemon=True)
-                    done.start()
-                    while done.is_alive():
-                        try:
-                            msg = inbox.get(timeout=0.2)
-                        except queue.Empty:
-                            continue
-                        if isinstance(msg, BaseException) or msg is None or msg["t"] == "end":
-                            self.stop.set()  # the pings in flight end within their timeout
-                            done.join()
-                            if isinstance(msg, BaseException):
-                                raise msg
-                            return 0
-                        inbox.queue.appendleft(msg)  # a round's next: after this one
-                        done.join()
+                    running = threading.Thread(
+                        target=self._round, args=(msg["r"], inbox), daemon=True
+                    )
+                    running.start()
         finally:
             self.close()
 
@@ -306,7 +306,14 @@ class Agent:
                 problems[str(k)] = why
         self.say({"t": "ready", "problems": problems})
 
-    def _round(self, r: int) -> None:
+    def _round(self, r: int, inbox: queue.Queue | None = None) -> None:
+        try:
+            self._pings(r)
+        finally:
+            if inbox is not None:
+                inbox.put(_ROUND_DONE)
+
+    def _pings(self, r: int) -> None:
         results: list[list] = []
         lock = threading.Lock()
         threads = []
@@ -426,7 +433,7 @@ def probe(ladder, hw, source: str, target: str, plan: dict, stop: threading.Even
     from ibtool.rdma.ladder import PathSpec
     from ibtool.rdma.ping.client import Client, PingStats, run_client
 
-    mode = wire.Mode.WRITE_IMM if plan["mode"] == "write-imm" else wire.Mode.SEND
+    mode = wire.MODES[plan["mode"]]
     timeout = float(plan["timeout"])
     stats, rtts, hw_rtts, errors = PingStats(), [], [], []
     try:

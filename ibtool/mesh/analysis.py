@@ -40,21 +40,13 @@ from ibtool.model.mesh import (
     PairState,
     Verdict,
 )
+from ibtool.views.mesh import us
 
 BASELINE_SAMPLE = 1 << 18
 RETRANS_SHARE = 0.1  # an endpoint's round is lossy when its port resent this share of pings
 SLOW_FLOOR_US = 20.0  # a pair is slow only this far above its baseline too (jitter of a us)
 LOSS, SLOW = "loss", "slow"
 KIND_OF = {Health.FAILED: LOSS, Health.LOSSY: LOSS, Health.SLOW: SLOW}
-
-
-def us(x: float | None) -> str:
-    """An RTT as people read it: 3.2 us, 812 us, 67.1 ms."""
-    if x is None:
-        return "-"
-    if x >= 1000:
-        return f"{x / 1000:.1f} ms"
-    return f"{x:.1f} us" if x < 100 else f"{x:.0f} us"
 
 
 def baselines(result: MeshResult, schedule: Schedule) -> dict[str, Baseline]:

@@ -33,6 +33,7 @@ from typing import Any
 
 from ibtool.model.mesh import Endpoint, PairState
 from ibtool.model.names import printable
+from ibtool.rdma.wire import MODES
 
 VERSION = 1
 MAX_LINE = 64 * 1024  # an agent's line: a hello of MAX_ENDPOINTS, a round's result
@@ -262,7 +263,7 @@ def parse_coordinator(line: str | bytes) -> dict[str, Any]:
         _int(msg.get("size"), 1, 1 << 20, "plan: size")
         _int(msg.get("tcp_port"), 1, 65535, "plan: tcp port")
         msg["qp_timeout"] = _int(msg.get("qp_timeout", 14), 0, 31, "plan: qp timeout")
-        if msg.get("mode") not in ("send", "write-imm"):
+        if msg.get("mode") not in MODES:
             raise AgentError("plan: mode")
         for key in ("rate", "timeout"):
             v = msg.get(key)

@@ -68,6 +68,7 @@ class Coordinator:
         self.nodes: dict[str, _Node] = {}
         self.unreachable: dict[str, str] = {}
         self.gone: set[str] = set()  # the keys of nodes out of the mesh
+        self.engine_done = False  # the engine itself ended (srun gone, ClusterShell's task)
 
     # -- events ----------------------------------------------------------------------------
 
@@ -141,7 +142,6 @@ class Coordinator:
         settings = Settings(o.count, o.size, o.mode, o.rate, o.timeout, o.all_rails,
                             o.slow_factor, o.tcp_port, self.engine.name)  # fmt: skip
         started_wall, t0 = time.time(), time.monotonic()
-        self.engine_done = False
         self.engine.start(agent_argv)
         try:
             result = self._mesh(settings)

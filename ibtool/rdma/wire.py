@@ -40,6 +40,9 @@ class Mode(enum.IntEnum):
     WRITE_IMM = 2
 
 
+MODES = {"send": Mode.SEND, "write-imm": Mode.WRITE_IMM}  # --mode, as ping and mesh take it
+
+
 class ProtocolError(DataError):
     """The peer broke the protocol: the connection is dropped."""
 

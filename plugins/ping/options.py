@@ -10,6 +10,7 @@ from ibtool.errors import CommandFailed, UsageError
 from ibtool.host import parse_selector
 from ibtool.model.records import PortState
 from ibtool.plugin.commands import Invocation
+from ibtool.rdma.wire import MODES
 
 COMPAT_TOOLS = ("rc_pingpong", "rping")
 MTUS = (256, 512, 1024, 2048, 4096)
@@ -133,7 +134,7 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--mode",
-        choices=("send", "write-imm"),
+        choices=tuple(MODES),
         default="send",
         help="SEND/RECV (default) or RDMA WRITE WITH IMMEDIATE",
     )

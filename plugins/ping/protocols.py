@@ -113,7 +113,7 @@ def _cm(inv: Invocation) -> int:
         )
 
     def open_client(stack):
-        mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
+        mode = wire.MODES[args.mode]
         client = cmping.Client(
             args.host, args.port, args.size, mode, args.timeout, path_spec(args), args.hw_timestamps
         )
@@ -159,7 +159,7 @@ def _verbs_client(inv: Invocation, device: str, port: int, gid_index, pkey) -> i
                 ladder, args.host, args.port, args.size, args.timeout, path, args.count, hw
             )
         else:
-            mode = wire.Mode.WRITE_IMM if args.mode == "write-imm" else wire.Mode.SEND
+            mode = wire.MODES[args.mode]
             client = native.Client(
                 ladder, args.host, args.port, args.size, mode, args.timeout, path, hw
             )

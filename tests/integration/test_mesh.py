@@ -92,8 +92,8 @@ def test_three_faults_are_named_and_no_other_then_repaired(mesh: Mesh, clean):
     n1, n2, n3, n4 = mesh.nodes[:4]
     nodeset = f"node[1-{len(mesh.nodes)}]"
     mesh.lossy(n2, 20)
-    down = mesh.port_down(n3)
-    block = mesh.block_pair(n1, n4)
+    mesh.port_down(n3)
+    mesh.block_pair(n1, n4)
     rc, result, err = run_mesh(mesh, nodeset, name="faults")
     assert named(result) == {
         ("endpoint", f"{n2.name}/{n2.device}/1"),
@@ -107,7 +107,6 @@ def test_three_faults_are_named_and_no_other_then_repaired(mesh: Mesh, clean):
     assert path["level"] == "FAIL"
     assert path["next"][-1] == f"on {n1.name}: ibtool doctor --dev {n1.device}/1 {n4.address}"
     mesh.undo_all()
-    del down, block
     rc, result, err = run_mesh(mesh, nodeset, name="repaired")
     assert (rc, result["verdicts"]) == (0, []), (result["verdicts"], err)
 

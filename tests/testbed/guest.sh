@@ -145,8 +145,32 @@ writable_root() {
     : > /root/.bashrc
 }
 
+nic_by_mac() {
+    local f
+    for _ in $(seq 200); do
+        for f in /sys/class/net/*/address; do
+            [ "$(cat "$f")" = "$1" ] && { basename "$(dirname "$f")"; return 0; }
+        done
+        sleep 0.1
+    done
+    return 1
+}
+
+# fabric_rxe NIC K: node K's fabric address on NIC (10.77.0.K/24, fd77:1::K/64), NIC up, rxe0 on
+# it, and both its GIDs in the table (the two-host and the mesh guests alike).
+fabric_rxe() {
+    local nic=$1 me=$2
+    step ip addr add "10.77.0.$me/24" dev "$nic"
+    step ip -6 addr add "fd77:1::$me/64" dev "$nic" nodad
+    step ip link set "$nic" up
+    step rdma link add rxe0 type rxe netdev "$nic"
+    echo "$(uptime_s) waiting for the GIDs" >&3
+    wait_gid rxe0 "ffff:0a4d:000$me"
+    wait_gid rxe0 "fd77:0001:0000:0000:0000:0000:0000:000$me"
+}
+
 setup_pair() {
-    local me other ip6 ip6_gid nic="" mac f
+    local me other ip6 ip6_gid nic mac
     case $ROLE in
         runner) me=1; other=2 ;;
         peer) me=2; other=1 ;;
@@ -162,22 +186,10 @@ setup_pair() {
     # What rdma-core's rdma-load-modules@rdma.service loads on a RoCE host (kernel-boot/
     # modules/rdma.conf): rdma_ucm, which librdmacm needs; ibtool doctor checks for it.
     timeout 60 modprobe rdma_ucm >&3 2>&1 || fail "module rdma_ucm cannot be loaded in the guest"
-    for _ in $(seq 200); do
-        for f in /sys/class/net/*/address; do
-            [ "$(cat "$f")" = "$mac" ] && nic=$(basename "$(dirname "$f")")
-        done
-        [ -n "$nic" ] && break
-        sleep 0.1
-    done
-    [ -n "$nic" ] || fail "no NIC with MAC $mac: $(cat /sys/class/net/*/address | tr '\n' ' ')"
+    nic=$(nic_by_mac "$mac") \
+        || fail "no NIC with MAC $mac: $(cat /sys/class/net/*/address | tr '\n' ' ')"
     sysctl -qw "net.ipv6.conf.$nic.keep_addr_on_down=1" net.ipv6.conf.default.keep_addr_on_down=1
-    step ip addr add "10.77.0.$me/24" dev "$nic"
-    step ip -6 addr add "$ip6/64" dev "$nic" nodad
-    step ip link set "$nic" up
-    step rdma link add rxe0 type rxe netdev "$nic"
-    echo "$(uptime_s) waiting for the GIDs" >&3
-    wait_gid rxe0 "ffff:0a4d:000$me"
-    wait_gid rxe0 "$ip6_gid"
+    fabric_rxe "$nic" "$me"
     writable_root
     cat > /run/ibtool-testbed.env <<ENV
 IBTOOL_TESTBED=1
@@ -284,17 +296,6 @@ writable_dir() {
 }
 
 # nic_by_mac MAC: the name of the NIC with that address (waits up to 20 s for virtio_net).
-nic_by_mac() {
-    local f
-    for _ in $(seq 200); do
-        for f in /sys/class/net/*/address; do
-            [ "$(cat "$f")" = "$1" ] && { basename "$(dirname "$f")"; return 0; }
-        done
-        sleep 0.1
-    done
-    return 1
-}
-
 setup_mesh() {
     local me=${ROLE#mesh} n mac nic mgmt k ip6_gid
     n=$(cat "$OUT/nodes")
@@ -325,13 +326,7 @@ setup_mesh() {
     # node's own neighbour solicitation coming back would fail its link-local address's DAD.
     sysctl -qw "net.ipv6.conf.$nic.keep_addr_on_down=1" net.ipv6.conf.default.keep_addr_on_down=1 \
         "net.ipv6.conf.$nic.accept_dad=0"
-    step ip addr add "10.77.0.$me/24" dev "$nic"
-    step ip -6 addr add "fd77:1::$me/64" dev "$nic" nodad
-    step ip link set "$nic" up
-    step rdma link add rxe0 type rxe netdev "$nic"
-    echo "$(uptime_s) waiting for the GIDs" >&3
-    wait_gid rxe0 "ffff:0a4d:000$me"
-    wait_gid rxe0 "$ip6_gid"
+    fabric_rxe "$nic" "$me"
     step nft list ruleset
     writable_root
     writable_dir /usr/local/bin
