@@ -22,7 +22,12 @@ ibtool's own plugins are the package ibtool_plugins (plugins/ in a clone). This 
 import only ibtool.plugin.hookspecs, lazily, for `from ibtool import hookimpl`.
 """
 
-__version__ = "0.1.0"
+try:
+    # ibtool/_version.py is written by setuptools-scm from the git tag when ibtool is built or
+    # installed (pyproject.toml, [tool.setuptools_scm]).
+    from ibtool._version import __version__
+except ImportError:  # a source tree that was never built nor installed
+    __version__ = "0+unknown"
 
 
 def __getattr__(name: str):

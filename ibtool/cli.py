@@ -91,6 +91,26 @@ def _parser_class(out: TextIO, err: TextIO) -> type[argparse.ArgumentParser]:
     return Parser
 
 
+class _VersionAction(argparse.Action):
+    """-V/--version where the fast path in main() did not see it (after a global option's
+    value): the same lines, through the parser's stream."""
+
+    def __init__(
+        self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None
+    ):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser._print_message(_version_text(), sys.stdout)
+        parser.exit()
+
+
+def _version_text() -> str:
+    from ibtool.sources.versions import report
+
+    return "".join(f"{line}\n" for line in report(__version__))
+
+
 def build_parser(
     registry: CommandRegistry, out: TextIO | None = None, err: TextIO | None = None
 ) -> argparse.ArgumentParser:
@@ -99,7 +119,12 @@ def build_parser(
         description="RDMA management and diagnostics: ibtool OBJECT [show] [DEV[/PORT]] ...",
         epilog="-p no:NAME blocks plugin NAME. See ibtool(8) for exit codes.",
     )
-    parser.add_argument("-V", "--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument(
+        "-V",
+        "--version",
+        action=_VersionAction,
+        help="print the versions of ibtool, Python, pyverbs, rdma-core and the kernel, and exit",
+    )
     _global_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", metavar="OBJECT")
     for command in sorted(registry.commands.values(), key=lambda c: c.name):
@@ -292,7 +317,7 @@ def _main(
     debug = "--debug" in argv
     leading = argv[: next((i for i, a in enumerate(argv) if a[:1] != "-"), len(argv))]
     if "-V" in leading or "--version" in leading:
-        out.write(f"{PROG} {__version__}\n")  # before plugin loading: the fast path
+        out.write(_version_text())  # before plugin loading: the fast path
         return ExitCode.OK
     try:
         argv, blocked = split_plugin_blocks(argv)

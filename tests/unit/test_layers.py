@@ -47,7 +47,7 @@ LAYERS = [
     ("ibtool.views",),
     ("ibtool.web",),
     ("ibtool.model",),
-    ("ibtool.errors", "ibtool.argtypes", "ibtool.data"),
+    ("ibtool.errors", "ibtool.argtypes", "ibtool.data", "ibtool._version"),
 ]
 
 

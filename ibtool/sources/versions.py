@@ -1,0 +1,96 @@
+"""What runs beneath ibtool, for `ibtool --version`: Python, pyverbs, the rdma-core it belongs
+to, and the kernel. Read from files, never by importing pyverbs: loading libibverbs is what
+`--version` must not cost (and must not need: a broken pyverbs is one of the things an operator
+asks `--version` about).
+
+- pyverbs' own version: rdma-core writes pyverbs/__version__.py ("__version__ = "65.0"") in its
+  newer releases; older ones (33, 44) ship none, and then rdma-core's version is the answer.
+- rdma-core's version: libibverbs is installed as libibverbs.so.1.<ABI>.<rdma-core version>
+  (rdma-core libibverbs/CMakeLists.txt: `rdma_library(ibverbs ... 1 1.14.${PACKAGE_VERSION})`,
+  the ABI minor moving with the library's symbols), so the file name says which rdma-core the
+  system's libibverbs, the one pyverbs links to, comes from.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import os
+import re
+import sys
+import sysconfig
+from importlib.util import find_spec
+
+_LIBIBVERBS = re.compile(r"libibverbs\.so\.1\.\d+\.(\d+\.\d+)$")
+
+
+def _library_dirs() -> list[str]:
+    """Where the dynamic loader looks for libibverbs, in its usual order; Python's own LIBDIR
+    (Debian: /usr/lib/x86_64-linux-gnu, RHEL: /usr/lib64) first."""
+    dirs = [sysconfig.get_config_var("LIBDIR") or ""]
+    arch = sysconfig.get_config_var("MULTIARCH")
+    if arch:
+        dirs += [f"/usr/lib/{arch}", f"/lib/{arch}"]
+    dirs += ["/usr/lib64", "/lib64", "/usr/lib", "/lib", "/usr/local/lib"]
+    seen: list[str] = []
+    for d in dirs:
+        if d and d not in seen:
+            seen.append(d)
+    return seen
+
+
+def rdma_core() -> tuple[str, str] | None:
+    """(rdma-core's version, the libibverbs file it was read from), or None without one."""
+    for d in _library_dirs():
+        for path in sorted(glob.glob(os.path.join(glob.escape(d), "libibverbs.so.1.*"))):
+            m = _LIBIBVERBS.search(os.path.basename(path))
+            if m:
+                return m.group(1), path
+    return None
+
+
+def pyverbs() -> tuple[str | None, str] | None:
+    """(pyverbs' own version or None, where it is), or None when this Python has no pyverbs."""
+    try:
+        spec = find_spec("pyverbs")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    where = list(spec.submodule_search_locations)[0]
+    try:
+        with open(os.path.join(where, "__version__.py"), encoding="utf-8") as f:
+            tree = ast.parse(f.read(4096))
+    except (OSError, SyntaxError, ValueError):
+        return None, where
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+            and node.value.value.isprintable()
+        ):
+            return node.value.value[:32], where
+    return None, where
+
+
+def report(ibtool_version: str) -> list[str]:
+    """The lines `ibtool --version` prints: ibtool's first (`ibtool X`, as before)."""
+    lines = [f"ibtool {ibtool_version}", f"Python {sys.version.split()[0]} ({sys.executable})"]
+    verbs = pyverbs()
+    core = rdma_core()
+    if verbs is None:
+        lines.append(
+            "pyverbs not found: the data path (loopback, ping, doctor, mesh) needs the "
+            "distribution's python3-pyverbs (in a venv: --system-site-packages)"
+        )
+    else:
+        version, where = verbs
+        lines.append(f"pyverbs {version} ({where})" if version else f"pyverbs ({where})")
+    if core is None:
+        lines.append("rdma-core not found: no libibverbs.so.1 (install rdma-core, libibverbs1)")
+    else:
+        lines.append(f"rdma-core {core[0]} ({os.path.basename(core[1])})")
+    lines.append(f"kernel {os.uname().release}")
+    return lines
