@@ -35,6 +35,34 @@ def configure(parser) -> None:
     parser.add_argument("--config", metavar="FILE", help="the health checks' file, as for health")
 
 
+TEXTUAL_FLOOR = (8,)  # the dashboard's widgets and stylesheet as tested (pyproject.toml)
+
+
+def _need_textual() -> None:
+    """textual 8 or later, or one line saying which textual this Python has: the Debian
+    package only recommends python3-textual, which Debian 12 ships as 0.1 and Debian 13 as 2.1,
+    and the dashboard written for 8 fails inside either."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("textual")
+    except metadata.PackageNotFoundError:
+        return  # no textual at all: the import below says so
+    release = []
+    for part in version.split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        release.append(int(digits))
+    if tuple(release) < TEXTUAL_FLOOR:
+        raise UnsupportedError(
+            f"ibtool tui needs textual 8 or later; this Python has textual {version}",
+            "install a newer textual into a venv made with --system-site-packages "
+            "(pip install 'textual>=8') and run ibtool from there; the other commands "
+            "work with this one",
+        )
+
+
 def _feed(inv: Invocation, closing: list):
     """The dashboard's face of the Engine, on the hosts the options name."""
     from ibtool.health import state as healthstate
@@ -110,6 +138,7 @@ def run(inv: Invocation) -> int:
             "ibtool tui needs a terminal",
             "in scripts use ibtool counters --watch, ibtool monitor or ibtool health",
         )
+    _need_textual()
     try:
         from ibtool.tui.app import Dashboard
     except ImportError as e:
