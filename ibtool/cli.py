@@ -81,8 +81,61 @@ def _global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
     g.add_argument("--debug", action="store_true", help="show tracebacks of errors", **d)
 
 
+class _Recording:
+    """An argument group (or mutually exclusive group) whose add_argument also lists the
+    action in the parser's `arguments`; anything else is the group's own."""
+
+    def __init__(self, group, arguments: list[argparse.Action]) -> None:
+        self.group = group
+        self.arguments = arguments
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = self.group.add_argument(*args, **kwargs)
+        self.arguments.append(action)
+        return action
+
+    def add_argument_group(self, *args, **kwargs) -> _Recording:
+        return _Recording(self.group.add_argument_group(*args, **kwargs), self.arguments)
+
+    def add_mutually_exclusive_group(self, *args, **kwargs) -> _Recording:
+        return _Recording(self.group.add_mutually_exclusive_group(*args, **kwargs), self.arguments)
+
+    def __getattr__(self, name: str):
+        return getattr(self.group, name)
+
+
+class RecordingParser(argparse.ArgumentParser):
+    """An ArgumentParser that says what it holds through public attributes, for `ibtool
+    completion` (argparse keeps its actions in private ones): `arguments`, every action added
+    to it (through its groups too), in order; `subcommands`, its add_subparsers() action (whose
+    `choices` map each command name and alias to the command's parser, a RecordingParser)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.arguments: list[argparse.Action] = []
+        self.subcommands: argparse.Action | None = None
+        self._built = False  # argparse's own groups (positionals, options) stay unwrapped
+        super().__init__(*args, **kwargs)
+        self._built = True
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.arguments.append(action)
+        return action
+
+    def add_argument_group(self, *args, **kwargs):
+        group = super().add_argument_group(*args, **kwargs)
+        return _Recording(group, self.arguments) if self._built else group
+
+    def add_mutually_exclusive_group(self, *args, **kwargs):
+        return _Recording(super().add_mutually_exclusive_group(*args, **kwargs), self.arguments)
+
+    def add_subparsers(self, *args, **kwargs):
+        self.subcommands = super().add_subparsers(*args, **kwargs)
+        return self.subcommands
+
+
 def _parser_class(out: TextIO, err: TextIO) -> type[argparse.ArgumentParser]:
-    class Parser(argparse.ArgumentParser):
+    class Parser(RecordingParser):
         # argparse writes to sys.stdout/sys.stderr itself; route it to main()'s streams.
         def _print_message(self, message, file=None):
             if message:
@@ -348,6 +401,7 @@ def _main(
             warn=warn,
             plugins=loaded,
             host_factory=host_factory,
+            parser=parser,
         )
         if inv.root != "/" and not os.path.isdir(inv.root):
             raise UsageError(f"--root {inv.root}: not a directory")

@@ -146,6 +146,9 @@ class Invocation:
     # What builds the host a command reads when no --snapshot is given, from this invocation
     # (its root, warn, details); called once, on first use. Tests give a Host of their own.
     host_factory: HostFactory = default_host
+    # The parser the arguments were parsed with: every command's and alias's, with the options
+    # of each (`ibtool completion` writes the shells' completion from it).
+    parser: argparse.ArgumentParser | None = None
 
     _host: Any = field(default=None, init=False, repr=False)
     _snapshot: Any = field(default=None, init=False, repr=False)
