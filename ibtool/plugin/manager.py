@@ -38,6 +38,7 @@ BUILTIN_PACKAGE = "ibtool_plugins"
 CORE = "core"
 # ibtool's own plugins, in the order they are registered (the first keeps a name two take).
 BUILTIN = (
+    "completion",
     "counters",
     "devices",
     "doctor",

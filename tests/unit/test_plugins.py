@@ -231,6 +231,7 @@ def test_an_own_plugin_that_fails_to_load_is_an_error_that_says_how_to_reinstall
     package = tmp_path / "ibtool_plugins"
     package.mkdir()
     (package / "__init__.py").write_text("")
+    (package / "completion.py").write_text("")  # loaded before counters, and loads
     (package / "counters.py").write_text("import a_module_that_is_not_there\n")
     run_ibtool = (
         "import runpy; sys.argv = ['ibtool', 'dev']; "
