@@ -75,7 +75,7 @@ def test_every_table_names_a_nest_as_its_entry():
 
 
 def test_the_pyroute2_map_is_the_table_with_explicit_ids():
-    assert [(i, name) for i, name, _ in messages.NLA_MAP] == [(a.id, a.name) for a in A.ATTRIBUTES]
+    assert [(i, name) for i, name, *_ in messages.NLA_MAP] == [(a.id, a.name) for a in A.ATTRIBUTES]
     assert messages.nldev_nest.nla_map is messages.nldevmsg.nla_map
 
 

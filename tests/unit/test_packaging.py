@@ -6,9 +6,9 @@ from __future__ import annotations
 from importlib import metadata
 
 import pytest
+from ibtool_plugins import tui
 
 from ibtool.errors import ExitCode, UnsupportedError
-from ibtool_plugins import tui
 
 
 @pytest.mark.parametrize(

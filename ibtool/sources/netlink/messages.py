@@ -27,7 +27,8 @@ def _netlink_core() -> tuple:
     The package's __init__ imports every pyroute2 API (IPRoute, NDB, IPDB, conntrack, ...):
     about 380 modules, 80 ms on the host and ~10 s in the testbed guest, whose root is 9p under
     TCG. pyroute2.netlink and its marshal need four of them (common, netlink, exceptions,
-    marshal). When pyroute2 is not loaded yet, a bare package module stands in for it while
+    marshal; pyroute2 0.7 and 0.8 keep Marshal in netlink/nlsocket.py, which needs a few
+    more). When pyroute2 is not loaded yet, a bare package module stands in for it while
     they load; afterwards it and the submodules are taken out of sys.modules again (this module
     keeps its references), so a later ``import pyroute2`` (another plugin's) loads the real,
     complete package from scratch.
@@ -43,7 +44,11 @@ def _netlink_core() -> tuple:
         sys.modules["pyroute2"] = bare
     try:
         from pyroute2.netlink import nla, nlmsg
-        from pyroute2.netlink.marshal import Marshal
+
+        try:  # pyroute2 0.9 (pyroute2/netlink/marshal.py)
+            from pyroute2.netlink.marshal import Marshal
+        except ModuleNotFoundError:  # 0.7 and 0.8, Debian 12 to 14's: the same class, there
+            from pyroute2.netlink.nlsocket import Marshal
     finally:
         if bare is not None:
             for name in [m for m in sys.modules if m == "pyroute2" or m.startswith("pyroute2.")]:
@@ -53,24 +58,28 @@ def _netlink_core() -> tuple:
 
 nla, nlmsg, Marshal = _netlink_core()
 
+NLA_F_NESTED = 1 << 15  # include/uapi/linux/netlink.h
+
+# (pyroute2 type, NLA flags): the flags as the explicit fourth member of an nla_map entry, which
+# every pyroute2 from 0.7 reads ("nested" as a "type|nested" string is 0.9's only).
 _PYROUTE2_TYPES = {
-    A.PAD: "none",
-    A.U8: "uint8",
-    A.U16: "uint16",
-    A.U32: "uint32",
-    A.U64: "uint64",
-    A.S32: "int32",
-    A.S64: "int64",
-    A.STRING: "asciiz",
-    A.BINARY: "cdata",
+    A.PAD: ("none", 0),
+    A.U8: ("uint8", 0),
+    A.U16: ("uint16", 0),
+    A.U32: ("uint32", 0),
+    A.U64: ("uint64", 0),
+    A.S32: ("int32", 0),
+    A.S64: ("int64", 0),
+    A.STRING: ("asciiz", 0),
+    A.BINARY: ("cdata", 0),
     # Sent with NLA_F_NESTED: strict (SET-type) handlers reject nests without it.
-    A.NEST: "nldev_nest|nested",
-    A.TABLE: "nldev_nest|nested",
-    A.DRIVER: "nldev_nest|nested",
+    A.NEST: ("nldev_nest", NLA_F_NESTED),
+    A.TABLE: ("nldev_nest", NLA_F_NESTED),
+    A.DRIVER: ("nldev_nest", NLA_F_NESTED),
 }
 
-# Explicit-id 3-tuples: pyroute2 keys its decode map on the id and masks the flag bits.
-NLA_MAP = tuple((a.id, a.name, _PYROUTE2_TYPES[a.kind]) for a in A.ATTRIBUTES)
+# Explicit-id 4-tuples: pyroute2 keys its decode map on the id and masks the flag bits.
+NLA_MAP = tuple((a.id, a.name, *_PYROUTE2_TYPES[a.kind]) for a in A.ATTRIBUTES)
 
 
 class nldev_nest(nla):
