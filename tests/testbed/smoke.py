@@ -1,9 +1,11 @@
 """The release smoke: every ibtool command and the data path once, on a real kernel, checked
 against that release's own iproute2 `rdma` and sysfs.
 
-Runs inside the testbed guest (`testbed [--release NAME] smoke`), with the ibtool that the
-README's install commands put into .venv, as an operator would run it: one process per
-command. Writes OUT/smoke.json (release facts and one row per check: PASS or FAIL, seconds,
+Runs inside the testbed guest (`testbed [--release NAME] smoke`), with the ibtool the release
+was given the way the README's Install section says (/opt/ibtool/install.json: the Debian
+package, the wheel in a fresh venv, or the source tree; on this host's testbed the checkout's
+.venv), as an operator would run it: one process per command.
+Writes OUT/smoke.json (release facts and one row per check: PASS or FAIL, seconds,
 what was wrong) and prints a line per check. Exit 0 when every check passed.
 
 `smoke.py CHECK...` runs only those (a name, or its first word: `loopback`, `ping`).
@@ -26,7 +28,22 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-IBTOOL = str(REPO / ".venv" / "bin" / "ibtool")
+INSTALLED = Path("/opt/ibtool/install.json")  # a --release root's install (tests/testbed/testbed)
+
+
+def the_install() -> dict:
+    """{"kind", "ibtool", "version"} of the ibtool this smoke runs."""
+    try:
+        info = json.loads(INSTALLED.read_text())
+    except (OSError, ValueError):
+        info = {}
+    if REPO != INSTALLED.parent / "src" or not info.get("ibtool"):
+        return {"kind": "editable", "ibtool": str(REPO / ".venv" / "bin" / "ibtool"), "version": ""}
+    return info
+
+
+INSTALL = the_install()
+IBTOOL = INSTALL["ibtool"]
 SYS_IB = Path("/sys/class/infiniband")
 OPS = ("send", "write", "write_imm", "read", "fetch_add", "cmp_swap", "ud_send")
 PING_PORT = 18621
@@ -94,6 +111,61 @@ def check_version(tb):
     out = ibtool("--version").stdout.strip()
     expect(out.startswith("ibtool "), f"--version printed {out!r}")
     return out
+
+
+def upstream(debian_version: str) -> str:
+    """1:44.0-2+b1 -> 44.0"""
+    return debian_version.split(":", 1)[-1].rsplit("-", 1)[0]
+
+
+def check_install(tb):
+    """What the install put on the system: `--version`'s lines agree with the system (the
+    rdma-core dpkg has, this kernel), the man pages and the completions are where `man` and the
+    shells look, and the Debian package's units and defaults file."""
+    kind = INSTALL["kind"]
+    lines = ibtool("--version").stdout.splitlines()
+    words = [line.split()[0] for line in lines if line.strip()]
+    expect(words == ["ibtool", "Python", "pyverbs", "rdma-core", "kernel"], f"--version: {lines}")
+    expect(lines[-1] == f"kernel {platform.release()}", f"--version: {lines[-1]!r}")
+    want = INSTALL.get("version")
+    if want:
+        expect(lines[0] == f"ibtool {want}", f"--version: {lines[0]!r}, installed {want}")
+    rdma = release_facts()["rdma-core"]
+    if rdma != "?":
+        expect(
+            lines[3].split()[1] == upstream(rdma),
+            f"--version: {lines[3]!r}, dpkg has rdma-core {rdma}",
+        )
+    if kind == "editable":
+        return f"{lines[0]}; editable .venv (no man pages nor completions installed)"
+    if kind == "deb":
+        man, bash, zsh = (
+            Path("/usr/share/man/man8"),
+            Path("/usr/share/bash-completion/completions/ibtool"),
+            Path("/usr/share/zsh/vendor-completions/_ibtool"),
+        )
+        pages = sorted(p.name for p in man.glob("ibtool*.8.gz"))
+        units = [
+            Path("/usr/lib/systemd/system", u)
+            for u in ("ibtool-exporter.service", "ibtool-health.service", "ibtool-health.timer")
+        ]
+        missing = [
+            str(u) for u in [*units, Path("/etc/default/ibtool-exporter")] if not u.is_file()
+        ]
+        expect(not missing, f"the package did not install {missing}")
+        status = run(["dpkg-query", "-W", "-f=${Status} ${Version}", "ibtool"]).stdout
+        expect(status.startswith("install ok installed"), f"dpkg: ibtool {status!r}")
+    else:
+        prefix = Path(IBTOOL).parent.parent
+        man = prefix / "share/man/man8"
+        bash = prefix / "share/bash-completion/completions/ibtool.bash"
+        zsh = prefix / "share/zsh/site-functions/_ibtool"
+        pages = sorted(p.name for p in man.glob("ibtool*.8"))
+    ours = sorted(p.name for p in (REPO / "man").glob("*.8"))
+    shipped = [p.replace(".gz", "") for p in pages]
+    expect(shipped == ours, f"{man} holds {shipped}, man/ has {ours}")
+    expect(bash.is_file() and zsh.is_file(), f"no completion at {bash} or {zsh}")
+    return f"{lines[0]} from the {kind} ({IBTOOL}): {len(pages)} man pages, both completions"
 
 
 def check_plugins(tb):
@@ -248,6 +320,28 @@ def check_health(tb):
     return first.split(" | ")[0]
 
 
+def textual_of_the_install():
+    """The textual release the Debian package's Python sees, () without one; None for a venv
+    install (its pip brought textual 8)."""
+    if INSTALL["kind"] != "deb":
+        return None
+    proc = run(
+        [
+            "/usr/bin/python3",
+            "-c",
+            "from importlib import metadata\n"
+            "try: print(metadata.version('textual'))\n"
+            "except metadata.PackageNotFoundError: print('')",
+        ]
+    )
+    release = []
+    for part in proc.stdout.strip().split(".")[:3]:
+        if not part.isdigit():
+            break
+        release.append(int(part))
+    return tuple(release)
+
+
 def check_tui(tb):
     """The dashboard as an operator opens it, in a pseudo-terminal of 80x24: its first frame
     shows the port ACTIVE, and q quits with exit 0 (the terminal handed back)."""
@@ -258,11 +352,29 @@ def check_tui(tb):
     import termios
 
     env = dict(os.environ, TERM="xterm-256color")
+    textual = textual_of_the_install()
     pid, fd = pty.fork()
     if pid == 0:
         os.execve(IBTOOL, [IBTOOL, "tui"], env)
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     screen = b""
+    if textual is not None and textual < (8,):
+        # The Debian package where Debian's textual is older (it only recommends it): the
+        # dashboard says so in one line, exit 6 (ibtool(8)), the other commands work.
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                screen += chunk
+        _, status = os.waitpid(pid, 0)
+        said = screen.decode(errors="replace").strip()
+        expect(os.WEXITSTATUS(status) == 6 and "textual" in said, f"textual {textual}: {said!r}")
+        return f"textual {'.'.join(map(str, textual)) or 'none'} here: {said.splitlines()[-1]}"
     want = (f"{tb['device']}/1".encode(), b"ACTIVE")
 
     def read(until: float) -> bool:
@@ -642,6 +754,7 @@ def check_mesh_local(tb):
 
 CHECKS = [
     ("--version", check_version),
+    ("install", check_install),
     ("plugins", check_plugins),
     ("dev", check_dev),
     ("dev -d", check_dev_details),
@@ -695,10 +808,15 @@ def release_facts() -> dict[str, str]:
 def smoke(out: Path, only: list[str]) -> int:
     tb = topology()
     checks = [(n, c) for n, c in CHECKS if not only or n in only or n.split()[0] in only]
-    report = {"release": os.environ.get("IBTOOL_TB_RELEASE", ""), **release_facts(), "checks": []}
+    report = {
+        "release": os.environ.get("IBTOOL_TB_RELEASE", ""),
+        **release_facts(),
+        "install": INSTALL["kind"],
+        "checks": [],
+    }
     print(
         f"smoke on {report.get('os')} kernel {report['kernel']} Python {report['python']} "
-        f"rdma-core {report['rdma-core']}",
+        f"rdma-core {report['rdma-core']}; ibtool from the {INSTALL['kind']} ({IBTOOL})",
         flush=True,
     )
     t_all = time.monotonic()
@@ -747,6 +865,7 @@ def table(paths: list[str]) -> int:
         ["python", *(r.get("python", "?") for r in runs)],
         ["rdma-core", *(r.get("rdma-core", "?").split("-")[0] for r in runs)],
         ["iproute2", *(r.get("iproute2", "?").split("-")[0] for r in runs)],
+        ["install", *(r.get("install", "?") for r in runs)],
     ]
     for name in names:
         row = [name]
