@@ -18,6 +18,10 @@
 #   make mesh         four testbed guests on one shared Ethernet segment (node1..node4, ssh
 #                     between all, one Slurm cluster): `pytest -m mesh tests/integration` in
 #                     node1 (not in `make test`: CI time; see tests/testbed/README.md)
+#   make dist         the sdist and the wheel (python -m build) in dist/py, checked with twine
+#   make deb          the Debian package, built and linted (lintian) in sid's root: dist/deb/sid
+#                     (`tests/testbed/testbed --release trixie deb` for trixie's)
+#   make completion   write completion/ibtool.bash and completion/_ibtool from the parser
 #   make deps / venv  the Debian packages / .venv (re-made when pyproject.toml changes)
 
 PYTHON := /usr/bin/python3
@@ -28,7 +32,8 @@ TESTBED := tests/testbed/testbed
 OLDEST := bullseye
 NEWEST := sid
 
-.PHONY: demo test unit integration ends matrix deps venv capture bench lint pair pair-ends mesh
+.PHONY: demo test unit integration ends matrix deps venv capture bench lint pair pair-ends mesh \
+	dist deb completion
 .NOTPARALLEL:
 
 test: deps venv unit integration ends
@@ -77,6 +82,18 @@ pair-ends: deps
 
 mesh: venv
 	$(TESTBED) mesh-suite
+
+dist: deps
+	$(TESTBED) dist
+
+deb: deps
+	$(TESTBED) --release $(NEWEST) deb
+
+# Only ibtool's own plugins in the committed scripts (a third-party one installed here would
+# add its commands).
+completion: venv
+	IBTOOL_DISABLE_PLUGIN_AUTOLOAD=1 $(VENV)/bin/ibtool completion bash > completion/ibtool.bash
+	IBTOOL_DISABLE_PLUGIN_AUTOLOAD=1 $(VENV)/bin/ibtool completion zsh > completion/_ibtool
 
 lint: venv
 	$(VENV)/bin/ruff check .
