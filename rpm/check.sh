@@ -6,6 +6,8 @@
 #      rpmbuild -bb with rpm/standin.macros in place of Fedora's python/pyproject/systemd
 #      macros, which Debian has not: its payload is listed (rpm -qlp) and checked against
 #      man/*.8, systemd/ and the completions, its dependencies printed, and rpmlint run on it.
+#      The payload is unpacked and debian/tests/smoke runs on it (the captured sysfs trees),
+#      with ibtool's runtime dependencies from PyPI in the venv.
 #   3. the EL9 path of the spec: the same build with --define "rhel 9" --without textual, the
 #      wheel built by setuptools 53.0.0 (RHEL 9's python3-setuptools) without build isolation
 #      after %prep's rpm/legacy-setuptools.py: the wheel's metadata must keep ibtool's version,
@@ -120,6 +122,32 @@ payload() {
         || fail "/etc/default/ibtool-exporter is not %config in $rpm"
 }
 
+# smoke RPM: its payload unpacked (rpm2cpio) runs debian/tests/smoke on the captured sysfs
+# trees, with ibtool's runtime dependencies from PyPI in the venv (not Fedora's packages): the
+# packaged modules, package data, entry point and plugins work together
+smoke() {
+    local rpm=$1 dir site where
+    dir=$tmp/payload-$(basename "$(dirname "$rpm")")
+    mkdir -p "$dir"
+    (cd "$dir" && rpm2cpio "$rpm" | cpio -idm --quiet)
+    site=$(echo "$dir"/usr/lib/python3.*/site-packages)
+    # from a directory without the checkout's ibtool/ (python -m puts the current one first),
+    # with the captured trees at the relative path the smoke uses
+    rm -rf "$tmp/smoke" && mkdir -p "$tmp/smoke" && ln -s "$here/tests" "$tmp/smoke/tests"
+    (
+        cd "$tmp/smoke"
+        where=$(PYTHONPATH=$site "$py" -c 'import ibtool; print(ibtool.__file__)')
+        [ "$where" = "$site/ibtool/__init__.py" ] || fail "ibtool imported from $where"
+        for f in ibtool/tui/app.tcss ibtool/data/ibtool.nhc; do
+            [ -f "$site/$f" ] || fail "$f (package data) not in $rpm"
+        done
+        sh "$here/debian/tests/smoke" "$py" "$site" || fail "smoke on the payload of $rpm"
+        # /usr/bin/ibtool as packaged (run by the venv's python, not its #!/usr/bin/python3)
+        PYTHONPATH=$site "$py" "$dir/usr/bin/ibtool" --version | tee "$tmp/version.txt"
+        grep -qF "ibtool $version" "$tmp/version.txt" || fail "packaged --version is not $version"
+    )
+}
+
 echo "== rpmbuild -bb (stand-in macros; Fedora's path: pyproject.toml as it is)"
 build fedora "$py"
 rpm=$(ls "$tmp"/rpms/fedora/*.rpm)
@@ -134,6 +162,10 @@ if command -v rpmlint >/dev/null; then
     echo "== rpmlint $(basename "$rpm")"
     lint "$rpm"
 fi
+
+echo "== the Fedora RPM's payload runs: debian/tests/smoke on the captured sysfs trees"
+"$py" -m pip install -q --disable-pip-version-check pluggy pyroute2 prometheus_client textual
+smoke "$rpm"
 
 echo "== rpmbuild -bb --define 'rhel 9' --without textual: setuptools 53.0.0, no build isolation"
 python3 -m venv "$tmp/venv53"
@@ -156,6 +188,8 @@ if command -v rpmlint >/dev/null; then
 fi
 rpm -qp --requires "$rpm" | grep -qF 'python3dist(textual)' && fail "textual required (--without textual)"
 rpm -qp --recommends "$rpm" | grep -qF 'python3dist(textual) >= 8' || fail "textual not recommended"
+echo "== the EL9 RPM's payload runs: debian/tests/smoke"
+smoke "$rpm"
 # the wheel setuptools 53 made: ibtool's metadata, textual left out
 whl=$(ls "$top"/BUILD/standin-pyproject-wheeldir/*.whl)
 "$py" - "$whl" "$version" <<'EOF'
