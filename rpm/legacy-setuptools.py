@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""For EL9's python3-setuptools 53 (%prep of rpm/ibtool.spec, `%if 0%{?rhel} == 9`).
+"""For EL9's python3-setuptools 53 (%prep of rpm/ibtool.spec, `%if %{with legacy_setuptools}`).
 
 setuptools 53 reads no [project] table (PEP 621 came in 61) and no SPDX `license` string (PEP
 639, 77), and EL9 has no setuptools-scm 8 (its 6.0 knows no `version_file`). So this writes the
