@@ -21,6 +21,8 @@
 #   make dist         the sdist and the wheel (python -m build) in dist/py, checked with twine
 #   make deb          the Debian package, built and linted (lintian) in sid's root: dist/deb/sid
 #                     (`tests/testbed/testbed --release trixie deb` for trixie's)
+#   make rpm          rpm/ibtool.spec: rpmlint, and binary RPMs built with stand-in macros for
+#                     Fedora's (Debian has none), checked and smoke-run (rpm/check.sh; SDIST=path)
 #   make completion   write completion/ibtool.bash and completion/_ibtool from the parser
 #   make deps / venv  the Debian packages / .venv (re-made when pyproject.toml changes)
 
@@ -33,7 +35,7 @@ OLDEST := bullseye
 NEWEST := sid
 
 .PHONY: demo test unit integration ends matrix deps venv capture bench lint pair pair-ends mesh \
-	dist deb completion
+	dist deb rpm completion
 .NOTPARALLEL:
 
 test: deps venv unit integration ends
@@ -88,6 +90,9 @@ dist: deps
 
 deb: deps
 	$(TESTBED) --release $(NEWEST) deb
+
+rpm: deps
+	bash rpm/check.sh $(SDIST)
 
 # Only ibtool's own plugins in the committed scripts (a third-party one installed here would
 # add its commands).
