@@ -10,13 +10,15 @@
 # systemd, the exporter started and scraped, its process' uid, capabilities, seccomp and private
 # /dev read from /proc, its series compared with a root run's of the same host (a privilege the
 # unit lacks shows as a series missing), the health check's condition, sandbox, textfile and
-# state, the timer listed and seen to fire, both enabled (--runtime: the root is read-only).
+# state, the timer listed and seen to fire, both enabled (--runtime: the root is read-only),
+# and the exporter through TLS with its key handed over as a credential (ibtool-exporter(8)).
 # The host then runs promtool on what the guest saved. Output: one "ok"/"FAIL" line per check.
 
 cmd_units() {
     [ $# -eq 0 ] || die "usage: testbed --release NAME units"
     [ -n "$RELEASE" ] || die "units needs --release NAME: a Debian root with systemd (e.g. sid)"
-    # The checks take about 3 minutes under TCG; the default 1800 s bound is the suites'.
+    # The VM runs about 4 minutes under TCG (systemd's boot ~25 s, the guest script from ~55 s
+    # of uptime, the timer's wait up to 80 s); the default 1800 s bound is the suites'.
     RUN_TIMEOUT=${IBTOOL_TESTBED_TIMEOUT:-900}
     # testbed's boot() as it is, with one change to the VM's arguments: systemd as init.
     eval "units_vm_args_for_plain() $(declare -f vm_args_for | tail -n +2)"
@@ -64,10 +66,11 @@ units_fatal() { echo "FAIL: $*"; echo "units: stopped at the first fatal failure
 # units_scrape URL FILE [POLLS]: the metrics at URL into FILE once the exporter has polled the
 # host (POLLS times, default 1: it answers at once, with no host series before its first
 # poll), retried for up to 120 s.
+UNITS_CURL=()   # more curl options (TLS)
 units_scrape() {
     local i
     for i in $(seq 120); do
-        if curl -fsS --max-time 10 "$1" -o "$2" 2>/dev/null \
+        if curl -fsS --max-time 10 "${UNITS_CURL[@]}" "$1" -o "$2" 2>/dev/null \
             && units_is "$(units_value "$2" ibtool_exporter_polls_total)" "${3:-1}" -ge; then
             return 0
         fi
@@ -121,6 +124,54 @@ units_bisect() {
             echo "info: without ${props[$i]}: exit 0"
         fi
     done
+}
+
+# units_tls SRC OUT: the exporter through TLS as ibtool-exporter(8) says to set it up for the
+# unit's dynamic user: the key root's (0600), handed over with LoadCredential= (a drop-in), and
+# ARGS in the defaults file naming the web configuration in the credentials directory.
+units_tls() {
+    local src=$1 out=$2 d=/run/units-tls n
+    if ! /usr/bin/python3 -c 'import yaml' 2>/dev/null; then
+        echo "skip: the exporter through TLS (no python3-yaml in this root)"
+        return 0
+    fi
+    if [ ! -f /etc/default/ibtool-exporter ]; then
+        echo "skip: the exporter through TLS (no /etc/default/ibtool-exporter to bind over)"
+        return 0
+    fi
+    mkdir -p "$d" && chmod 700 "$d"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -keyout "$d/exporter.key" \
+        -out "$d/exporter.crt" -subj /CN=localhost -addext subjectAltName=DNS:localhost >/dev/null 2>&1 \
+        || { units_fail "openssl could not make a test certificate"; return 0; }
+    chmod 600 "$d/exporter.key"
+    printf 'tls_server_config:\n  cert_file: exporter.crt\n  key_file: exporter.key\n' > "$d/web-config.yml"
+    sed 's|^ARGS=""$|ARGS="--web.config.file=/run/credentials/ibtool-exporter.service/web-config.yml"|' \
+        "$src/ibtool-exporter.default" > "$d/default"
+    grep -q '^ARGS="--web.config.file' "$d/default" || { units_fail "no ARGS=\"\" line in the defaults file"; return 0; }
+    umount /etc/default/ibtool-exporter 2>/dev/null
+    mount --bind "$d/default" /etc/default/ibtool-exporter
+    mkdir -p /run/systemd/system/ibtool-exporter.service.d
+    printf '[Service]\nLoadCredential=web-config.yml:%s\nLoadCredential=exporter.crt:%s\nLoadCredential=exporter.key:%s\n' \
+        "$d/web-config.yml" "$d/exporter.crt" "$d/exporter.key" \
+        > /run/systemd/system/ibtool-exporter.service.d/zz-units-tls.conf
+    systemctl daemon-reload
+    systemctl restart ibtool-exporter.service
+    UNITS_CURL=(--cacert "$d/exporter.crt")
+    if units_scrape https://localhost:9877/metrics "$out/exporter-tls.metrics"; then
+        n=$(grep -c "^ibtool_port_state_id{device=" "$out/exporter-tls.metrics")
+        units_check "TLS: the unit serves https://localhost:9877/metrics with its key from a credential ($n ports)" test "$n" -gt 0
+    else
+        units_fail "TLS: no answer on https://localhost:9877/metrics"
+        journalctl -u ibtool-exporter.service --no-pager -o cat | tail -n 8 | sed 's/^/    /'
+    fi
+    UNITS_CURL=()
+    units_check "TLS: plain http is refused" sh -c '! curl -fsS --max-time 10 -o /dev/null http://127.0.0.1:9877/metrics 2>/dev/null'
+    n=$(stat -c '%U %a' "$d/exporter.key")
+    units_check "TLS: the key on disk stays root's, mode 600 ($n)" test "$n" = "root 600"
+    rm -f /run/systemd/system/ibtool-exporter.service.d/zz-units-tls.conf
+    umount /etc/default/ibtool-exporter
+    mount --bind "$src/ibtool-exporter.default" /etc/default/ibtool-exporter
+    systemctl daemon-reload
 }
 
 units_guest() {
@@ -277,6 +328,7 @@ units_guest() {
     systemctl enable --runtime -q ibtool-exporter.service 2>/dev/null
     n=$(systemctl is-enabled ibtool-exporter.service 2>&1)
     units_check "systemctl enable --runtime ibtool-exporter.service: $n" [ "$n" = enabled-runtime ]
+    units_tls "$src" "$out"
     systemctl stop ibtool-exporter.service
     n=$(systemctl show -p Result --value ibtool-exporter.service)
     units_check "the exporter stops cleanly (Result=$n)" [ "$n" = success ]

@@ -225,6 +225,8 @@ def test_the_exporter_is_hardened(exporter):
         "ProtectSystem": "strict",
         "ProtectHome": "yes",
         "PrivateTmp": "yes",
+        "PrivateMounts": "yes",
+        "PrivateUsers": "yes",
         "PrivateDevices": "yes",
         "DevicePolicy": "closed",
         "ProtectKernelTunables": "yes",
