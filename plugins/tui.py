@@ -36,6 +36,11 @@ def configure(parser) -> None:
 
 
 TEXTUAL_FLOOR = (8,)  # the dashboard's widgets and stylesheet as tested (pyproject.toml)
+TEXTUAL_HINT = (
+    "apt install python3-textual where the distribution's is 8 or later (Debian 14), else "
+    "pip install 'textual>=8' in a venv made with --system-site-packages and run ibtool from "
+    "there; every other command works without it"
+)
 
 
 def _need_textual() -> None:
@@ -57,9 +62,7 @@ def _need_textual() -> None:
     if tuple(release) < TEXTUAL_FLOOR:
         raise UnsupportedError(
             f"ibtool tui needs textual 8 or later; this Python has textual {version}",
-            "install a newer textual into a venv made with --system-site-packages "
-            "(pip install 'textual>=8') and run ibtool from there; the other commands "
-            "work with this one",
+            TEXTUAL_HINT,
         )
 
 
@@ -143,7 +146,7 @@ def run(inv: Invocation) -> int:
         from ibtool.tui.app import Dashboard
     except ImportError as e:
         raise UnsupportedError(
-            f"ibtool tui needs the textual package ({e})", "pip install textual"
+            f"ibtool tui needs the textual package ({e})", TEXTUAL_HINT
         ) from None
     from ibtool.host import Host
     from ibtool.plugin.hooks import panel_factories
