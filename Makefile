@@ -9,6 +9,8 @@
 #   make ends         the oldest and newest release (bullseye: Python 3.9, rdma-core 33, kernel
 #                     5.10; sid): the unit suite under each one's Python, chrooted, and the smoke
 #                     of every command and the data path booted on each one's kernel and root
+#                     (installed as each is: sid the Debian package, built and linted there;
+#                     bullseye the wheel), then sid booted with systemd as init: the units
 #   make matrix       the smoke on every release (bullseye bookworm trixie sid) and its table
 #   make capture      refresh tests/fixtures/captured from the testbed (sysfs tree, netlink)
 #   make pair         two testbed guests on one link (runner and peer, each its own kernel):
@@ -58,6 +60,7 @@ ends: deps
 	$(TESTBED) --release $(OLDEST) unit
 	$(TESTBED) --release $(NEWEST) unit
 	$(TESTBED) matrix $(OLDEST) $(NEWEST)
+	$(TESTBED) --release $(NEWEST) units
 
 matrix: deps
 	$(TESTBED) matrix
