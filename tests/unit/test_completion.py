@@ -21,10 +21,10 @@ import pytest
 from ibtool_plugins import completion
 
 from ibtool import hookimpl
-from ibtool.cli import RecordingParser, _plugins_command, _register_commands, build_parser, main
+from ibtool.cli import RecordingParser, build_parser, main
 from ibtool.errors import ExitCode
-from ibtool.plugin.commands import CommandRegistry
-from ibtool.plugin.manager import ENV_DISABLE_AUTOLOAD, build_plugins
+from ibtool.plugin.manager import ENV_DISABLE_AUTOLOAD
+from tests.unit.own_commands import own_commands
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = {"bash": REPO / "completion" / "ibtool.bash", "zsh": REPO / "completion" / "_ibtool"}
@@ -52,12 +52,7 @@ def script(shell: str) -> str:
 
 @pytest.fixture(scope="module")
 def parser() -> argparse.ArgumentParser:
-    warnings: list[str] = []
-    plugins = build_plugins(environ={ENV_DISABLE_AUTOLOAD: "1"}, warn=warnings.append)
-    registry = CommandRegistry()
-    _register_commands(plugins, registry, warnings.append)
-    _plugins_command(registry, plugins)
-    assert warnings == []
+    _, registry = own_commands()
     return build_parser(registry)
 
 

@@ -34,12 +34,12 @@ from pathlib import Path
 
 import pytest
 
-from ibtool.cli import _plugins_command, _register_commands, build_parser, main
+from ibtool.cli import build_parser, main
 from ibtool.errors import ExitCode
 from ibtool.plugin.commands import CommandRegistry
-from ibtool.plugin.manager import ENV_DISABLE_AUTOLOAD, build_plugins
 from ibtool.views import render
 from tests.fixtures import sysfs_trees
+from tests.unit.own_commands import own_commands
 
 MAN = Path(__file__).resolve().parents[2] / "man"
 PAGES = sorted(MAN.glob("*.8"))
@@ -130,19 +130,8 @@ def has_token(text: str, token: str) -> bool:
 
 @pytest.fixture(scope="module")
 def loaded():
-    """ibtool's own plugins and their commands, registered as cli.main registers them.
-
-    Third-party plugins are not loaded (IBTOOL_DISABLE_PLUGIN_AUTOLOAD): their pages belong to
-    their own distributions. A plugin that fails to load or register fails the test, rather
-    than leaving its command out of every check.
-    """
-    warnings: list[str] = []
-    plugins = build_plugins(environ={ENV_DISABLE_AUTOLOAD: "1"}, warn=warnings.append)
-    registry = CommandRegistry()
-    _register_commands(plugins, registry, warnings.append)
-    _plugins_command(registry, plugins)
-    assert warnings == []
-    return plugins, registry
+    """ibtool's own plugins and their commands (tests/unit/own_commands.py)."""
+    return own_commands()
 
 
 @pytest.fixture(scope="module")

@@ -21,10 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from ibtool.cli import _plugins_command, _register_commands, build_parser
+from ibtool.cli import build_parser
 from ibtool.errors import ExitCode
-from ibtool.plugin.commands import CommandRegistry
-from ibtool.plugin.manager import ENV_DISABLE_AUTOLOAD, build_plugins
+from tests.unit.own_commands import own_commands
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "systemd"
@@ -129,12 +128,7 @@ def read_defaults(path: Path) -> tuple[dict[str, str], list[str]]:
 
 @pytest.fixture(scope="module")
 def parser() -> argparse.ArgumentParser:
-    warnings: list[str] = []
-    plugins = build_plugins(environ={ENV_DISABLE_AUTOLOAD: "1"}, warn=warnings.append)
-    registry = CommandRegistry()
-    _register_commands(plugins, registry, warnings.append)
-    _plugins_command(registry, plugins)
-    assert warnings == []
+    _, registry = own_commands()
     out, err = io.StringIO(), io.StringIO()
     return build_parser(registry, out=out, err=err)
 
