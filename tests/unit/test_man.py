@@ -174,6 +174,19 @@ def test_groff_lints_clean(page):
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_formatted_at_80_columns_without_a_warning(page):
+    # What man(1) does on a terminal and lintian's manpage-has-errors-from-man check runs
+    # (MANWIDTH=80): a word that cannot be broken, such as a long path in bold, is a warning
+    # there and not under -z.
+    proc = subprocess.run(
+        [tool("groff"), "-man", "-Tutf8", "-ww", "-rLL=80n", "-rLT=80n", str(page)],
+        capture_output=True,
+        text=True,
+    )
+    assert (proc.returncode, proc.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_mandoc_lints_clean(page):
     # -W warning: no message of level WARNING, ERROR or UNSUPP is acceptable. STYLE messages
     # (input lines over 80 bytes: the examples' real output lines) are below that level.
