@@ -19,6 +19,9 @@ A netdev without dcbnl_ops (veth, the netdevs of rxe) is answered EOPNOTSUPP; on
 support has no DCB_ATTR_IEEE_PFC. What `dcb pfc show`, `dcb app show ... dscp-prio` and `dcb
 apptrust show` (iproute2 dcb/dcb_pfc.c, dcb_app.c, dcb_apptrust.c) print comes from these.
 
+The VLANs: an RTM_GETLINK dump, read where /proc/net/vlan/config (root's, mode 0600) cannot be;
+see vlan_links.
+
 The route: RTM_GETROUTE (what `ip route get` asks), and the IPv4 addresses: an RTM_GETADDR dump
 (what `ip -4 addr` asks), both on a plain socket with struct rtmsg / struct ifaddrmsg
 (include/uapi/linux/rtnetlink.h, if_addr.h): pyroute2's package import alone costs ~0.25 s on a
@@ -249,9 +252,11 @@ class RouteSocket:
         return [_Message(0, {"IFLA_IFNAME": socket.if_indextoname(index)})]
 
 
-def _ask(sock, kind: int, flags: int, body: bytes) -> list[tuple[int, bytes]]:
+def _ask(
+    sock, kind: int, flags: int, body: bytes, limit: int | None = None
+) -> list[tuple[int, bytes]]:
     """One request and its replies (a dump's until NLMSG_DONE): [(type, payload)]; an
-    NLMSG_ERROR with a code raises KernelError(code)."""
+    NLMSG_ERROR with a code raises KernelError(code); more than `limit` replies, Malformed."""
     seq = next(_SEQ)
     sock.send(struct.pack("=IHHII", 16 + len(body), kind, flags, seq, 0) + body)
     deadline = time.monotonic() + TIMEOUT
@@ -279,6 +284,8 @@ def _ask(sock, kind: int, flags: int, body: bytes) -> list[tuple[int, bytes]]:
             if m_kind == NLMSG_DONE:
                 return got
             got.append((m_kind, payload))
+            if limit is not None and len(got) > limit:
+                raise Malformed(f"more than {limit} messages")
             if not flags & NLM_F_DUMP:
                 return got
     raise socket.timeout(f"no answer within {TIMEOUT:g} s")
@@ -306,6 +313,86 @@ def ipv4_addresses(open_socket: Callable[[], Any] = open_route_socket):
         return out
     except Malformed as e:
         raise OSError(f"malformed RTM_GETADDR reply ({e})") from None
+    finally:
+        sock.close()
+
+
+# -- the VLANs -----------------------------------------------------------------------------------
+#
+# An RTM_GETLINK dump (what `ip -d link` asks; any user may): one RTM_NEWLINK per netdev, struct
+# ifinfomsg (include/uapi/linux/rtnetlink.h) then attributes, numbered as in
+# include/uapi/linux/if_link.h (enum IFLA_*, IFLA_INFO_*, IFLA_VLAN_*). A VLAN's, as
+# net/8021q/vlan_netlink.c (vlan_fill_info, vlan_link_ops) and net/core/rtnetlink.c
+# (rtnl_fill_ifinfo, rtnl_link_fill) put them:
+#
+#     IFLA_IFNAME   (3)   string, NUL-terminated
+#     IFLA_LINK     (5)   u32, the lower netdev's ifindex (rtnl_fill_link_ifindex)
+#     IFLA_LINKINFO (18)  nested
+#         IFLA_INFO_KIND (1)  "vlan" (vlan_link_ops.kind)
+#         IFLA_INFO_DATA (2)  nested: IFLA_VLAN_ID (1) u16, IFLA_VLAN_FLAGS, IFLA_VLAN_PROTOCOL
+#     IFLA_LINK_NETNSID (37)  s32, when the lower netdev is in another namespace (its ifindex is
+#                             that namespace's)
+#
+# Without IFLA_EXT_MASK the kernel leaves out the VF list, so a message is ~1-2 KiB.
+
+RTM_NEWLINK, RTM_GETLINK = 16, 18
+IFLA_IFNAME, IFLA_LINK, IFLA_LINKINFO, IFLA_LINK_NETNSID = 3, 5, 18, 37
+IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
+IFLA_VLAN_ID = 1
+_IFINFOMSG = struct.Struct("=BxHiII")  # family, pad, type, index, flags, change
+MAX_LINKS = 16384  # netdevs one dump may list before it is refused (memory, not a kernel limit)
+
+
+def _string(value: bytes) -> str:
+    """An attribute's string up to its NUL; bytes that are not UTF-8 kept as surrogates (as
+    read_attr keeps them), for the caller's name check to refuse."""
+    return value.split(b"\0")[0].decode("utf-8", "surrogateescape")
+
+
+def parse_vlan_links(replies: list[tuple[int, bytes]]) -> list[tuple[str, int, str | None]]:
+    """(VLAN netdev, VLAN id, lower netdev) of every VLAN in an RTM_GETLINK dump's replies, the
+    lower None when its ifindex is not in the dump (or in another namespace). Names and ids
+    are as the kernel sent them, unchecked; Malformed for what breaks the uapi layout."""
+    names: dict[int, str] = {}
+    found: list[tuple[str, int, int | None]] = []
+    for kind, payload in replies:
+        if kind != RTM_NEWLINK:
+            continue
+        if len(payload) < _IFINFOMSG.size:
+            raise Malformed("a link message shorter than struct ifinfomsg")
+        index = _IFINFOMSG.unpack_from(payload)[2]
+        attrs = dict(_attrs(payload, _IFINFOMSG.size))
+        if IFLA_IFNAME not in attrs:
+            raise Malformed(f"link {index} without IFLA_IFNAME")
+        name = _string(attrs[IFLA_IFNAME])
+        names[index] = name
+        info = dict(_attrs(attrs.get(IFLA_LINKINFO, b"")))
+        if _string(info.get(IFLA_INFO_KIND, b"")) != "vlan":
+            continue
+        vid = dict(_attrs(info.get(IFLA_INFO_DATA, b""))).get(IFLA_VLAN_ID)
+        if vid is None or len(vid) < 2:
+            raise Malformed(f"VLAN {name!r} without a u16 IFLA_VLAN_ID")
+        link = attrs.get(IFLA_LINK)
+        if link is not None and len(link) < 4:
+            raise Malformed(f"VLAN {name!r} with an IFLA_LINK of {len(link)} bytes")
+        lower = None if link is None else struct.unpack_from("=I", link)[0]
+        if IFLA_LINK_NETNSID in attrs:
+            lower = None  # another namespace's ifindex: not a name here
+        found.append((name, struct.unpack_from("=H", vid)[0], lower))
+    return [(name, vid, names.get(lower) if lower else None) for name, vid, lower in found]
+
+
+def vlan_links(open_socket: Callable[[], Any] = open_route_socket):
+    """(VLAN netdev, VLAN id, lower netdev or None) of every VLAN, from an RTM_GETLINK dump (no
+    privilege needed); OSError when the kernel cannot be asked or answers malformed."""
+    sock = open_socket()
+    try:
+        sock.settimeout(TIMEOUT)
+        body = _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
+        flags = NLM_F_REQUEST | NLM_F_DUMP
+        return parse_vlan_links(_ask(sock, RTM_GETLINK, flags, body, limit=MAX_LINKS))
+    except Malformed as e:
+        raise OSError(f"malformed RTM_GETLINK reply ({e})") from None
     finally:
         sock.close()
 

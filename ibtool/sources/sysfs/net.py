@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 from ibtool.model.records import Bond, BondSlave
-from ibtool.sources.sysfs.files import SysfsFiles
+from ibtool.sources.sysfs.files import SysfsFiles, read_attr
 from ibtool.sources.sysfs.values import (
     is_number,
     parse_decimal,
@@ -54,16 +55,36 @@ class NetFiles(SysfsFiles):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._vlans: dict[str, tuple[int, str]] | None = None
+        # The running kernel's tree (root "/", as Host decides "live"): where the VLANs file
+        # is root's alone, rtnetlink is asked instead. A --root tree or a snapshot has only
+        # files: never the kernel.
+        self.live_kernel = self.root == "/"
+        # What opens the NETLINK_ROUTE socket (tests give theirs); None: the kernel's.
+        self.route_socket: Callable[[], Any] | None = None
 
     def vlans(self) -> dict[str, tuple[int, str]]:
         """VLAN netdev -> (VLAN id, lower netdev), from /proc/net/vlan/config (8021q's
-        vlan_seq_show: two header lines, then 'NAME | VID | LOWER' per VLAN)."""
+        vlan_seq_show: two header lines, then 'NAME | VID | LOWER' per VLAN). 8021q makes it
+        root's, mode 0600: where it cannot be read (EACCES, an unprivileged exporter) on the
+        running kernel, from rtnetlink instead (RTM_GETLINK, which any user may dump)."""
         if self._vlans is None:
             self._vlans = {}
             path = os.path.join(self.root, "proc", "net", "vlan", "config")
-            text = self.read(path, required=False)
-            if text is None:
+            try:
+                text = read_attr(path)
+            except FileNotFoundError:
+                if os.path.islink(path):
+                    self.bad(path, "dangling link")
                 return self._vlans  # no 8021q module
+            except PermissionError as e:
+                if self.live_kernel:
+                    self._vlans_from_rtnetlink(path, e)
+                else:
+                    self.bad(path, f"cannot read: {e.strerror or e}")
+                return self._vlans
+            except OSError as e:
+                self.bad(path, f"cannot read: {e.strerror or e}")
+                return self._vlans
             lines = text.splitlines()
             if not lines or not lines[0].startswith("VLAN Dev name"):
                 self.bad(path, f"malformed value {quoted(text)}")
@@ -84,6 +105,39 @@ class NetFiles(SysfsFiles):
             if malformed is not None:
                 self.bad(path, f"malformed line {quoted(malformed)}")
         return self._vlans
+
+    def _vlans_from_rtnetlink(self, path: str, denied: OSError) -> None:
+        """The VLANs of an RTM_GETLINK dump into self._vlans, checked as the file's lines are
+        (a name the kernel accepts, an id of 12 bits, a known lower netdev); a failure is
+        one warning naming the file and why rtnetlink could not stand in."""
+        from ibtool.sources import rtnetlink  # lazily: most commands never need it
+
+        try:
+            if self.route_socket is None:
+                links = rtnetlink.vlan_links()
+            else:
+                links = rtnetlink.vlan_links(self.route_socket)
+        except OSError as e:
+            self.bad(
+                path,
+                f"cannot read: {denied.strerror or denied}; "
+                f"nor ask rtnetlink (RTM_GETLINK): {e.strerror or e}",
+            )
+            return
+        malformed = None
+        for name, vid, lower in links:
+            if (
+                vid <= 4095
+                and valid_netdev_name(name)
+                and lower is not None
+                and valid_netdev_name(lower)
+            ):
+                self._vlans[name] = (vid, lower)
+            elif malformed is None:
+                over = "an ifindex not in the dump" if lower is None else quoted(lower)
+                malformed = f"VLAN {quoted(name)} id {vid} over {over}"
+        if malformed is not None:
+            self.bad("rtnetlink RTM_GETLINK", f"malformed {malformed}")
 
     def bond(self, netdev: str) -> Bond | None:
         """The bond `netdev` is, from its bonding/ directory; None when it is not a bond.

@@ -119,7 +119,7 @@ def parse_guid(text: str) -> str:
 def valid_netdev_name(name: str) -> bool:
     """What the kernel accepts as a netdev name (net/core/dev.c dev_valid_name)."""
     return (
-        0 < len(name.encode()) < IFNAMSIZ
+        0 < len(name.encode("utf-8", "surrogateescape")) < IFNAMSIZ
         and name not in (".", "..")
         and name.isprintable()
         and not any(c in "/:" or c.isspace() for c in name)
