@@ -743,13 +743,21 @@ def check_ping_rping(tb):
 def check_mesh_local(tb):
     """rxe0 and rxe1 of this guest as the two rails of one node, pinging each other through
     the veth pair: the agent, its ping servers in their own processes, the counters."""
-    report = ibtool_json("mesh", "--local", "--all-rails", "-c", "5", "--qp-timeout", "18",
-                         "--no-save", timeout=600)  # fmt: skip
+    proc = ibtool("-j", "mesh", "--local", "--all-rails", "-c", "5", "--qp-timeout", "18",
+                  "--no-save", timeout=600, check=False)  # fmt: skip
+    expect(proc.returncode in (0, 1, 2), f"exit {proc.returncode}: {last_line(proc.stderr)}")
+    report = json.loads(proc.stdout)  # exit 1 and 2 (WARN, FAIL) print the mesh too: say why
     probed = [p for p in report["pairs"] if p["state"] == "PROBED"]
-    expect(report["verdicts"] == [], f"verdicts: {[v['why'] for v in report['verdicts']]}")
+    # A FAIL is a real fault here (a path that does not answer, a port down); a WARN on two
+    # endpoints of one guest under TCG is the emulation's timing (a guest stalled past the
+    # slow rule, seen once in CI on sid and not again in four runs): shown, not failed.
+    failed = [v for v in report["verdicts"] if v.get("level") != "WARN"]
+    said = f"exit {proc.returncode}: {report['verdicts']}"
+    expect(proc.returncode in (0, 1) and not failed, said)
     expect(len(probed) >= 2, f"{len(probed)} pairs probed of {len(report['pairs'])}")
     expect(all(p["received"] == 5 for p in probed), "a pair lost pings")
-    return f"{len(report['endpoints'])} endpoints, {len(probed)} pairs, every ping answered"
+    warned = f"; WARN (TCG timing): {report['verdicts']}" if report["verdicts"] else ""
+    return f"{len(report['endpoints'])} endpoints, {len(probed)} pairs, every ping answered{warned}"
 
 
 CHECKS = [
