@@ -3,6 +3,7 @@ CLI loads its plugins."""
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 
@@ -53,13 +54,8 @@ def _need_textual() -> None:
         version = metadata.version("textual")
     except metadata.PackageNotFoundError:
         return  # no textual at all: the import below says so
-    release = []
-    for part in version.split(".")[:3]:
-        digits = "".join(c for c in part if c.isdigit()) if part[:1].isdigit() else ""
-        if not digits:
-            break
-        release.append(int(digits))
-    if tuple(release) < TEXTUAL_FLOOR:
+    major = re.match(r"\d+", version)  # "8.2.8", "10.1.0a1"
+    if major is None or (int(major.group()),) < TEXTUAL_FLOOR:
         raise UnsupportedError(
             f"ibtool tui needs textual 8 or later; this Python has textual {version}",
             TEXTUAL_HINT,
