@@ -26,6 +26,7 @@ from ibtool.sources.proc import parse_memlock
 from ibtool.sources.sysfs.pci import parse_cpulist
 from ibtool.sources.sysfs.rooted import READ_LIMIT
 from tests.fixtures import sysfs_trees
+from tests.unit.route_socket import RouteSocket
 
 TREES = ("mlx5_roce", "hfi1_opa", "i40iw_iwarp")
 
@@ -400,31 +401,9 @@ def error_reply(seq: int, code: int) -> bytes:
     return struct.pack("=IHHII", 16 + len(body), 2, 0, seq, 0) + body
 
 
-class FakeRouteSocket:
-    """A NETLINK_ROUTE socket's stand-in: answers the RTM_GETDCB request with `answer(seq)`."""
-
-    def __init__(self, answer, extra: list[bytes] = ()):
-        self.answer, self.extra = answer, list(extra)
-        self.requests: list[bytes] = []
-        self.closed = False
-        self.queue: list[bytes] = []
-
-    def settimeout(self, timeout):
-        self.timeout = timeout
-
-    def send(self, data: bytes) -> int:
-        self.requests.append(data)
-        seq = struct.unpack_from("=I", data, 8)[0]
-        self.queue = [*self.extra, self.answer(seq)]
-        return len(data)
-
-    def recvmsg(self, size):
-        if not self.queue:
-            raise socket.timeout()
-        return self.queue.pop(0), [], 0, None
-
-    def close(self):
-        self.closed = True
+def FakeRouteSocket(answer, extra: list[bytes] = ()) -> RouteSocket:
+    """Answers the RTM_GETDCB request with `extra`'s reads, then `answer(seq)`."""
+    return RouteSocket(lambda seq: [*extra, answer(seq)])
 
 
 def dcb_host(sock) -> tuple[Host, list[str]]:

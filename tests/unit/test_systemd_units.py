@@ -208,43 +208,57 @@ def test_the_defaults_file_documents_every_exporter_option(parser):
         assert any(s in text for s in action.option_strings), action.option_strings
 
 
+# What both units hold to: no capability at all, a read-only system, no privilege gained, the
+# kernel's knobs out of reach, only @system-service calls, /dev/infiniband read-only and
+# optional (the system check looks for the uverbs nodes there; a host without RDMA still runs).
+SANDBOX = {
+    "NoNewPrivileges": "yes",
+    "ProtectSystem": "strict",
+    "ProtectHome": "yes",
+    "PrivateTmp": "yes",
+    "PrivateDevices": "yes",
+    "DevicePolicy": "closed",
+    "ProtectKernelTunables": "yes",
+    "ProtectKernelModules": "yes",
+    "ProtectControlGroups": "yes",
+    "RestrictNamespaces": "yes",
+    "RestrictSUIDSGID": "yes",
+    "MemoryDenyWriteExecute": "yes",
+}
+
+
+def assert_sandboxed(unit, more: dict[str, str]) -> None:
+    s = "Service"
+    assert effective_list(unit, s, "CapabilityBoundingSet") == []
+    assert effective_list(unit, s, "AmbientCapabilities") == []
+    for key, value in {**SANDBOX, **more}.items():
+        assert one(unit, s, key) == value, key
+    assert "@system-service" in effective_list(unit, s, "SystemCallFilter")
+    assert "DeviceAllow" not in unit[s]
+    assert "-/dev/infiniband" in effective_list(unit, s, "BindReadOnlyPaths")
+
+
 def test_the_exporter_is_hardened(exporter):
     s = "Service"
     assert one(exporter, s, "DynamicUser") == "yes"
     assert one(exporter, s, "User")  # a name for ps and the journal
-    assert effective_list(exporter, s, "CapabilityBoundingSet") == []
-    assert effective_list(exporter, s, "AmbientCapabilities") == []
-    for key, value in {
-        "NoNewPrivileges": "yes",
-        "ProtectSystem": "strict",
-        "ProtectHome": "yes",
-        "PrivateTmp": "yes",
-        "PrivateMounts": "yes",
-        "PrivateUsers": "yes",
-        "PrivateDevices": "yes",
-        "DevicePolicy": "closed",
-        "ProtectKernelTunables": "yes",
-        "ProtectKernelModules": "yes",
-        "ProtectKernelLogs": "yes",
-        "ProtectControlGroups": "yes",
-        "ProtectClock": "yes",
-        "ProtectHostname": "yes",
-        "RestrictNamespaces": "yes",
-        "RestrictRealtime": "yes",
-        "RestrictSUIDSGID": "yes",
-        "LockPersonality": "yes",
-        "MemoryDenyWriteExecute": "yes",
-        "SystemCallArchitectures": "native",
-    }.items():
-        assert one(exporter, s, key) == value, key
+    assert_sandboxed(
+        exporter,
+        {
+            "PrivateMounts": "yes",
+            "PrivateUsers": "yes",
+            "ProtectKernelLogs": "yes",
+            "ProtectClock": "yes",
+            "ProtectHostname": "yes",
+            "RestrictRealtime": "yes",
+            "LockPersonality": "yes",
+            "SystemCallArchitectures": "native",
+        },
+    )
     assert set(effective_list(exporter, s, "RestrictAddressFamilies")) == EXPORTER_FAMILIES
-    assert "@system-service" in effective_list(exporter, s, "SystemCallFilter")
-    # It writes nothing: no writable path, no state, no device it may open.
-    for key in ("ReadWritePaths", "StateDirectory", "DeviceAllow", "SupplementaryGroups"):
+    # It writes nothing: no writable path, no state, no extra group.
+    for key in ("ReadWritePaths", "StateDirectory", "SupplementaryGroups"):
         assert key not in exporter[s], key
-    # /dev/infiniband read-only in its private /dev, optional: the system check looks for the
-    # uverbs nodes there, and a host without RDMA must still start it.
-    assert "-/dev/infiniband" in effective_list(exporter, s, "BindReadOnlyPaths")
 
 
 def test_the_exporter_is_wanted_by_multi_user(exporter):
@@ -304,30 +318,11 @@ def test_health_is_a_hardened_oneshot(health):
     s = "Service"
     assert one(health, s, "Type") == "oneshot"
     # uid 0 for the root-owned textfile directory, but no capability at all.
-    assert effective_list(health, s, "CapabilityBoundingSet") == []
-    assert effective_list(health, s, "AmbientCapabilities") == []
-    for key, value in {
-        "NoNewPrivileges": "yes",
-        "ProtectSystem": "strict",
-        "ProtectHome": "yes",
-        "PrivateTmp": "yes",
-        "PrivateDevices": "yes",
-        "DevicePolicy": "closed",
-        "ProtectKernelTunables": "yes",
-        "ProtectKernelModules": "yes",
-        "ProtectControlGroups": "yes",
-        "RestrictNamespaces": "yes",
-        "RestrictSUIDSGID": "yes",
-        "MemoryDenyWriteExecute": "yes",
-    }.items():
-        assert one(health, s, key) == value, key
+    assert_sandboxed(health, {})
     assert set(effective_list(health, s, "RestrictAddressFamilies")) <= {"AF_NETLINK", "AF_UNIX"}
-    assert "@system-service" in effective_list(health, s, "SystemCallFilter")
-    assert "DeviceAllow" not in health[s]
     assert one(health, s, "IPAddressDeny") == "any"
     # ibtool makes the textfile 0644 itself (textfile.write_text): the rest stays private.
     assert one(health, s, "UMask") == "0077"
-    assert "-/dev/infiniband" in effective_list(health, s, "BindReadOnlyPaths")
     # WARNING and CRITICAL are the node's state (in the textfile); UNKNOWN fails the unit.
     assert set(effective_list(health, s, "SuccessExitStatus")) == {"1", "2"}
 

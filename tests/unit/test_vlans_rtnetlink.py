@@ -18,6 +18,7 @@ from ibtool.host import Host
 from ibtool.sources import rtnetlink
 from ibtool.sources.sysfs import net
 from ibtool.sources.sysfs.net import NetFiles
+from tests.unit.route_socket import RouteSocket
 
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -63,36 +64,19 @@ LO = link(1, b"lo")
 VLAN_1 = nest(18, attr(1, b"vlan\0"), nest(2, attr(1, b"\1\0")))  # IFLA_LINKINFO of VLAN 1
 
 
-class DumpSocket:
-    """A NETLINK_ROUTE socket's stand-in: answers the request with `batches` (each one recvmsg:
-    a list of RTM_NEWLINK payloads), then NLMSG_DONE."""
+class DumpSocket(RouteSocket):
+    """Answers the request with `batches` (each one recvmsg: a list of RTM_NEWLINK payloads),
+    then NLMSG_DONE; or with `raw`, one read as it is."""
 
     def __init__(self, *batches: list[bytes], raw: bytes | None = None):
+        super().__init__(self._reads)
         self.batches, self.raw = batches, raw
-        self.sent: list[bytes] = []
-        self.queue: list[bytes] = []
-        self.closed = False
 
-    def settimeout(self, timeout):
-        pass
-
-    def send(self, data: bytes) -> int:
-        self.sent.append(data)
-        seq = struct.unpack_from("=I", data, 8)[0]
+    def _reads(self, seq: int) -> list[bytes]:
         if self.raw is not None:
-            self.queue = [self.raw]
-            return len(data)
-        self.queue = [b"".join(nlmsg(16, seq, p) for p in b) for b in self.batches]
-        self.queue.append(nlmsg(3, seq, struct.pack("=i", 0)))  # NLMSG_DONE
-        return len(data)
-
-    def recvmsg(self, size):
-        if not self.queue:
-            raise socket.timeout()
-        return self.queue.pop(0), [], 0, None
-
-    def close(self):
-        self.closed = True
+            return [self.raw]
+        done = nlmsg(3, seq, struct.pack("=i", 0))  # NLMSG_DONE
+        return [*(b"".join(nlmsg(16, seq, p) for p in b) for b in self.batches), done]
 
 
 # -- the reply's parsing ------------------------------------------------------------------------
@@ -108,9 +92,9 @@ def test_a_dump_over_two_reads_gives_the_vlans_with_their_lower_netdev():
     ]
     assert sock.closed
     # the request: RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, an empty struct ifinfomsg
-    length, kind, flags = struct.unpack_from("=IHH", sock.sent[0])
+    length, kind, flags = struct.unpack_from("=IHH", sock.requests[0])
     assert (length, kind, flags) == (32, 18, 0x301)
-    assert sock.sent[0][16:] == bytes(16)
+    assert sock.requests[0][16:] == bytes(16)
 
 
 def test_a_vlan_listed_before_its_lower_netdev_still_finds_it():
