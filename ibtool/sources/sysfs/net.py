@@ -113,10 +113,7 @@ class NetFiles(SysfsFiles):
         from ibtool.sources import rtnetlink  # lazily: most commands never need it
 
         try:
-            if self.route_socket is None:
-                links = rtnetlink.vlan_links()
-            else:
-                links = rtnetlink.vlan_links(self.route_socket)
+            links = rtnetlink.vlan_links(self.route_socket or rtnetlink.open_route_socket)
         except OSError as e:
             self.bad(
                 path,
