@@ -13,6 +13,7 @@ from typing import TextIO
 
 from ibtool import __version__
 from ibtool.errors import ExitCode, IbtoolError, OutputError, Terminated, UsageError
+from ibtool.model.names import escaped
 from ibtool.plugin.commands import CommandRegistry, HostFactory, Invocation, default_host
 from ibtool.views import render
 
@@ -29,7 +30,7 @@ class _Warnings:
     def __call__(self, message: str) -> None:
         if message not in self.seen:
             self.seen.add(message)
-            self.err.write(f"{PROG}: warning: {message}\n")
+            self.err.write(f"{PROG}: warning: {escaped(message)}\n")
 
 
 def split_plugin_blocks(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -424,7 +425,7 @@ def _main(
         if debug:
             traceback.print_exc(file=err)
         hint = f" (hint: {e.hint})" if e.hint else ""
-        err.write(f"{PROG}: error: {e.message}{hint}\n")
+        err.write(f"{PROG}: error: {escaped(e.message + hint)}\n")
         return e.exit_code
     except Terminated:
         err.write(f"{PROG}: terminated\n")
@@ -439,7 +440,7 @@ def _main(
             traceback.print_exc(file=err)
         else:
             err.write(
-                f"{PROG}: internal error: {type(e).__name__}: {e} "
+                f"{PROG}: internal error: {type(e).__name__}: {escaped(str(e))} "
                 "(run with --debug for the traceback)\n"
             )
         return ExitCode.INTERNAL

@@ -216,7 +216,7 @@ def _outputs(inv: Invocation, result) -> None:
     else:
         color = _color(inv)
         for line in view.render_text(result, width=_width(), color=color):
-            inv.print(line)
+            inv.print(line, sgr=color)
     inv.out.flush()
     if args.textfile:
         _textfile(args.textfile, view.textfile(result))

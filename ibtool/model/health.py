@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Union
 
+from ibtool.model.names import escaped
+
 
 class Status(enum.IntEnum):
     """A health check's verdict; the values are the Nagios plugin exit codes."""
@@ -131,6 +133,8 @@ class Perfdata:
     max: float | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.label, str):
+            object.__setattr__(self, "label", escaped(self.label))
         if not _one_line(self.label):
             raise ValueError(f"perfdata label must be one non-empty line, not {self.label!r}")
         if self.unit not in UNITS:
@@ -178,6 +182,13 @@ class HealthResult:
     def __post_init__(self) -> None:
         if not isinstance(self.status, Status):
             raise ValueError(f"status must be an ibtool.api.Status, not {self.status!r}")
+        # A subject or summary carries names the kernel, a capture or a peer gave (a device
+        # may be renamed to anything but '/'): escaped here, once for every face, so that none
+        # can forge a Nagios line or drive a terminal.
+        for name in ("subject", "summary"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, escaped(value))
         if not isinstance(self.subject, str) or (self.subject and not _one_line(self.subject)):
             raise ValueError(f"subject must be '' or one line, not {self.subject!r}")
         if not _one_line(self.summary):

@@ -22,6 +22,8 @@ def printable(text: str, limit: int = MAX_TEXT) -> str:
     """A peer's text made safe to print: each control, format or separator character written
     as its Python escape (\\x1b, \\n, \\u202e), so the text can neither drive the terminal nor
     start a line of its own; cut to `limit` characters, the cut marked with "..."."""
+    if len(text) <= limit and text.isprintable():
+        return text
     pieces, size = [], 0
     for ch in text:
         if unicodedata.category(ch) in _UNPRINTABLE:
@@ -31,3 +33,19 @@ def printable(text: str, limit: int = MAX_TEXT) -> str:
         pieces.append(ch)
         size += len(ch)
     return "".join(pieces)
+
+
+def escaped(text: str) -> str:
+    """`text` with every control, format or separator character written as its escape, not cut:
+    what a name read from sysfs, netlink or a capture becomes in a line of text. The kernel
+    refuses only '/' in an RDMA device name (kobject names, lib/kobject.c) and only '/', ':'
+    and white space in a netdev name (net/core/dev.c dev_valid_name), so ESC, BEL or U+202E can
+    be a real name as well as a forged one."""
+    if text.isprintable():
+        return text
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(ch) in _UNPRINTABLE
+        else ch
+        for ch in text
+    )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from ibtool.model.names import escaped
 from ibtool.views import render
 
 Run = Callable[["Invocation"], "int | None"]
@@ -188,8 +190,22 @@ class Invocation:
     def emit_json(self, data: Any) -> None:
         render.dump_json(data, self.out, self.pretty)
 
-    def print(self, line: str = "") -> None:
+    def print(self, line: str = "", *, sgr: bool = False) -> None:
+        """One line of text on stdout. Whatever a line holds that a terminal would obey (ESC,
+        BEL, CR, a newline that would forge a line of its own, U+202E) is written as its
+        escape; `sgr` keeps the colour sequences (ESC [ ... m) a view wrote itself."""
+        if not line.isprintable():
+            line = _terminal_safe(line, sgr)
         self.out.write(line + "\n")
+
+
+_SGR = re.compile(r"(\x1b\[[0-9;]*m)")
+
+
+def _terminal_safe(line: str, sgr: bool) -> str:
+    if not sgr:
+        return escaped(line)
+    return "".join(p if i % 2 else escaped(p) for i, p in enumerate(_SGR.split(line)))
 
 
 def add_selector(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,9 @@
 """Text lines, tables and JSON from records plus field metadata; no colour, no TUI imports.
 
 A command declares its fields once (JSON key, text label, how to get and show the value);
-every output form is derived from that list, so text and JSON cannot drift apart.
+every output form is derived from that list, so text and JSON cannot drift apart. A value's
+control and format characters are escaped in text (JSON escapes them itself): a name from a
+capture can neither drive the terminal nor forge a line.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
+
+from ibtool.model.names import escaped
 
 UNKNOWN = "unknown"
 
@@ -46,7 +50,7 @@ def record_line(record: Any, fields: Sequence[Field], details: bool) -> str:
                 continue
             shown = UNKNOWN
         else:
-            shown = f.text(value)
+            shown = escaped(f.text(value))
         label = f.key if f.label is None else f.label
         parts.append(f"{label} {shown}" if label else shown)
     return " ".join(parts)
@@ -55,7 +59,10 @@ def record_line(record: Any, fields: Sequence[Field], details: bool) -> str:
 def table(records: Iterable[Any], fields: Sequence[Field], details: bool) -> list[str]:
     cols = selected(fields, details)
     rows = [
-        [(UNKNOWN if f.always else "") if (v := f.get(r)) is None else f.text(v) for f in cols]
+        [
+            (UNKNOWN if f.always else "") if (v := f.get(r)) is None else escaped(f.text(v))
+            for f in cols
+        ]
         for r in records
     ]
     headers = [f.header or f.key.upper() for f in cols]
