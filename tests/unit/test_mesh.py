@@ -343,3 +343,19 @@ def test_srun_outside_an_allocation_says_how(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
     with pytest.raises(UsageError, match="not one"):
         SrunEngine(None, overlap=False)
+
+
+def test_local_on_a_host_without_rdma_devices_is_one_error_line(tmp_path, monkeypatch):
+    # as doctor and loopback say it: no agent started, no FAIL verdict, no last mesh saved
+    from ibtool.errors import ExitCode
+    from tests.unit.conftest import run_cli
+    from tests.unit.fake_host import sysfs_from
+
+    monkeypatch.setattr("ibtool.mesh.last.default_path", lambda env=None: str(tmp_path / "m.json"))
+    empty = tmp_path / "sys" / "class" / "infiniband"
+    empty.mkdir(parents=True)
+    r = run_cli(["mesh", "--local"], host_factory=sysfs_from(tmp_path))
+    assert r.code == ExitCode.NO_DEVICES, r
+    assert r.out == "" and r.err.startswith("ibtool: error: no RDMA devices ("), r
+    assert len(r.err.splitlines()) == 1
+    assert not (tmp_path / "m.json").exists()
