@@ -75,6 +75,64 @@ def pyverbs() -> tuple[str | None, str] | None:
     return None, where
 
 
+# Where distributions install python3-pyverbs: Debian and Ubuntu for their python3 alone
+# (dist-packages, version-neutral), Fedora and RHEL per interpreter (lib64 for the extension).
+_DISTRIBUTION_SITES = (
+    "/usr/lib/python3/dist-packages",
+    "/usr/lib64/python3.*/site-packages",
+    "/usr/lib/python3.*/site-packages",
+)
+
+
+def _venv_includes_system_site() -> bool | None:
+    """The venv's include-system-site-packages (venv's pyvenv.cfg), None outside a venv or
+    where the file cannot say."""
+    if sys.prefix == sys.base_prefix:
+        return None
+    try:
+        with open(os.path.join(sys.prefix, "pyvenv.cfg"), encoding="utf-8") as f:
+            text = f.read(65536)
+    except (OSError, UnicodeDecodeError):
+        return None
+    m = re.search(r"^\s*include-system-site-packages\s*=\s*(\w+)", text, re.MULTILINE)
+    return None if m is None else m.group(1).lower() == "true"
+
+
+def _installed_elsewhere() -> str | None:
+    """A distribution's pyverbs that this Python does not see, by where it lies."""
+    for pattern in _DISTRIBUTION_SITES:
+        for site in sorted(glob.glob(pattern)):
+            if os.path.isdir(os.path.join(site, "pyverbs")) and site not in sys.path:
+                return site
+    return None
+
+
+def why_no_pyverbs() -> str:
+    """Why this Python has no pyverbs, as the fix: python3-pyverbs is built for the
+    distribution's own python3, so a venv sees it only when made from that interpreter with
+    --system-site-packages."""
+    system_site = _venv_includes_system_site()
+    elsewhere = _installed_elsewhere()
+    if system_site is False:
+        return (
+            f"this venv ({sys.prefix}) was made without --system-site-packages: make it again "
+            "with the distribution's python3 -m venv --system-site-packages"
+        )
+    if elsewhere is not None:
+        base = "this venv's base Python" if system_site else "this Python"
+        return (
+            f"{base}, {sys.version.split()[0]} in {sys.base_prefix}, is not the distribution's "
+            f"python3, whose pyverbs is in {elsewhere}: run ibtool with that python3, or in a "
+            "venv made from it with --system-site-packages"
+        )
+    if system_site:
+        return (
+            f"this venv's base Python, {sys.version.split()[0]} in {sys.base_prefix}, sees no "
+            "pyverbs: install python3-pyverbs, and make the venv from the distribution's python3"
+        )
+    return "install python3-pyverbs; in a venv: --system-site-packages"
+
+
 def report(ibtool_version: str) -> list[str]:
     """The lines `ibtool --version` prints: ibtool's first (`ibtool X`, as before)."""
     lines = [f"ibtool {ibtool_version}", f"Python {sys.version.split()[0]} ({sys.executable})"]
@@ -83,7 +141,7 @@ def report(ibtool_version: str) -> list[str]:
     if verbs is None:
         lines.append(
             "pyverbs not found: the data path (loopback, ping, doctor, mesh) needs the "
-            "distribution's python3-pyverbs (in a venv: --system-site-packages)"
+            f"distribution's python3-pyverbs ({why_no_pyverbs()})"
         )
     else:
         version, where = verbs

@@ -147,3 +147,40 @@ def test_the_version_is_the_builds_not_a_constant():
 
     # at the tag: the tag's version; past it: the next one's .devN
     assert __version__ == tag or (".dev" in __version__ and release(__version__) > release(tag))
+
+
+@pytest.fixture
+def venv(tmp_path, monkeypatch):
+    """This Python seen as a venv at tmp_path/venv over a base Python at tmp_path/base, with
+    the distribution's pyverbs at tmp_path/dist-packages, out of its sight."""
+    prefix, base, dist = tmp_path / "venv", tmp_path / "base", tmp_path / "dist-packages"
+    prefix.mkdir()
+    (dist / "pyverbs").mkdir(parents=True)
+    monkeypatch.setattr(sys, "prefix", str(prefix))
+    monkeypatch.setattr(sys, "base_prefix", str(base))
+    monkeypatch.setattr(versions, "_DISTRIBUTION_SITES", (str(tmp_path / "absent"), str(dist)))
+    monkeypatch.setattr(versions, "find_spec", lambda name: None)
+
+    def cfg(system_site: bool) -> None:
+        (prefix / "pyvenv.cfg").write_text(
+            f"home = {base}/bin\ninclude-system-site-packages = {str(system_site).lower()}\n"
+        )
+
+    return cfg, base, dist
+
+
+def test_a_venv_with_system_site_packages_over_another_python_says_so(venv):
+    # the flag was given: the cause is the base Python, not the flag
+    cfg, base, dist = venv
+    cfg(True)
+    (line,) = [x for x in versions.report("1") if x.startswith("pyverbs")]
+    assert "(in a venv: --system-site-packages)" not in line
+    assert f"this venv's base Python, {sys.version.split()[0]} in {base}, is not the " in line
+    assert f"whose pyverbs is in {dist}: run ibtool with that python3" in line
+
+
+def test_a_venv_without_system_site_packages_is_told_to_add_it(venv):
+    cfg, _, _ = venv
+    cfg(False)
+    (line,) = [x for x in versions.report("1") if x.startswith("pyverbs")]
+    assert "was made without --system-site-packages: make it again" in line
