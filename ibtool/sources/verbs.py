@@ -30,10 +30,11 @@ from typing import Any
 
 from ibtool.errors import IbtoolError, PermissionDeniedError, UnsupportedError
 
-PYVERBS_HINT = (
+PYVERBS_INSTALL = (
     "install the distribution's python3-pyverbs (Debian/Ubuntu: apt install python3-pyverbs; "
-    "RHEL/Fedora: dnf install python3-pyverbs); in a venv, create it with --system-site-packages"
+    "RHEL/Fedora: dnf install python3-pyverbs)"
 )
+PYVERBS_HINT = PYVERBS_INSTALL + "; in a venv, create it with --system-site-packages"
 LIBIBVERBS_HINT = (
     "install rdma-core's libraries of python3-pyverbs' own release (Debian/Ubuntu: apt install "
     "python3-pyverbs ibverbs-providers rdma-core; RHEL/Fedora: dnf install python3-pyverbs "
@@ -198,6 +199,11 @@ def _unavailable(what: str, e: ImportError, hint: str) -> UnsupportedError:
     elif ".so" in text or "undefined symbol" in text:
         # The module is there; a library it links to is not, or is older than pyverbs.
         hint = LIBIBVERBS_HINT
+    elif isinstance(e, ModuleNotFoundError) and e.name == "pyverbs" and hint == PYVERBS_HINT:
+        from ibtool.sources.versions import why_no_pyverbs
+
+        why = why_no_pyverbs()
+        hint = f"{PYVERBS_INSTALL}; {why}" if why else hint
     return UnsupportedError(f"{what} is not available ({e})", hint)
 
 

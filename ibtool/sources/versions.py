@@ -107,10 +107,10 @@ def _installed_elsewhere() -> str | None:
     return None
 
 
-def why_no_pyverbs() -> str:
+def why_no_pyverbs() -> str | None:
     """Why this Python has no pyverbs, as the fix: python3-pyverbs is built for the
     distribution's own python3, so a venv sees it only when made from that interpreter with
-    --system-site-packages."""
+    --system-site-packages. None when nothing points further than "install it"."""
     system_site = _venv_includes_system_site()
     elsewhere = _installed_elsewhere()
     if system_site is False:
@@ -125,12 +125,13 @@ def why_no_pyverbs() -> str:
             f"python3, whose pyverbs is in {elsewhere}: run ibtool with that python3, or in a "
             "venv made from it with --system-site-packages"
         )
-    if system_site:
+    if system_site and sys.base_prefix != "/usr":
         return (
-            f"this venv's base Python, {sys.version.split()[0]} in {sys.base_prefix}, sees no "
-            "pyverbs: install python3-pyverbs, and make the venv from the distribution's python3"
+            f"this venv's base Python, {sys.version.split()[0]} in {sys.base_prefix}, is not "
+            "the distribution's (/usr), which python3-pyverbs is built for: install that, and "
+            "make the venv from /usr/bin/python3"
         )
-    return "install python3-pyverbs; in a venv: --system-site-packages"
+    return None
 
 
 def report(ibtool_version: str) -> list[str]:
@@ -139,9 +140,10 @@ def report(ibtool_version: str) -> list[str]:
     verbs = pyverbs()
     core = rdma_core()
     if verbs is None:
+        why = why_no_pyverbs() or "in a venv: --system-site-packages"
         lines.append(
             "pyverbs not found: the data path (loopback, ping, doctor, mesh) needs the "
-            f"distribution's python3-pyverbs ({why_no_pyverbs()})"
+            f"distribution's python3-pyverbs ({why})"
         )
     else:
         version, where = verbs

@@ -184,3 +184,14 @@ def test_a_venv_without_system_site_packages_is_told_to_add_it(venv):
     cfg(False)
     (line,) = [x for x in versions.report("1") if x.startswith("pyverbs")]
     assert "was made without --system-site-packages: make it again" in line
+
+
+def test_the_data_path_s_error_gives_the_same_cause(venv):
+    from ibtool.sources import verbs
+
+    cfg, base, _ = venv
+    cfg(True)
+    missing = ModuleNotFoundError("No module named 'pyverbs'", name="pyverbs")
+    hint = verbs._unavailable("pyverbs", missing, verbs.PYVERBS_HINT).hint
+    assert hint.startswith(verbs.PYVERBS_INSTALL + "; this venv's base Python, ")
+    assert f"in {base}, is not the distribution's python3" in hint
