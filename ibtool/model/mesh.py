@@ -179,6 +179,9 @@ class Culprit(str, enum.Enum):
     PATH = "path"  # one pair alone: the path between its two ends
 
 
+UNKNOWN_EXIT = 3  # no verdict and no pair probed: the Nagios plugins' UNKNOWN
+
+
 @dataclass(frozen=True)
 class Verdict:
     culprit: Culprit
@@ -233,7 +236,16 @@ class MeshResult:
     def worst(self) -> Level | None:
         return max((v.level for v in self.verdicts), default=None)
 
+    def probed(self) -> int:
+        """How many pairs were probed."""
+        state = self.pairs.state
+        return sum(1 for i in self.pairs.slots() if state[i] == PairState.PROBED)
+
     def exit_code(self) -> int:
-        """0 healthy, 1 a WARN verdict at worst, 2 a FAIL verdict (as ibtool doctor)."""
+        """0 healthy, 1 a WARN verdict at worst, 2 a FAIL verdict (as ibtool doctor); 3
+        (UNKNOWN, as a Nagios plugin says it) when there is no verdict because no pair was
+        probed: a mesh that tested nothing is not a healthy one."""
         worst = self.worst
-        return 0 if worst is None else int(worst)
+        if worst is None:
+            return 0 if self.probed() else UNKNOWN_EXIT
+        return int(worst)

@@ -433,12 +433,26 @@ def summary(result: MeshResult) -> str:
         ]
         return f"mesh: {', '.join(parts)} verdicts over {_plural(n, 'endpoint')}"
     scheduled, probed, sent, got = counts(result)
+    if not probed:
+        return f"mesh UNKNOWN: no pair probed over {_plural(n, 'endpoint')}: {_why_none(result)}"
     answered = "every ping answered" if got == sent else f"{got:,} of {sent:,} pings answered"
     med, p99 = rtt_quantiles(result)
     return (
         f"mesh healthy: {_plural(n, 'endpoint')}, {_plural(probed, 'pair')}, {answered}, "
         f"RTT median {us(med)} p99 {us(p99)}"
     )
+
+
+def _why_none(result: MeshResult) -> str:
+    nodes = nodes_of(result)
+    if len(result.endpoints) < 2:
+        return "a mesh needs two endpoints at least"
+    if len(nodes) == 1 and not result.settings.all_rails:
+        return (
+            "rail k pings rail k of the other nodes and there is one node "
+            "(--all-rails pings between its ports)"
+        )
+    return "every pair was left out (see the verdicts and the unreachable nodes)"
 
 
 def render_text(result: MeshResult, width: int = 80, color: bool = False) -> list[str]:
@@ -657,7 +671,9 @@ def textfile(
     )
     unreachable.add({}, len(result.unreachable))
     status = MetricFamily(
-        "ibtool_mesh_status", "The last mesh's exit code: 0 healthy, 1 WARN, 2 FAIL", "gauge"
+        "ibtool_mesh_status",
+        "The last mesh's exit code: 0 healthy, 1 WARN, 2 FAIL, 3 no pair probed",
+        "gauge",
     )
     status.add({}, result.exit_code())
     last = MetricFamily(

@@ -143,6 +143,21 @@ def test_a_healthy_mesh_says_so():
     assert said[0] == "mesh: 12 endpoints on 6 of 6 nodes"
 
 
+def test_a_mesh_that_probed_no_pair_is_unknown_not_healthy():
+    # one node, two rails, rail k meeting rail k of the others: there are no others
+    from ibtool.views import mesh as view
+
+    result, _ = _run(FakeCluster(1, 2))
+    assert result.verdicts == [] and result.probed() == 0
+    assert result.exit_code() == 3
+    assert view.summary(result) == (
+        "mesh UNKNOWN: no pair probed over 2 endpoints: rail k pings rail k of the other "
+        "nodes and there is one node (--all-rails pings between its ports)"
+    )
+    assert "ibtool_mesh_status 3" in view.textfile(result)
+    assert _run(FakeCluster(1, 2), all_rails=True)[0].exit_code() == 0
+
+
 def test_the_three_faults_of_the_testbed_and_no_other():
     """One lossy endpoint (slow under RC), one port down, one pair blocked: four endpoints,
     where every endpoint has a bad pair, and only the three causes are named."""
