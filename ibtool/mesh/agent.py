@@ -29,6 +29,7 @@ from ibtool.errors import IbtoolError
 from ibtool.mesh import protocol
 from ibtool.mesh.schedule import Partners, Schedule
 from ibtool.model.mesh import PairState
+from ibtool.model.names import natural_key
 from ibtool.model.records import LinkLayer
 
 IDLE = 900.0  # s without a word from the coordinator: it is gone, the agent ends
@@ -50,12 +51,13 @@ def _ipv4() -> list[tuple[str, str, int]]:
 
 
 def local_endpoints(host, addresses: Callable[[], list] = _ipv4) -> list[dict[str, Any]]:
-    """Every RDMA port of this host, in (device, port) order: its rank is its rail. A RoCE
+    """Every RDMA port of this host, in (device, port) order as a person counts (mlx5_2
+    before mlx5_10, as the kernel numbers them): its rank is its rail. A RoCE
     port's address is its GID's (the --best rule's); an InfiniBand port's, its IPoIB
     netdev's first IPv4 address (`addresses`: every (netdev, address, prefix) of the host)."""
     out = []
     ipv4: list | None = None
-    for p in sorted(host.ports(), key=lambda p: (p.device, p.port)):
+    for p in sorted(host.ports(), key=lambda p: (natural_key(p.device), p.port)):
         state = p.state.name if p.state else "UNKNOWN"
         link = {LinkLayer.ETHERNET: "Ethernet", LinkLayer.INFINIBAND: "InfiniBand"}.get(
             p.link_layer, "Unknown"

@@ -51,6 +51,14 @@ def test_a_broken_device_is_an_endpoint_with_its_problem_and_the_others_are_fine
     assert any("malformed value 'garbage'" in w for w in warnings)
 
 
+def test_rails_follow_the_kernel_s_numbering_not_the_alphabet(tmp_path):
+    # mlx5_2 is rail 2, not rail 13 behind mlx5_10 .. mlx5_19
+    endpoints = local_endpoints(_host("sriov_vfs", tmp_path), lambda: [])
+    devices = [ep["device"] for ep in endpoints]
+    assert devices[:12] == [f"mlx5_{i}" for i in range(12)]
+    assert len(devices) == 501 and devices[-1] == "mlx5_500"
+
+
 def test_a_port_with_no_routable_address_says_why(tmp_path):
     active, _ = local_endpoints(_host("cxgb4_iwarp", tmp_path), lambda: [])
     assert active["address"] is None and "no RoCE v2 GID" in active["problem"]
