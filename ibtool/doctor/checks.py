@@ -370,7 +370,13 @@ def check_route(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
         return Finding("route", SKIP, "the kernel's route not known (not the running kernel)")
     target = route.destination
     if route.type == "local":
-        return Finding("route", FAIL, f"{target} is an address of this host", "give the peer's")
+        return Finding(
+            "route",
+            FAIL,
+            f"{target} is an address of this host: the kernel delivers to it through lo, so "
+            "nothing crosses the network and the peer is this host itself",
+            "give another host's address (ibtool loopback DEV/PORT tests this host's own ports)",
+        )
     if route.type != "unicast" or not route.dev:
         return Finding("route", FAIL, f"no route to {target} ({route.type})",
                        f"ip route add {target} dev {local.netdev}")  # fmt: skip

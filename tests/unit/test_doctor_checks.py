@@ -90,6 +90,17 @@ def test_a_healthy_pair_passes_every_check_it_can_know():
     assert view.summary(findings).startswith("status: PASS (")
 
 
+def test_a_peer_that_is_this_host_is_said_whole():
+    ctx = Context(peer="a", peer_ip="10.77.0.1", route=Route("10.77.0.1", "lo", type="local"))
+    f = only(checks.check_route, roce(), roce(), ctx)
+    assert f.verdict == FAIL
+    assert f.evidence == (
+        "10.77.0.1 is an address of this host: the kernel delivers to it through lo, so "
+        "nothing crosses the network and the peer is this host itself"
+    )
+    assert f.fix.startswith("give another host's address (ibtool loopback DEV/PORT")
+
+
 def test_link_local_only_fails_and_says_to_add_an_address():
     here = roce(gid_index=None, gids=roce().gids[:1])
     f = only(checks.check_gid, here)
