@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 from ibtool.mesh.schedule import Partners, Schedule
@@ -321,7 +321,7 @@ def _endpoint_verdict(result: MeshResult, tally: _Tally, b: Baseline, e: int, ki
     if kind == LOSS:
         sent = sum(t.sent[i] for i in slots)
         got = sum(t.received[i] for i in slots)
-        detail = f"{got}/{sent} pings answered in those pairs"
+        detail = f"{got}/{sent} pings answered in those pairs" + _errors(t, slots)
         level = Level.FAIL
     else:
         p90 = statistics.median([t.p90[i] for i in slots]) if slots else None
@@ -335,6 +335,22 @@ def _endpoint_verdict(result: MeshResult, tally: _Tally, b: Baseline, e: int, ki
         (e,),
         eps[e].rail,
     )
+
+
+ERRORS_SHOWN = 2  # distinct errors an endpoint's verdict quotes, the most frequent first
+
+
+def _errors(t, slots: list[int]) -> str:
+    """What the failing pairs said, so that the verdict carries its evidence: "0/0 answered"
+    alone does not tell a refused connection from a timeout or a QP that never reached RTR."""
+    said = Counter(t.errors[i] for i in slots if t.errors.get(i))
+    if not said:
+        return ""
+    parts = [f"{text} ({n} pair{'s' * (n != 1)})" for text, n in said.most_common(ERRORS_SHOWN)]
+    others = len(said) - ERRORS_SHOWN
+    if others > 0:
+        parts.append(f"{others} other error{'s' * (others != 1)}")
+    return ": " + "; ".join(parts)
 
 
 def _fold(result: MeshResult, schedule: Schedule, named: dict[int, Verdict]) -> list[Verdict]:

@@ -179,6 +179,17 @@ def test_the_three_faults_of_the_testbed_and_no_other():
     assert "10.0.0.1" not in " ".join(by["node0002/rxe0/1"].next)
 
 
+def test_an_endpoint_s_verdict_carries_what_its_pairs_said():
+    black = "node0001/rxe0/1"
+    cluster = FakeCluster(5, 1, blocked=[(black, f"node{i:04d}/rxe0/1") for i in range(2, 6)])
+    result, _ = _run(cluster)
+    (verdict,) = result.verdicts
+    assert (verdict.subject, verdict.level.name) == (black, "FAIL")
+    assert verdict.why.endswith(
+        "0/0 pings answered in those pairs: cannot reach: timed out (8 pairs)"
+    ), verdict.why
+
+
 def test_a_lossy_link_under_rc_is_named_by_its_retransmissions():
     """As the testbed shows it: netem's losses resent by RC, every ping answered, the RTTs
     unremarkable (the only answered pairs all involve the lossy endpoint), but its port's
