@@ -60,6 +60,11 @@ class Engine:
         except queue.Empty:
             return None
 
+    def name_of(self, key: str) -> str | None:
+        """The node an event's key stands for when the engine knows it and the agent never
+        said (srun's task number); None where the key is the node's name itself."""
+        return None
+
 
 def _line(raw: bytes | str) -> str:
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
@@ -298,6 +303,9 @@ class SrunEngine(ProcessEngine):
             self.nodes = expand_hostlist(listed, srun)
         self.overlap = overlap
         self.labels: dict[str, str] = {}  # task -> node, from hellos
+        # "taskN" -> node, from srun's own line about a task that ended: srun names the node,
+        # which an agent that died before its hello never did
+        self.task_nodes: dict[str, str] = {}
 
     def command(self, argv: list[str]) -> list[str]:
         n = str(len(self.nodes))
@@ -308,6 +316,9 @@ class SrunEngine(ProcessEngine):
             cmd.append("--overlap")  # Slurm 20.11 and later: steps share the allocation
         return cmd + ["--"] + argv
 
+    def name_of(self, key: str) -> str | None:
+        return self.task_nodes.get(key)
+
     def missing_hint(self) -> str:
         return "srun comes with Slurm (slurm-client): run inside an allocation (salloc, sbatch)"
 
@@ -317,7 +328,11 @@ class SrunEngine(ProcessEngine):
             ended = _TASK_EXIT.match(line)
             if ended:  # srun's word that tasks ended: their EXIT, now, not at a timeout
                 code = int(ended.group(3)) if ended.group(3) else None
-                for task in _tasks(ended.group(2)):
+                tasks = _tasks(ended.group(2))
+                # one task a node (--ntasks-per-node 1): a line naming one task names its node
+                if len(tasks) == 1 and ended.group(1) in self.nodes:
+                    self.task_nodes[f"task{tasks[0]}"] = ended.group(1)
+                for task in tasks:
                     self.events.put(Event(f"task{task}", EXIT, code))
             return None
         return f"task{m.group(1)}", m.group(2)

@@ -78,11 +78,20 @@ class Coordinator:
             node = self.nodes[key] = _Node(key, key if self.engine.name != "srun" else "")
         return node
 
+    def _name(self, node: _Node) -> str:
+        """The node's name: the one it said, or the engine's word for its key (srun's line
+        about a task that ended names its node), or the key itself."""
+        if not node.name:
+            known = self.engine.name_of(node.key)
+            if known is not None and not any(n.name == known for n in self.nodes.values()):
+                node.name = known
+        return node.name or node.key
+
     def _drop(self, node: _Node, why: str) -> None:
         if node.gone is None:
             node.gone = why
             self.gone.add(node.key)
-            self.say(f"{node.name or node.key}: {why}")
+            self.say(f"{self._name(node)}: {why}")
 
     def _pump(
         self, deadline: float, handle: Callable[[_Node, dict], None], done: Callable[[], bool]
@@ -329,7 +338,7 @@ class Coordinator:
     def _unreachable(self) -> None:
         seen = set()
         for n in self.nodes.values():
-            name = n.name or n.key
+            name = self._name(n)
             if n.gone and not n.endpoints:  # out before the plan: none of its ports meshed
                 self.unreachable[name] = n.gone
             seen.add(name)

@@ -2,7 +2,8 @@
 unit test (its exec worker starts one a node): `python mesh_agent_double.py NODE [MODE]`.
 
 MODE: `ok` (its pings all answered), `garbage` (a non-protocol line after the hello), `exit`
-(exits 3 after its hello), `banner` (prints a login banner first, then behaves)."""
+(exits 3 after its hello), `early` (exits 3 before its hello, saying why on stderr), `banner`
+(prints a login banner first, then behaves)."""
 
 import json
 import sys
@@ -16,6 +17,9 @@ def say(msg):
     sys.stdout.flush()
 
 
+if mode == "early":
+    sys.stderr.write("ibtool: error: no RDMA devices (/sys/class/infiniband does not exist)\n")
+    sys.exit(3)
 if mode == "banner":
     print("Welcome to the cluster. Unauthorized access prohibited.", flush=True)
 say(

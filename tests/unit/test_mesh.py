@@ -339,6 +339,21 @@ for p in procs:
 for t in threads: t.join()
 sys.exit(max(p.wait() for p in procs))
 """
+# srun --label labels a task's stderr too ("2: ibtool: error: ..."); the stand-in above hands
+# the tasks' stderr through unlabelled, so this one says it as srun does
+FAKE_SRUN_STDERR = (
+    FAKE_SRUN.replace(
+        "stdin=subprocess.PIPE, stdout=subprocess.PIPE,",
+        "stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,",
+    )
+    .replace(
+        "def out(i, p):",
+        "def err(i, p):\n    for line in p.stderr:\n        "
+        'sys.stderr.write(f"{{i:>2}}: {{line.decode()}}"); sys.stderr.flush()\n'
+        "def out(i, p):\n    e = threading.Thread(target=err, args=(i, p)); e.start()",
+    )
+    .replace("    rc = p.wait()\n", "    rc = p.wait(); e.join()\n")
+)
 
 
 @pytest.mark.parametrize("mode", ["ok", "exit"])
@@ -360,6 +375,23 @@ def test_srun_carries_the_mesh_and_maps_tasks_by_their_node(mode, tmp_path):
         assert [n for n in nodes if n != "c3"] == ["c1", "c2", "c4"]
         (verdict,) = result.verdicts
         assert verdict.subject in ("c3", "c3/mlx5_0/1") and "its agent exited 3" in verdict.why
+
+
+def test_srun_names_the_node_whose_agent_died_before_its_hello(tmp_path):
+    # one verdict, on the node srun's own line names, with the reason its task gave
+    from ibtool.mesh.engines import SrunEngine
+
+    srun = tmp_path / "srun"
+    srun.write_text(FAKE_SRUN_STDERR.format(python=sys.executable, mode="early", odd="c3"))
+    srun.chmod(0o755)
+    engine = SrunEngine("c[1-4]", overlap=True, srun=str(srun))
+    result = mesh(engine, Options(count=5), [sys.executable, str(DOUBLE)], lambda line: None)
+    assert [e.node for e in result.endpoints] == ["c1", "c2", "c4"]
+    assert list(result.unreachable) == ["c3"], result.unreachable
+    assert "its agent exited 3: 2: ibtool: error: no RDMA devices" not in result.unreachable["c3"]
+    assert result.unreachable["c3"].startswith("its agent exited 3: ibtool: error: no RDMA ")
+    (verdict,) = result.verdicts
+    assert verdict.subject == "c3", verdict
 
 
 def test_srun_outside_an_allocation_says_how(monkeypatch):
