@@ -8,6 +8,12 @@
         Prints, per size: pairs, rounds, wall time, pairs a second, peak memory, and whether
         the verdicts named exactly the injected faults. Default sizes 64 128 256 512 1024.
 
+    .venv/bin/python bench/bench_mesh.py blackhole [NODES]
+        The mesh's own time (virtual: the simulated pings' timeouts and intervals, not this
+        machine's speed) of NODES x 8 rails (default 1024), every round, healthy and with one
+        black-holed endpoint (ACTIVE, every packet to it dropped), and their ratio: what the
+        abandoned pairs and the quarantine hold it to. Also the CPU the coordinator spent.
+
     tests/testbed/testbed mesh -- .venv/bin/python bench/bench_mesh.py testbed [REPEAT]
         In the mesh testbed's first node: `ibtool mesh` through ClusterShell over 2, 3, ... N
         nodes (the whole mesh, Python start-up on every node included), against the pile it
@@ -66,6 +72,25 @@ def simulate(sizes: list[int]) -> None:
         verdict = "exactly the 5 injected" if got == expect else f"WRONG: {sorted(got ^ expect)}"
         print(f"{n:>6} {len(result.endpoints):>9} {result.rounds:>6} {pairs:>9} {took:>8.2f} "
               f"{pairs / took:>9.0f} {rss:>8.0f}  {verdict}", flush=True)  # fmt: skip
+
+
+def blackhole(n: int) -> None:
+    from tests.unit.mesh_fake import FakeCluster
+
+    black = f"node{n // 2:04d}/rxe3/1"
+    print(f"{'mesh':>10} {'rounds':>6} {'mesh s':>9} {'ratio':>6} {'cpu s':>7}  verdicts")
+    healthy_s = None
+    for label, faults in (("healthy", {}), ("black hole", {"black": {black}})):
+        cluster = FakeCluster(n, RAILS, **faults)
+        t0 = time.process_time()
+        result = mesh(cluster, Options(), ["ibtool", "mesh", "--agent"], lambda line: None,
+                      clock=cluster.clock)  # fmt: skip
+        cpu = time.process_time() - t0
+        healthy_s = healthy_s or result.elapsed
+        said = "; ".join(f"{v.level.name} {v.subject}: {v.why[:60]}" for v in result.verdicts)
+        ratio = result.elapsed / healthy_s
+        print(f"{label:>10} {result.rounds:>6} {result.elapsed:>9.1f} {ratio:>6.3f} "
+              f"{cpu:>7.1f}  {said or 'none'}", flush=True)  # fmt: skip
 
 
 def _run(argv: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
@@ -130,7 +155,11 @@ if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "simulate"
     if what == "simulate":
         simulate([int(a) for a in sys.argv[2:]] or [64, 128, 256, 512, 1024])
+    elif what == "blackhole":
+        blackhole(int(sys.argv[2]) if len(sys.argv) > 2 else 1024)
     elif what == "testbed":
         testbed(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
     else:
-        raise SystemExit("usage: bench_mesh.py simulate [NODES...] | testbed [REPEAT]")
+        raise SystemExit(
+            "usage: bench_mesh.py simulate [NODES...] | blackhole [NODES] | testbed [REPEAT]"
+        )

@@ -96,6 +96,20 @@ def configure(parser) -> None:
         "every ordered pair once)",
     )
     parser.add_argument(
+        "--deadline",
+        type=number(float, 1.0, 1e7),
+        metavar="S",
+        help="seconds for the whole mesh: no round starts after them, the one running is "
+        "cut, and the verdicts are on what was probed (default: none)",
+    )
+    parser.add_argument(
+        "--abandon",
+        type=number(int, 1, 100000),
+        default=3,
+        metavar="N",
+        help="give a pair up after N pings lost in a row (default 3)",
+    )
+    parser.add_argument(
         "--slow",
         type=number(float, 1.5, 1000.0),
         default=10.0,
@@ -165,6 +179,8 @@ def run(inv: Invocation) -> int:
         tcp_port=args.tcp_port,
         start_timeout=args.start_timeout,
         qp_timeout=args.qp_timeout,
+        deadline=args.deadline,
+        abandon=args.abandon,
     )
 
     def say(line: str) -> None:

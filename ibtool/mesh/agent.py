@@ -428,6 +428,29 @@ class Stopped(Exception):
     """The agent is ending: a pair's pings stop where they are."""
 
 
+class Abandoned(Exception):
+    """A pair given up: too many losses in a row."""
+
+
+class GiveUp:
+    """When a pair is no longer worth its time: `limit` losses in a row. A black-holed end
+    (ACTIVE, every packet dropped) would otherwise cost the round every ping's timeout (20 x
+    2 s by default), in every round it is in; a lossy link still answers some of any few in a
+    row, so it is measured whole."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.run = 0
+
+    def reply(self) -> None:
+        self.run = 0
+
+    def loss(self) -> bool:
+        """Counts a loss; True when the pair is to be abandoned."""
+        self.run += 1
+        return self.run >= self.limit
+
+
 def probe(ladder, hw, source: str, target: str, plan: dict, stop: threading.Event) -> list:
     """One pair: `count` pings from `source` to the server at `target`, at most `rate` a
     second, until `stop` is set; [state, sent, received, median, p90, p99, hw, error]."""
@@ -437,6 +460,7 @@ def probe(ladder, hw, source: str, target: str, plan: dict, stop: threading.Even
 
     mode = wire.MODES[plan["mode"]]
     timeout = float(plan["timeout"])
+    give_up = GiveUp(plan.get("abandon", 3))
     stats, rtts, hw_rtts, errors = PingStats(), [], [], []
     try:
         client = Client(ladder, target, plan["tcp_port"], plan["size"], mode, timeout,
@@ -446,6 +470,7 @@ def probe(ladder, hw, source: str, target: str, plan: dict, stop: threading.Even
         return [int(PairState.PROBED), 0, 0, None, None, None, False, e.message]
 
     def reply(seq: int, rtt: float, hw_us: float | None) -> None:
+        give_up.reply()
         if hw_us is not None:
             hw_rtts.append(hw_us)
         if stop.is_set():
@@ -455,11 +480,15 @@ def probe(ladder, hw, source: str, target: str, plan: dict, stop: threading.Even
         errors.append(why)
         if stop.is_set():
             raise Stopped
+        if give_up.loss():
+            raise Abandoned
 
     try:
         run_client(client, plan["count"], 1.0 / plan["rate"], None, reply, loss, stats, rtts)
     except Stopped:
         errors.append("stopped: the mesh ended")
+    except Abandoned:
+        errors.append(f"abandoned after {give_up.run} losses in a row: {errors[-1]}")
     except IbtoolError as e:
         errors.append(e.message)
     except OSError as e:

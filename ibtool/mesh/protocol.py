@@ -208,7 +208,12 @@ def _pair(p: Any) -> tuple:
 
 
 def plan_message(
-    endpoints: list[Endpoint], ids: list[tuple[str, int]], schedule, settings, qp_timeout: int = 14
+    endpoints: list[Endpoint],
+    ids: list[tuple[str, int]],
+    schedule,
+    settings,
+    qp_timeout: int = 14,
+    abandon: int = 3,
 ) -> str:
     """The plan every agent gets: `ids[i]` is endpoint i's (agent id, index in its hello)."""
     return dumps(
@@ -224,6 +229,7 @@ def plan_message(
             "timeout": settings.timeout,
             "tcp_port": settings.tcp_port,
             "qp_timeout": qp_timeout,
+            "abandon": abandon,
         }
     )
 
@@ -263,6 +269,7 @@ def parse_coordinator(line: str | bytes) -> dict[str, Any]:
         _int(msg.get("size"), 1, 1 << 20, "plan: size")
         _int(msg.get("tcp_port"), 1, 65535, "plan: tcp port")
         msg["qp_timeout"] = _int(msg.get("qp_timeout", 14), 0, 31, "plan: qp timeout")
+        msg["abandon"] = _int(msg.get("abandon", 3), 1, 1 << 20, "plan: abandon")
         if msg.get("mode") not in MODES:
             raise AgentError("plan: mode")
         for key in ("rate", "timeout"):

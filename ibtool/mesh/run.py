@@ -23,6 +23,11 @@ from ibtool.model.mesh import Endpoint, MeshResult, Pair, PairState, PairTable, 
 from ibtool.model.names import printable
 
 START_TIMEOUT = 120.0  # s for every agent's hello (ssh, Python, the RDMA ports read)
+# Rounds in a row in which every pair with an endpoint was lost while its partners were fine
+# with their other partners: then it is quarantined, out of the rounds left. One such round
+# can be chance (a partner's stall); two are the endpoint. Without it, a black-holed endpoint
+# (ACTIVE, every packet dropped) costs every round its pairs' timeouts: N - 1 rounds of them.
+QUARANTINE_ROUNDS = 2
 READY_TIMEOUT = 120.0  # s for every agent's servers to listen (verbs opened)
 ROUND_SLACK = 30.0  # s a round may take beyond its pings' own worst case
 CLOSE_GRACE = 30.0  # s the agents have to stop their servers and exit after `end`
@@ -42,6 +47,8 @@ class Options:
     tcp_port: int = 18521
     start_timeout: float = START_TIMEOUT
     qp_timeout: int = 14  # the QPs' local ACK timeout exponent (ladder.PathSpec.ack_timeout)
+    deadline: float | None = None  # s for the whole mesh: no round starts after it
+    abandon: int = 3  # losses in a row after which an agent gives a pair up
 
 
 @dataclass
@@ -63,12 +70,20 @@ def round_timeout(o: Options) -> float:
 
 
 class Coordinator:
-    def __init__(self, engine: Engine, options: Options, say: Callable[[str], None]):
-        self.engine, self.o, self.say = engine, options, say
+    def __init__(
+        self,
+        engine: Engine,
+        options: Options,
+        say: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.engine, self.o, self.say, self.clock = engine, options, say, clock
         self.nodes: dict[str, _Node] = {}
         self.unreachable: dict[str, str] = {}
         self.gone: set[str] = set()  # the keys of nodes out of the mesh
         self.engine_done = False  # the engine itself ended (srun gone, ClusterShell's task)
+        self.quarantined: dict[int, str] = {}  # endpoint -> why, from the round it was found
+        self.stopped: str | None = None  # why the rounds stopped before the last one
 
     # -- events ----------------------------------------------------------------------------
 
@@ -98,7 +113,7 @@ class Coordinator:
     ):
         """Events until `done()` or the deadline; each agent's message to `handle`."""
         while not done():
-            left = deadline - time.monotonic()
+            left = deadline - self.clock()
             if left <= 0:
                 return
             ev = self.engine.get(min(left, 1.0))
@@ -150,7 +165,7 @@ class Coordinator:
         o = self.o
         settings = Settings(o.count, o.size, o.mode, o.rate, o.timeout, o.all_rails,
                             o.slow_factor, o.tcp_port, self.engine.name)  # fmt: skip
-        started_wall, t0 = time.time(), time.monotonic()
+        started_wall, t0 = time.time(), self.clock()
         self.engine.start(agent_argv)
         try:
             result = self._mesh(settings)
@@ -158,7 +173,7 @@ class Coordinator:
             if not self.engine_done:
                 self.engine.send(protocol.dumps({"t": "end"}))
             self.engine.close(CLOSE_GRACE)
-        result.started, result.elapsed = started_wall, time.monotonic() - t0
+        result.started, result.elapsed = started_wall, self.clock() - t0
         return result
 
     def _mesh(self, settings: Settings) -> MeshResult:
@@ -187,7 +202,7 @@ class Coordinator:
         def all_said() -> bool:
             return len(said | self.gone) >= expected
 
-        self._pump(time.monotonic() + o.start_timeout, hello, all_said)
+        self._pump(self.clock() + o.start_timeout, hello, all_said)
         endpoints, ids = self._endpoints()
         answered = sum(1 for n in self.nodes.values() if n.hello and not n.gone)
         self.say(f"mesh: {len(endpoints)} endpoints on {answered} of {expected} nodes")
@@ -202,10 +217,13 @@ class Coordinator:
         live = [n for n in self.nodes.values() if n.hello and not n.gone]
         if live and endpoints and not self.engine_done:
             self.engine.send(
-                protocol.plan_message(endpoints, ids, schedule, settings, o.qp_timeout)
+                protocol.plan_message(endpoints, ids, schedule, settings, o.qp_timeout, o.abandon)
             )
             self._ready(live, endpoints)
             self._rounds(live, endpoints, partners, table, result)
+        for e, why in self.quarantined.items():
+            endpoints[e] = dataclasses.replace(endpoints[e], problem=why)
+        result.stopped = self.stopped
         for n in live:
             if n.gone:  # what was probed before it left stays; the rest is its fault
                 for i in n.endpoints:
@@ -266,7 +284,7 @@ class Coordinator:
                     i = node.endpoints[k]
                     endpoints[i] = dataclasses.replace(endpoints[i], problem=why)
 
-        self._pump(time.monotonic() + READY_TIMEOUT, ready,
+        self._pump(self.clock() + READY_TIMEOUT, ready,
                    lambda: all(n.ready or n.gone for n in live))  # fmt: skip
         for n in live:
             if not n.ready:
@@ -277,15 +295,24 @@ class Coordinator:
         told: set[int] = set()
         keys = {n.key for n in live}
         o = self.o
+        failing = [0] * len(endpoints)  # rounds in a row each endpoint failed whole
+        ends_at = None if o.deadline is None else self.clock() + o.deadline
+        r = 0
         for r in range(partners.rounds):
             for n in live:
                 if n.gone:
                     dead.update(n.endpoints)
+            dead.update(self.quarantined)
             if all(n.gone for n in live) or self.engine_done:
+                break
+            if ends_at is not None and self.clock() >= ends_at:
+                self.stopped = (
+                    f"--deadline {o.deadline:g} s reached: {r} of {partners.rounds} rounds run"
+                )
                 break
             skip = sorted(dead - told)
             told |= dead
-            t_round = time.monotonic()
+            t_round = self.clock()
             self.engine.send(protocol.dumps({"t": "round", "r": r, "skip": skip}))
             reported: set[str] = set()
 
@@ -302,23 +329,97 @@ class Coordinator:
                         return
                 for p in msg["pairs"]:
                     table.record(r, *p)
+                    if p[2] == PairState.SKIPPED:
+                        self._said_quarantined(table, r, p[0], p[1], endpoints)
                 for i, n in msg["retrans"].items():
                     if i in mine:
                         table.retrans[table.slot(r, i)] = min(n, 2**31 - 1)
                 reported.add(node.key)
 
+            round_ends = self.clock() + round_timeout(o)
+            cut = ends_at is not None and ends_at < round_ends
             self._pump(
-                time.monotonic() + round_timeout(o),
+                min(round_ends, ends_at) if cut else round_ends,
                 result_of,
                 lambda reported=reported: len(reported | (self.gone & keys)) >= len(keys),
             )
-            result.round_seconds.append(time.monotonic() - t_round)
+            result.round_seconds.append(self.clock() - t_round)
+            if cut and len(reported | (self.gone & keys)) < len(keys):
+                # the deadline came in the middle of the round: its pings are stopped, and
+                # what was not reported is not probed, no node's fault
+                self.stopped = (
+                    f"--deadline {o.deadline:g} s reached in round {r + 1} of {partners.rounds}"
+                )
+                self.engine.send(protocol.dumps({"t": "end"}))
+                self._unrun(r, r + 1, live, reported, partners, table)
+                r += 1
+                break
             for n in live:
                 if n.key not in reported and not n.gone:
                     self._drop(n, f"did not report round {r} in {round_timeout(o):.0f} s")
             self._fill(r, live, reported, endpoints, partners, table)
+            self._quarantine(r, endpoints, partners, table, failing, dead)
             if (r + 1) % max(1, partners.rounds // 10) == 0 or r + 1 == partners.rounds:
                 self.say(f"mesh: round {r + 1}/{partners.rounds}")
+        else:
+            return
+        if self.stopped is not None:
+            self.say(f"mesh: {self.stopped}")
+            self._unrun(r, partners.rounds, live, set(), partners, table)
+
+    def _unrun(self, first, last, live, reported, partners: Partners, table) -> None:
+        """Rounds first..last-1's pairs that were never reported, unscheduled: the mesh ended
+        before them (--deadline), which says nothing of either end, so they count neither
+        for nor against anyone, as the pairs of the shifts --rounds leaves out."""
+        for r in range(first, last):
+            for n in live:
+                if n.key in reported:
+                    continue
+                for src in n.endpoints:
+                    i = table.slot(r, src)
+                    if table.state[i] == PairState.UNSCHEDULED:
+                        table.dst[i] = -1
+
+    def _said_quarantined(self, table: PairTable, r: int, src: int, dst: int, endpoints) -> None:
+        for end in (src, dst):
+            if end in self.quarantined:
+                table.errors[table.slot(r, src)] = (
+                    f"not probed: {endpoints[end].name} is quarantined"
+                )
+                return
+
+    def _quarantine(self, r, endpoints, partners: Partners, table, failing, dead) -> None:
+        """Endpoints whose every pair of round r was lost while both partners were fine with
+        their other partner that round; QUARANTINE_ROUNDS such rounds in a row take one out."""
+        t = table
+
+        def lost(slot: int) -> bool:
+            return t.state[slot] == PairState.PROBED and not t.received[slot]
+
+        def answered(slot: int) -> bool:
+            return t.state[slot] == PairState.PROBED and t.received[slot] > 0
+
+        for e in range(len(endpoints)):
+            if e in dead:
+                continue
+            d, s = partners.of(r, e), partners.by(r, e)
+            whole = d >= 0 and s >= 0 and lost(t.slot(r, e)) and lost(t.slot(r, s))
+            # the partners are fine elsewhere: d's own pair, and the pair s served
+            if whole:
+                dd, ss = partners.of(r, d), partners.by(r, s)
+                whole = (dd >= 0 and dd != e and answered(t.slot(r, d))) or (
+                    ss >= 0 and ss != e and answered(t.slot(r, ss))
+                )
+            failing[e] = failing[e] + 1 if whole else 0
+            if failing[e] >= QUARANTINE_ROUNDS:
+                said = t.errors.get(t.slot(r, e)) or t.errors.get(t.slot(r, s)) or "no reply"
+                first = r + 2 - QUARANTINE_ROUNDS
+                self.quarantined[e] = (
+                    f"quarantined after rounds {first}-{r + 1}: every pair with it lost while "
+                    f"its partners were answered by others ({said})"
+                )
+                self.say(f"{endpoints[e].name}: {self.quarantined[e]}")
+                dead.add(e)
 
     def _fill(self, r, live, reported, endpoints, partners: Partners, table: PairTable) -> None:
         """Round r's pairs no agent reported: MISSING (its node gone), or SKIPPED."""
@@ -349,8 +450,15 @@ class Coordinator:
                 )
 
 
-def mesh(engine: Engine, options: Options, agent_argv: list[str], say) -> MeshResult:
-    """One mesh through `engine`; `say` gets its progress lines."""
+def mesh(
+    engine: Engine,
+    options: Options,
+    agent_argv: list[str],
+    say,
+    clock: Callable[[], float] = time.monotonic,
+) -> MeshResult:
+    """One mesh through `engine`; `say` gets its progress lines; `clock` is what its
+    deadlines and durations are read from (a test's virtual clock)."""
     if options.rate <= 0:
         raise IbtoolError("--rate must be above 0")
-    return Coordinator(engine, options, say).run(agent_argv)
+    return Coordinator(engine, options, say, clock).run(agent_argv)

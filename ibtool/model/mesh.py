@@ -231,6 +231,7 @@ class MeshResult:
     started: float = 0.0  # wall clock (time.time) when the mesh began
     elapsed: float = 0.0  # seconds of the whole mesh
     round_seconds: list[float] = field(default_factory=list)  # each round's duration
+    stopped: str | None = None  # why the rounds stopped before the last (--deadline)
 
     @property
     def worst(self) -> Level | None:

@@ -423,6 +423,11 @@ def rtt_quantiles(result: MeshResult) -> tuple[float | None, float | None]:
 
 
 def summary(result: MeshResult) -> str:
+    line = _summary(result)
+    return f"{line}; {result.stopped}" if result.stopped else line
+
+
+def _summary(result: MeshResult) -> str:
     n = len(result.endpoints)
     if result.verdicts:
         levels = [v.level for v in result.verdicts]
@@ -544,7 +549,7 @@ def _num(x: float) -> str:
 def json_chunks(result: MeshResult) -> Iterator[str]:
     """One JSON object, in pieces: everything but the pairs first, then the pairs CHUNK at a
     time (never the whole list in memory). Keys: settings, endpoints, baselines, verdicts,
-    unreachable, rounds, started, elapsed, round_seconds, exit_code, pairs."""
+    unreachable, rounds, started, elapsed, round_seconds, stopped, exit_code, pairs."""
     names = [e.name for e in result.endpoints]
     dumps = json.dumps
     head = {
@@ -557,6 +562,7 @@ def json_chunks(result: MeshResult) -> Iterator[str]:
         "started": round(result.started, 3),
         "elapsed": round(result.elapsed, 3),
         "round_seconds": [round(x, 3) for x in result.round_seconds],
+        "stopped": result.stopped,
         "exit_code": result.exit_code(),
     }
     yield dumps(head)[:-1] + ', "pairs": ['

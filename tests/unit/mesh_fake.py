@@ -8,12 +8,24 @@ from __future__ import annotations
 
 import json
 
+from ibtool.mesh.agent import GiveUp
 from ibtool.mesh.engines import EXIT, LINE, STDERR, Engine, Event
 from ibtool.mesh.schedule import Partners, Schedule
 
 RTT = 3.0  # us, a healthy pair's median
 P90 = 3.6
 P99 = 5.0
+ROUND_OVERHEAD = 0.05  # s a round costs beyond its slowest pair: messages, QPs to RTS
+
+
+class VirtualClock:
+    """Seconds that pass only when the simulated cluster says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class FakeCluster(Engine):
@@ -31,14 +43,23 @@ class FakeCluster(Engine):
       RTT remarkable, but their ports' retransmission counters move (20% of the pings
       through them), and their partners' (10%, their ACKs to them lost) in rounds they meet
     - jitter: every port retransmits one packet every round (a busy host's stalls)
+    - black: endpoints ACTIVE and connected, every ping to or from them lost (a black hole):
+      each pair with one sends what the real agent's GiveUp lets it before abandoning
+
+    Time is virtual (`clock`, for the coordinator): a round lasts as long as its slowest
+    pair would, each answered ping costing 1/rate, each lost one the plan's timeout, a
+    connection that times out one timeout, plus ROUND_OVERHEAD.
     """
 
     name = "fake"
 
     def __init__(self, nodes: int, rails: int, *, down=(), slow=(), lossy=(), blocked=(),
                  silent=(), garbage=(), dies=None, count: int = 20, resends=(),
-                 jitter: bool = False):  # fmt: skip
+                 jitter: bool = False, black=()):  # fmt: skip
         super().__init__()
+        self.black = set(black)
+        self.clock = VirtualClock()
+        self.skip: set[int] = set()
         self.nodes = [f"node{i:04d}" for i in range(1, nodes + 1)]
         self.rails = rails
         self.down, self.slow, self.lossy = set(down), set(slow), set(lossy)
@@ -82,12 +103,14 @@ class FakeCluster(Engine):
         if msg["t"] == "plan":
             self._plan(msg)
         elif msg["t"] == "round":
-            self._round(msg["r"], set(msg["skip"]))
+            self.skip.update(msg["skip"])  # as the agent keeps them: for the rest of the mesh
+            self._round(msg["r"], self.skip)
         elif msg["t"] == "end":
             for node in self.alive:
                 self.events.put(Event(node, EXIT, 0))
 
     def _plan(self, plan: dict) -> None:
+        self.plan = plan
         eps = plan["endpoints"]
         by_id = {v: k for k, v in self.ids.items()}
         self.names = [f"{by_id[aid]}/rxe{k}/1" for aid, k, _, _ in eps]
@@ -106,22 +129,37 @@ class FakeCluster(Engine):
         for node in self.alive:
             self.events.put(Event(node, LINE, '{"t":"ready","problems":{}}'))
 
-    def _pair(self, i: int, d: int) -> list:
+    def _pair(self, i: int, d: int) -> tuple[list, float]:
+        """The pair's row as the agent reports it, and the seconds it took."""
         names = self.names
         a, b = names[i], names[d]
         count = self.count
+        timeout, interval = self.plan["timeout"], 1.0 / self.plan["rate"]
+        if i in self.skip or d in self.skip:
+            why = "not probed: the other end is down or has no agent"
+            return [i, d, 2, 0, 0, None, None, None, False, why], 0.0
         if not (self.up[i] and self.up[d]):
-            return [i, d, 2, 0, 0, None, None, None, False, "not probed: down"]
+            return [i, d, 2, 0, 0, None, None, None, False, "not probed: down"], 0.0
         if frozenset((a, b)) in self.blocked:
-            return [i, d, 1, 0, 0, None, None, None, False, "cannot reach: timed out"]
+            return [i, d, 1, 0, 0, None, None, None, False, "cannot reach: timed out"], timeout
+        if a in self.black or b in self.black:
+            give_up, sent = GiveUp(self.plan["abandon"]), 0
+            while sent < count:
+                sent += 1
+                if give_up.loss():
+                    break
+            why = f"abandoned after {give_up.run} losses in a row: ping {sent}: no reply"
+            return [i, d, 1, sent, 0, None, None, None, False, why], sent * timeout
         if a in self.lossy or b in self.lossy:
-            return [i, d, 1, count, count // 2, RTT, P90, P99, False, "ping: no reply"]
+            took = (count - count // 2) * interval + (count // 2) * timeout
+            return [i, d, 1, count, count // 2, RTT, P90, P99, False, "ping: no reply"], took
         if a in self.slow or b in self.slow:
-            return [i, d, 1, count, count, RTT * 2, 40000.0, 67000.0, False, None]
-        return [i, d, 1, count, count, RTT, P90, P99, False, None]
+            return [i, d, 1, count, count, RTT * 2, 40000.0, 67000.0, False, None], 0.07 * count
+        return [i, d, 1, count, count, RTT, P90, P99, False, None], count * interval
 
     def _round(self, r: int, skip: set[int]) -> None:
         of = self.partners.of
+        slowest = 0.0
         for node in list(self.alive):
             if self.dies.get(node) == r:
                 self.alive.remove(node)
@@ -132,7 +170,9 @@ class FakeCluster(Engine):
             for i in self.own[node]:
                 d = of(r, i)
                 if d >= 0:
-                    pairs.append(self._pair(i, d))
+                    row, took = self._pair(i, d)
+                    pairs.append(row)
+                    slowest = max(slowest, took)
                 if self.resends or self.jitter:
                     retrans[str(i)] = self._retrans(r, i)
             msg = {"t": "result", "r": r, "pairs": pairs}
@@ -140,6 +180,7 @@ class FakeCluster(Engine):
                 msg["retrans"] = retrans
             line = json.dumps(msg, separators=(",", ":"))
             self.events.put(Event(node, LINE, line))
+        self.clock.now += slowest + ROUND_OVERHEAD
 
     def _retrans(self, r: int, i: int) -> int:
         partners = [p for p in (self.partners.of(r, i), self.partners.by(r, i)) if p >= 0]

@@ -180,14 +180,69 @@ def test_the_three_faults_of_the_testbed_and_no_other():
 
 
 def test_an_endpoint_s_verdict_carries_what_its_pairs_said():
-    black = "node0001/rxe0/1"
-    cluster = FakeCluster(5, 1, blocked=[(black, f"node{i:04d}/rxe0/1") for i in range(2, 6)])
+    # cut off from all but node0003, which it meets in rounds 2 and 3: never two whole
+    # rounds lost in a row, so it is named by its pairs, not quarantined
+    bad = "node0001/rxe0/1"
+    cluster = FakeCluster(5, 1, blocked=[(bad, f"node{i:04d}/rxe0/1") for i in (2, 4, 5)])
     result, _ = _run(cluster)
     (verdict,) = result.verdicts
-    assert (verdict.subject, verdict.level.name) == (black, "FAIL")
+    assert (verdict.subject, verdict.level.name) == (bad, "FAIL")
     assert verdict.why.endswith(
-        "0/0 pings answered in those pairs: cannot reach: timed out (8 pairs)"
+        "0/0 pings answered in those pairs: cannot reach: timed out (6 pairs)"
     ), verdict.why
+
+
+def _timed(cluster: FakeCluster, **options):
+    said: list[str] = []
+    result = mesh(cluster, Options(**options), ["ibtool", "mesh", "--agent"], said.append,
+                  clock=cluster.clock)  # fmt: skip
+    return result, said
+
+
+def test_a_black_hole_is_quarantined_and_costs_two_rounds():
+    black = "node0005/rxe1/1"
+    healthy, _ = _timed(FakeCluster(12, 2))
+    result, said = _timed(FakeCluster(12, 2, black={black}))
+    assert healthy.verdicts == [] and healthy.elapsed > 0
+    (verdict,) = result.verdicts
+    assert (verdict.subject, verdict.level.name) == (black, "FAIL")
+    assert verdict.why.startswith("quarantined after rounds 1-2: every pair with it lost while")
+    assert "abandoned after 3 losses in a row" in verdict.why
+    assert any(line.startswith(f"{black}: quarantined after rounds 1-2") for line in said)
+    # its pairs after the quarantine are not probed, and say why
+    t = result.pairs
+    later = [p for p in result.pairs if p.round >= 2 and black in (
+        result.endpoints[p.src].name, result.endpoints[p.dst].name)]  # fmt: skip
+    assert later and all(p.state == PairState.SKIPPED for p in later)
+    assert later[0].error == f"not probed: {black} is quarantined"
+    assert len(t.errors) < 100
+    # two rounds of abandoned pairs (3 x 2 s), then the healthy rounds' time
+    assert result.elapsed <= healthy.elapsed + 2 * (3 * 2.0 + 0.1)
+
+
+def test_a_thousand_nodes_with_a_black_hole_finish_within_twice_the_healthy_time():
+    """1,024 x 8, 64 of the 1,023 rounds (a unit test's time; bench/bench_mesh.py runs them
+    all): the black hole's two rounds of abandoned pairs are the whole difference."""
+    nodes, rails = 1024, 8
+    black = "node0512/rxe3/1"
+    healthy, _ = _timed(FakeCluster(nodes, rails), rounds=64)
+    result, _ = _timed(FakeCluster(nodes, rails, black={black}), rounds=64)
+    assert [v.subject for v in result.verdicts] == [black]
+    assert result.elapsed <= 2 * healthy.elapsed, (result.elapsed, healthy.elapsed)
+
+
+def test_a_deadline_ends_the_mesh_with_what_it_has():
+    from ibtool.views import mesh as view
+
+    cluster = FakeCluster(12, 1)  # rounds of 0.25 s: the fourth ends past the deadline
+    result, said = _timed(cluster, deadline=1.0)
+    assert result.stopped == "--deadline 1 s reached in round 4 of 11"
+    assert f"mesh: {result.stopped}" in said
+    # the pairs of the rounds it cut are not pairs of this mesh: no one is blamed for them
+    assert {p.round for p in result.pairs} == {0, 1, 2}
+    assert all(p.state == PairState.PROBED for p in result.pairs)
+    assert result.verdicts == [] and result.exit_code() == 0
+    assert result.stopped in "\n".join(view.render_text(result))
 
 
 def test_a_lossy_link_under_rc_is_named_by_its_retransmissions():
@@ -239,10 +294,10 @@ def test_nodes_that_never_answer_speak_garbage_or_die_are_theirs_alone():
 def test_a_node_reporting_pairs_not_its_own_is_dropped():
     class Liar(FakeCluster):
         def _pair(self, i, d):
-            row = super()._pair(i, d)
+            row, took = super()._pair(i, d)
             if self.node_of[i] == "node0002":
                 row[0] = 0  # claims to be node0001's endpoint
-            return row
+            return row, took
 
     result, said = _run(Liar(4, 1))
     assert any("reported a pair 0 -> " in s for s in said)

@@ -145,3 +145,26 @@ def test_an_end_or_eof_mid_round_stops_the_pings_in_flight(tmp_path, monkeypatch
     t.join(30)
     assert done == [0] and stopped == [True] and time.monotonic() - t0 < 10
     assert [m["t"] for m in said] == ["hello"]  # no result for a round the mesh abandoned
+
+
+def test_a_pair_is_given_up_after_losses_in_a_row_not_after_scattered_ones():
+    from ibtool.mesh.agent import GiveUp
+
+    black = GiveUp(3)
+    assert [black.loss() for _ in range(3)] == [False, False, True]
+    lossy = GiveUp(3)  # half lost, never three in a row: measured whole
+    verdicts = []
+    for _ in range(10):
+        verdicts.append(lossy.loss())
+        lossy.reply()
+    assert not any(verdicts)
+
+
+def test_the_plan_carries_abandon_and_an_old_plan_means_three():
+    plan = {"t": "plan", "v": 1, "endpoints": [["a" * 16, 0, "10.0.0.1", True]],
+            "schedule": {"groups": {"0": [0]}, "shifts": {"0": []}}, "count": 20, "size": 64,
+            "tcp_port": 18521, "mode": "send", "rate": 100, "timeout": 2}  # fmt: skip
+    assert protocol.parse_coordinator(json.dumps(plan))["abandon"] == 3
+    assert protocol.parse_coordinator(json.dumps({**plan, "abandon": 5}))["abandon"] == 5
+    with pytest.raises(protocol.AgentError, match="abandon"):
+        protocol.parse_coordinator(json.dumps({**plan, "abandon": 0}))
