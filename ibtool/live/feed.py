@@ -22,6 +22,7 @@ from ibtool.live.engine import Engine, Hosts, Reading
 from ibtool.model import counters as counterinfo
 from ibtool.model.events import Event
 from ibtool.model.health import HealthResult, Status
+from ibtool.model.names import escaped
 from ibtool.model.rates import Rated
 from ibtool.model.records import CounterSample, Gid, Port
 
@@ -199,7 +200,7 @@ class Feed:
             self._row(p, by_port.get((p.device, p.port), []), about.get((p.device, p.port), ()))
             for p in ports
         )
-        keys = {r.key for r in rows}
+        keys = {(escaped(device), port) for device, port in (r.key for r in rows)}
         host_findings = tuple(
             f for f in findings if _port_of(f.subject) not in keys or not f.subject
         )
@@ -327,7 +328,8 @@ def _port_of(subject: str) -> PortKey | None:
 
 
 def _by_port(findings: list[HealthResult], ports: list[Port]) -> dict[PortKey, tuple]:
-    """Each port's findings: those about it, and those about its whole device."""
+    """Each port's findings: those about it, and those about its whole device. A subject
+    holds the device's name escaped (HealthResult), so it is matched against that."""
     of_port: dict[PortKey, list[HealthResult]] = {}
     of_device: dict[str, list[HealthResult]] = {}
     for f in findings:
@@ -336,7 +338,8 @@ def _by_port(findings: list[HealthResult], ports: list[Port]) -> dict[PortKey, t
             of_port.setdefault(key, []).append(f)
         elif f.subject:
             of_device.setdefault(f.subject, []).append(f)
-    return {
-        (p.device, p.port): tuple(of_device.get(p.device, []) + of_port.get((p.device, p.port), []))
-        for p in ports
-    }
+    out = {}
+    for p in ports:
+        shown = escaped(p.device)
+        out[(p.device, p.port)] = tuple(of_device.get(shown, []) + of_port.get((shown, p.port), []))
+    return out

@@ -74,3 +74,21 @@ def test_the_port_checks_own_kind_marks_the_link_below_its_configured_rate(tmp_p
     row = feed.poll().row(("mlx5_0", 1))
     (found,) = [f for f in row.findings if f.kind == "link_below_configured"]
     assert row.degraded == found.summary
+
+
+def test_a_device_renamed_with_control_characters_keeps_its_findings(tmp_path):
+    # a finding's subject holds the name escaped; the port's row must still be its own
+    root = sysfs_trees.build("mlx5_ib_hca", tmp_path / "root")
+    link = root / "sys" / "class" / "infiniband" / "mlx5_0"
+    hostile = "mlx5\x1b[31m_0"
+    link.rename(link.with_name(hostile))
+    host = Host(root=str(root))
+
+    def check(ctx):
+        return [HealthResult(Status.CRITICAL, f"{p.device}/{p.port}", "down") for p in
+                ctx.host.ports()] + [HealthResult(Status.WARNING, hostile, "of the device")]  # fmt: skip
+
+    frame = Feed(lambda: host, live=False, source="test", checks={"port": check}).poll()
+    row = frame.row((hostile, 1))
+    assert row.health == Status.CRITICAL
+    assert [f.summary for f in frame.host_findings] == ["of the device"]  # as for mlx5_0
