@@ -196,6 +196,14 @@ def run(inv: Invocation) -> int:
         else:
             inv.out.write(health.unknown(e.message + hint))
         return int(Status.UNKNOWN)
+    except Exception as e:
+        # A bug is still the CLI's internal error (exit 70, --debug for the traceback), but
+        # node_exporter must not go on serving the last run's OK as this run's: the textfile
+        # says UNKNOWN, and the exception's type (its message may quote anything).
+        if inv.args.textfile:
+            failure = health.failed(f"internal error: {type(e).__name__}", time.time())
+            _textfile(inv, failure, collect=False)
+        raise
     if inv.args.textfile:
         _textfile(inv, report)
     if inv.args.slurm_drain:

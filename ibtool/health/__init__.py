@@ -5,6 +5,7 @@ state a check keeps between runs, the node_exporter textfile, Slurm's node drain
     config    health.toml, parsed strictly: thresholds, the checks' own tables
     state     the state file: what each check kept, by boot
     textfile  the metric families of the collectors, written atomically as a .prom file
+    files     health.toml and the state read only as regular files, within a bound
     slurm     drain and resume this node in Slurm, with the reason
 
 May import ibtool.plugin (to run what the plugins registered), ibtool.snapshot, ibtool.host

@@ -9,6 +9,7 @@ check.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import re
 import sys
@@ -17,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ibtool.errors import DataError, UnsupportedError
+from ibtool.health import files
 from ibtool.model.health import Range
+from ibtool.sources.sysfs.values import valid_netdev_name
 
 DEFAULT_PATH = "/etc/ibtool/health.toml"
 
@@ -131,24 +134,68 @@ def load(
     if path is None:
         return HealthConfig()
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = files.read(path, files.CONFIG_MAX, null=True)
     except FileNotFoundError:
         if required:
             raise ConfigError(f"config {path}: no such file", "see ibtool-health(8)") from None
         return HealthConfig()
+    except files.NotAFile as e:
+        hint = _TOO_LARGE if e.what.startswith("larger") else _NOT_A_FILE
+        raise ConfigError(f"config {path}: {e.what}", hint) from None
     except OSError as e:
         raise ConfigError(f"config {path}: {e.strerror}") from None
     try:
         text = raw.decode()
     except UnicodeDecodeError as e:
         raise ConfigError(f"config {path}: not UTF-8 text (byte {e.start})") from None
+    return _Parser(path, text, counters).config(_parsed(path, text))
+
+
+_NOT_A_FILE = "--config takes a regular file (--config /dev/null: none); see ibtool-health(8)"
+_TOO_LARGE = "a health.toml is a few KB: is it the right file? see ibtool-health(8)"
+
+
+def _parsed(path: str, text: str) -> dict[str, Any]:
+    """The TOML document in `text`. Whatever the parser raises on it is a ConfigError: the
+    file is the user's (or anyone's who could write it), so its content, however hostile, is
+    a mistake of the config, UNKNOWN, never an internal error that leaves a textfile's last OK
+    in place."""
     toml = _toml()
     try:
-        data = toml.loads(text)
+        return toml.loads(text)
     except toml.TOMLDecodeError as e:
         raise ConfigError(_syntax_error(path, str(e), text), "see ibtool-health(8)") from None
-    return _Parser(path, text, counters).config(data)
+    except RecursionError:
+        # tomllib recurses once per level of nested arrays and inline tables, until Python's
+        # recursion limit; tomli 2.1 and later stop at 400 levels with a RecursionError too.
+        problem = f"config {path}: arrays or tables nested too deeply to read"
+    except ValueError as e:
+        # int() refuses a decimal string of more than sys.get_int_max_str_digits() digits
+        # (4300 by default: CVE-2020-10735, Python 3.11 and the 3.9.14/3.10.7 security
+        # releases), and the TOML spec sets integers no such bound: the parser's ValueError
+        # names sys.set_int_max_str_digits(), which the user cannot call.
+        problem = _long_number(path, text) or (
+            f"config {path}: a value the TOML parser cannot read ({type(e).__name__})"
+        )
+    except Exception as e:
+        problem = f"config {path}: the TOML parser failed on it ({type(e).__name__})"
+    raise ConfigError(problem, "see ibtool-health(8)")
+
+
+def _long_number(path: str, text: str) -> str | None:
+    """'config PATH:LINE: a number of more digits than can be read (N)' for the first run of
+    more digits than int() reads, or None."""
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    if not limit:
+        return None
+    for number, line in enumerate(text.splitlines(), 1):
+        for run in re.findall(r"[0-9][0-9_]*", line):
+            digits = len(run.replace("_", ""))
+            if digits > limit:
+                return (
+                    f"config {path}:{number}: a number of more digits than can be read ({digits})"
+                )
+    return None
 
 
 def _syntax_error(path: str, message: str, text: str) -> str:
@@ -188,6 +235,58 @@ def _known_counters() -> set[str]:
     from ibtool.model import counters as counterinfo
 
     return set(counterinfo.PMA) | set(counterinfo.COUNTERS_EXT) | set(counterinfo.HW)
+
+
+def _finite(value: int | float) -> bool:
+    """Whether `value` is a finite float: TOML reads nan, inf and 1e400 (inf) as floats (TOML
+    1.0.0, "Float"), and an integer of hundreds of digits is finite but no float."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
+
+
+def _finite_range(value: object) -> bool:
+    """A threshold's number, or each number of its range text, is finite ("~" and an end left
+    out are a range's infinities, written as such, not as 1 followed by 400 zeros)."""
+    if isinstance(value, str):
+        return all(math.isfinite(float(n)) for n in _NUMBER.findall(value))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _finite(value)
+    return True  # not a number: Range.parse says what it must be
+
+
+def _shown(name: str) -> str:
+    """A name from the config in a message: quoted, escaped to ASCII (a terminal escape in the
+    file must not reach the terminal or the Nagios output), cut at 40 characters."""
+    return ascii(name if len(name) <= 40 else name[:40] + "...")
+
+
+def _name(name: str) -> str | None:
+    """What a name (a check, a module, a peer) must be, when it is not: printable."""
+    return None if name.isprintable() else "a name (printable text)"
+
+
+def _device_name(name: str) -> str | None:
+    """An RDMA device's name is a kobject's: anything but '/' (lib/kobject.c), "." and ".."
+    (a directory of /sys/class/infiniband); the one in the config is also printable."""
+    if "/" in name or name in (".", ".."):
+        return "an RDMA device name"
+    return _name(name)
+
+
+def _netdev_or_address(name: str) -> str | None:
+    """[roce] netdevs: a netdev name (net/core/dev.c dev_valid_name) or an IP address."""
+    if valid_netdev_name(name):
+        return None
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return "a netdev name (under 16 bytes, no '/', ':' or space) nor an IP address"
+    return None
 
 
 class _Parser:
@@ -253,16 +352,17 @@ class _Parser:
         if (
             isinstance(budget, bool)
             or not isinstance(budget, (int, float))
-            or not (0 < budget < math.inf)
+            or not _finite(budget)
+            or budget <= 0
         ):
             raise self.error("budget must be a number of seconds above 0", "datapath", "budget")
         return HealthConfig(
             path=self.path,
             skip=frozenset(self.words(health, "health", "skip")),
-            devices=self.words(health, "health", "devices"),
+            devices=self.words(health, "health", "devices", valid=_device_name),
             modules=self.words(health, "health", "modules", HealthConfig.modules),
             ports=self.ports(data.get("ports", {})),
-            netdevs=self.words(roce, "roce", "netdevs"),
+            netdevs=self.words(roce, "roce", "netdevs", valid=_netdev_or_address),
             thresholds=self.thresholds(data.get("thresholds", {})),
             datapath_budget=float(budget),
             peers=self.words(datapath, "datapath", "peers"),
@@ -277,13 +377,24 @@ class _Parser:
         return {name: dict(value) for name, value in table.items()}
 
     def words(
-        self, table: dict, section: str, key: str, default: tuple[str, ...] = ()
+        self,
+        table: dict,
+        section: str,
+        key: str,
+        default: tuple[str, ...] = (),
+        valid: Callable[[str], str | None] = _name,
     ) -> tuple[str, ...]:
+        """A list of names; each one that `valid` finds fault with (it says what a name must
+        be) is a ConfigError naming the key."""
         value = table.get(key, list(default))
         if not isinstance(value, list) or not all(
             isinstance(v, str) and v and not any(c.isspace() for c in v) for v in value
         ):
             raise self.error(f'{key} must be a list of names, e.g. ["a", "b"]', section, key)
+        for name in value:
+            fault = valid(name)
+            if fault is not None:
+                raise self.error(f"{key}: {_shown(name)} is not {fault}", section, key)
         return tuple(value)
 
     def ports(self, table: dict) -> dict[str, PortExpect]:
@@ -307,6 +418,10 @@ class _Parser:
                 isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0
             ):
                 raise self.error("rate must be a number of Gb/s, e.g. 100", section, "rate")
+            if rate is not None and not _finite(rate):
+                # nan compares false with every rate (the check would never fire), inf above
+                # every one (it would fire on every port)
+                raise self.error("rate must be a finite number of Gb/s, e.g. 100", section, "rate")
             width = value.get("width")
             if width is not None and (not isinstance(width, str) or not _WIDTH.fullmatch(width)):
                 raise self.error('width must be like "4X"', section, "width")
@@ -350,6 +465,12 @@ class _Parser:
                 warning, critical = value.get("warning"), value.get("critical")
             else:
                 warning, critical = value, None
+            for key, given in (("warning", warning), ("critical", critical)):
+                if not _finite_range(given):
+                    if isinstance(value, dict):  # [thresholds.NAME]'s line of the key
+                        where = (f"thresholds\x00{name}", key)
+                    problem = f'threshold of {name}: must be finite numbers, e.g. 10 or "10:20"'
+                    raise self.error(problem, *where)
             try:
                 found[name] = Thresholds(
                     None if warning is None else Range.parse(warning),

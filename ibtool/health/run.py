@@ -32,6 +32,14 @@ FIRST_LINE_MAX = 300
 LISTED_MAX = 50
 
 
+# The kind of a finding that a capture (a --root tree, a snapshot) cannot know: the modules
+# loaded and the uverbs char devices, which a snapshot does not record. The captured host is
+# not unhealthy for it, and an operator reading a capture wants its verdict on what it holds:
+# on a capture such a finding is OK, "not checked", and does not make every capture UNKNOWN.
+# On the running host a check can always know, and its UNKNOWN stands.
+NOT_CAPTURED = "not_captured"
+
+
 @dataclass
 class Report:
     results: list[HealthResult]
@@ -62,7 +70,8 @@ def run(
     now: Callable[[], float] = time.time,
 ) -> Report:
     """Runs `checks` on `host`, each with what it kept in `saved` (None: no state file), and
-    returns their results with the state for the next run."""
+    returns their results with the state for the next run. On a capture, a finding of kind
+    NOT_CAPTURED is OK, not checked."""
     started = now()
     deadline = time.monotonic() + config.datapath_budget
     contexts: dict[str, CheckContext] = {}
@@ -85,12 +94,20 @@ def run(
         return contexts[name]
 
     results = run_health_checks(checks, context)
+    if not getattr(host, "live", True):
+        results = [_not_checked(r) for r in results]
     kept = dict(saved.checks) if saved is not None else {}
     for name, ctx in contexts.items():
         if ctx.kept is not None:
             kept[name] = {"data": ctx.kept, "boot_id": boot_id, "time": started}
     status = Status.worst(r.status for r in results) if results else Status.UNKNOWN
     return Report(results, status, started, kept=kept)
+
+
+def _not_checked(result: HealthResult) -> HealthResult:
+    if result.kind != NOT_CAPTURED or result.status != Status.UNKNOWN:
+        return result
+    return dataclasses.replace(result, status=Status.OK, summary=f"{result.summary}, not checked")
 
 
 def failed(reason: str, when: float) -> Report:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ibtool.errors import IbtoolError, PermissionDeniedError
+from ibtool.health import files
 
 FORMAT = "ibtool-health-state"
 VERSION = 1
@@ -106,6 +107,15 @@ class StateFile:
         another run to finish, then raises StateLocked."""
         directory = os.path.dirname(self.path) or "."
         lock = self.path + ".lock"
+        # Refused before the lock is made beside it: `--state /dev/null` would otherwise create
+        # /dev/null.lock, and the save rename a regular file over the device. load() checks
+        # again on what it opens.
+        try:
+            what = files.kind(os.stat(self.path).st_mode)
+        except OSError:
+            what = None  # missing (the first run), or the error is load()'s to tell
+        if what is not None:
+            raise _not_regular(self.path, what)
         try:
             os.makedirs(directory, mode=0o755, exist_ok=True)
             # Not through a link: root's cron would otherwise create (or truncate the mode of)
@@ -148,16 +158,23 @@ class StateFile:
         """The saved state; an empty one for a missing file, and with `problem` set for a file
         that is not a state file (it is then replaced, not trusted)."""
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read()
+            raw = files.read(self.path, files.STATE_MAX)
         except FileNotFoundError:
             return Saved()
+        except files.NotAFile as e:
+            # Not replaced: a FIFO, a device or a file that size is not one ibtool wrote.
+            raise _not_regular(self.path, e.what) from None
         except OSError as e:
             raise _os_error(e, self.path) from None
         try:
             data = json.loads(raw)
         except ValueError:
             return Saved(problem=f"state {self.path} is not JSON: starting a new baseline")
+        except RecursionError:  # json's decoder recurses once per nested array or object
+            return Saved(
+                problem=f"state {self.path} is not JSON (nested too deeply): "
+                "starting a new baseline"
+            )
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             return Saved(problem=f"state {self.path} is not an ibtool health state: replaced")
         if data.get("version") != VERSION or not isinstance(data.get("checks"), dict):
@@ -199,6 +216,14 @@ def _not_a_file(path: str, what: str) -> IbtoolError:
         f"state lock {path} is {what}: refused",
         "remove it (ibtool creates the lock as a regular file), or give another --state FILE",
     )
+
+
+def _not_regular(path: str, what: str) -> IbtoolError:
+    if what.startswith("larger"):
+        hint = "not a state ibtool wrote: remove it, or give another --state FILE"
+    else:
+        hint = "give a regular file (ibtool writes it) with --state FILE, or --no-state"
+    return IbtoolError(f"state {path}: {what}", hint)
 
 
 def _os_error(e: OSError, path: str) -> IbtoolError:
