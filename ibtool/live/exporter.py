@@ -227,11 +227,56 @@ LANDING = """<!DOCTYPE html>
 """
 
 
+# RFC 9110 12.4.2: qvalue = ( "0" [ "." 0*3DIGIT ] ) / ( "1" [ "." 0*3("0") ] )
+_QVALUE = re.compile(r"0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?")
+# RFC 9110 12.4.2: weight = OWS ";" OWS "q=" qvalue, the "q" in any case
+_WEIGHT = re.compile(r"[ \t]*;[ \t]*[qQ]=([^ \t]*)[ \t]*")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def accepts_gzip(header: str | None) -> bool:
+    """Whether a response may be gzip-compressed for this Accept-Encoding (RFC 9110 12.5.3):
+    when gzip (or x-gzip, 8.4.1.3) has a weight above 0, from its own entry or else from "*",
+    and at least that of identity (its own entry or "*"; not listed, it is acceptable but
+    never preferred). q=0 is "not acceptable". An entry whose weight is not a qvalue, or that
+    has another parameter, counts as q=0: identity is always acceptable to send. An empty
+    header asks for no coding; none at all allows any (12.5.3), but a client that says
+    nothing may not decode one, so it gets identity too, as from promhttp.
+
+    The work is bounded by the header's size, which the server caps (max_header_bytes)."""
+    if not header:
+        return False
+    listed: dict[str, float] = {}
+    for element in header.split(","):
+        coding, sep, params = element.partition(";")
+        coding = coding.strip(" \t").lower()
+        if not coding:
+            continue  # RFC 9110 5.6.1.2: empty list elements are ignored
+        if not _TOKEN.fullmatch(coding):
+            continue  # not a coding: it names nothing this could send
+        q = 1.0
+        if sep:
+            m = _WEIGHT.fullmatch(sep + params)
+            q = float(m.group(1)) if m and _QVALUE.fullmatch(m.group(1)) else 0.0
+        if coding == "x-gzip":
+            coding = "gzip"
+        # said twice: the lower weight, so that a q=0 anywhere forbids
+        listed[coding] = min(q, listed.get(coding, q))
+    star = listed.get("*")
+    gzip_q = listed.get("gzip", star if star is not None else 0.0)
+    identity_q = listed.get("identity", star if star is not None else 0.0)
+    return gzip_q > 0 and gzip_q >= identity_q
+
+
 class Endpoint:
     """The answers: /metrics (GET, HEAD) in the format the scraper asks for, with `name[]`
-    honoured and gzip when accepted; a landing page at /; 404 and 405 elsewhere. With a web
-    configuration: a client certificate outside client_allowed_sans is 403, a request without
-    the right basic-auth credentials 401, before anything else."""
+    honoured and gzip when accepted; a landing page at /; 404 and 405 elsewhere.
+
+    With a web configuration, auth() is the server's auth stage, ahead of __call__ and of the
+    count of requests in flight (HTTPServer's `auth`): a client certificate outside
+    client_allowed_sans is 403, a request without the right basic-auth credentials 401,
+    before anything else. __call__ does not check them again: it is never called without
+    auth() before it (serve() passes both)."""
 
     def __init__(self, latest: Latest, server_stats: Callable[[], dict], web=None) -> None:
         from prometheus_client import ProcessCollector
@@ -240,17 +285,36 @@ class Endpoint:
         self.process = ProcessCollector(registry=None)
         self.info = _build_info()
 
+    def auth(self, request):
+        """In the server's event loop, for every request: None (let through), a 403 or 401
+        Response, or, for credentials not checked before, the bcrypt check to run off the
+        loop. A known scraper is let through from the cache without waiting for any check
+        under way: exporter-toolkit's web/handler.go looks in its cache before it takes
+        bcryptMtx, and its in-flight cap (promhttp) counts only what got past it."""
+        config = self.web.current() if self.web is not None else None
+        if config is None:
+            return None
+        if not config.allowed_peer(request.peer_cert):
+            return self._plain(403, "Forbidden\n", config)
+        authorization = request.headers.get("authorization")
+        known = config.cached(authorization)
+        if known is not None:
+            return None if known else self._unauthorized(config)
+
+        def check():
+            return None if config.authorized(authorization) else self._unauthorized(config)
+
+        return check
+
+    def _unauthorized(self, config):
+        reply = self._plain(401, "Unauthorized\n", config)
+        reply.headers.append(("WWW-Authenticate", 'Basic realm="ibtool exporter"'))
+        return reply
+
     def __call__(self, request):
         from ibtool.web.server import Response
 
         config = self.web.current() if self.web is not None else None
-        if config is not None:
-            if not config.allowed_peer(request.peer_cert):
-                return self._plain(403, "Forbidden\n", config)
-            if not config.authorized(request.headers.get("authorization")):
-                reply = self._plain(401, "Unauthorized\n", config)
-                reply.headers.append(("WWW-Authenticate", 'Basic realm="ibtool exporter"'))
-                return reply
         if request.path not in (METRICS_PATH, "/"):
             return self._plain(404, "Not Found\n", config)
         if request.method not in ("GET", "HEAD"):
@@ -266,7 +330,7 @@ class Endpoint:
             request.headers.get("accept", ""), request.query.get("name[]")
         )
         headers = self._headers(config, content_type)
-        if "gzip" in request.headers.get("accept-encoding", ""):
+        if accepts_gzip(request.headers.get("accept-encoding")):
             body = gzip.compress(body, compresslevel=6)
             headers.append(("Content-Encoding", "gzip"))
         headers.append(("Vary", "Accept-Encoding"))
@@ -339,7 +403,12 @@ def serve(
     endpoint = Endpoint(latest, lambda: server.stats() if server else _no_stats(), web)
     address, port = listen
     server = httpserve.HTTPServer(
-        (address, port), endpoint, limits, tls=web.tls if web is not None else None, log=warn
+        (address, port),
+        endpoint,
+        limits,
+        tls=web.tls if web is not None else None,
+        log=warn,
+        auth=endpoint.auth if web is not None else None,
     )
     try:
         bound = server.bind()

@@ -14,6 +14,12 @@ ignored: client_auth_type RequestClientCert and RequireAnyClientCert (a certific
 and not verified), more than one curve_preferences entry, X25519 in it, and rate_limit (the
 exporter does not rate-limit).
 
+Every file is read as hostile, since a reload runs on the server's event loop and its errors
+go to the journal: only a regular file (or /dev/null) of at most 1 MiB, opened without blocking
+(_read_file); ssl is handed what was read, never a path to open again (_pem_files); a message
+quotes at most a short, escaped prefix of a value or key (_cut, go-yaml's), and a PEM key or
+certificate given as the configuration is named as such (_refuse_pem).
+
 PyYAML is imported when a file is loaded, bcrypt when it has basic_auth_users: the exporter
 without --web.config.file needs neither.
 
@@ -23,8 +29,11 @@ How a server uses it (what web/handler.go ServeHTTP does for each request):
     tls = watcher.tls                          # per accepted connection: SSLContext, or None
     config = watcher.current()                 # per request
     config.allowed_peer(request.peer_cert)     # False: 403 (Go closes the connection instead)
+    config.cached(request.headers.get("authorization"))
+                                               # False: 401 with `WWW-Authenticate: Basic`;
+                                               # None: not known yet, then off the event loop
     config.authorized(request.headers.get("authorization"))
-                                               # False: 401 with `WWW-Authenticate: Basic`
+                                               # bcrypt, one check at a time; False: 401
     config.headers                             # added to every response, 401 and 403 too
 
 Whether TLS is on is decided at start, as in exporter-toolkit: a reload that adds or removes
@@ -35,12 +44,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import hashlib
 import ipaddress
 import os
 import random
 import re
 import ssl
+import stat
 import tempfile
 import threading
 import time
@@ -56,7 +67,7 @@ class WebConfigError(DataError):
     """A web configuration file that cannot be used: `web config FILE: what`, and a hint."""
 
     def __init__(self, path: str, what: str, hint: str | None = None):
-        super().__init__(f"web config {path}: {what}", hint)
+        super().__init__(f"web config {_escape(path)}: {what}", hint)
         self.path = path
         self.what = what
 
@@ -157,6 +168,24 @@ _STAT_INTERVAL = 1.0  # seconds between two looks at the files by Watcher.curren
 _RETRY_BAD = 10.0  # seconds between two loads of files in the same broken state
 _CACHE_SIZE = 100  # web/cache.go cacheSize
 
+# What a message quotes of a file: a value or key name of more than 10 characters is shown as
+# its first 7 and "...", as go-yaml (yaml.v2 decode.go terror), which exporter-toolkit uses,
+# shows a bad value. A private key or /etc/shadow given by mistake, or through a link, must not
+# land in the journal, which more people may read than the file. Known key names are shown whole.
+_SHOWN_WHOLE = 10
+_SHOWN_CUT = 7
+_KNOWN_NAMES = frozenset((*_TOP_KEYS, *_TLS_KEYS, *_HTTP_KEYS, *_RATE_KEYS, *_HEADERS))
+# An HTTP field name as they are written (RFC 9110 allows more, no header needs it), as long as
+# the longest exporter-toolkit knows (Strict-Transport-Security, 25) and a little more
+_HEADER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,31}")
+_YAML_SAID = 200  # characters of a PyYAML message at most, once its quoted parts are cut
+# Bytes read of a file at most: the web configuration, and each certificate, key and CA file
+# it names. A configuration with inline PEM and a few users is a few KB, a CA bundle some
+# 200 KB (Debian's whole ca-certificates.crt: 215 KB); 1 MiB is far above both, and small
+# enough to read on the server's event loop, where a reload happens (Watcher.current() from
+# the accept of a connection), without holding it.
+_MAX_FILE = 1 << 20
+
 
 def _import_yaml():
     try:
@@ -182,11 +211,18 @@ def _import_bcrypt():
 class _AuthCache:
     """web/cache.go: the outcome of a bcrypt check by (user, hash, password), failed ones too,
     bounded; when full, about a tenth of it is dropped at random. The key is a SHA-256 of the
-    three, so a long password does not make a large entry and a changed hash is a miss."""
+    three, so a long password does not make a large entry and a changed hash is a miss.
+
+    Unlike web/cache.go, successes and failures are kept apart, each bounded by `size`: in one
+    cache, a flood of wrong passwords (each a new entry) drops a tenth of it at random every
+    `size / 10` guesses, the scraper's entry with it within seconds, and its next scrape would
+    then queue for bcrypt behind the flood. A success is only made by someone who knows a
+    password, so failures can never push one out."""
 
     def __init__(self, size: int = _CACHE_SIZE):
         self.size = size
-        self._entries: dict[bytes, bool] = {}
+        self._good: dict[bytes, bool] = {}
+        self._bad: dict[bytes, bool] = {}
         self._lock = threading.Lock()
 
     @staticmethod
@@ -200,18 +236,21 @@ class _AuthCache:
 
     def get(self, key: bytes) -> bool | None:
         with self._lock:
-            return self._entries.get(key)
+            if key in self._good:
+                return True
+            return self._bad.get(key)
 
     def set(self, key: bytes, ok: bool) -> None:
         with self._lock:
-            if len(self._entries) >= self.size:
-                for old in random.sample(list(self._entries), max(len(self._entries) // 10, 1)):
-                    del self._entries[old]
-            self._entries[key] = ok
+            entries = self._good if ok else self._bad
+            if key not in entries and len(entries) >= self.size:
+                for old in random.sample(list(entries), max(len(entries) // 10, 1)):
+                    del entries[old]
+            entries[key] = ok
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._entries)
+            return len(self._good) + len(self._bad)
 
 
 class WebConfig:
@@ -240,31 +279,54 @@ class WebConfig:
 
     def authorized(self, authorization: str | None) -> bool:
         """Whether a request's Authorization header names a user of basic_auth_users with its
-        password; True when there are none (web/handler.go ServeHTTP)."""
+        password; True when there are none (web/handler.go ServeHTTP). May run bcrypt, one
+        check at a time: a server calls cached() first, and this only off its event loop."""
         if not self.users:
             return True
-        credentials = _basic_credentials(authorization)
-        if credentials is None:
+        found = self._lookup(authorization)
+        if found is None:
             return False
-        user_bytes, password = credentials
-        try:
-            user = user_bytes.decode("utf-8")
-        except UnicodeDecodeError:
-            user = None
-        hashed = self.users.get(user) if user is not None else None
-        known = hashed is not None
-        if hashed is None:
-            hashed = self._dummy_hash
+        user_bytes, password, hashed, is_user = found
         key = _AuthCache.key(user_bytes, hashed, password)
         ok = self._cache.get(key)
         if ok is None:
             with self._bcrypt_lock:
                 ok = self._cache.get(key)  # another thread may have just checked the same
                 if ok is None:
-                    # an unknown user costs the same bcrypt as a known one
-                    ok = _checkpw(password, hashed) and known
+                    # an unknown user costs one bcrypt, at the dummy hash's cost
+                    ok = _checkpw(password, hashed) and is_user
                     self._cache.set(key, ok)
-        return ok and known
+        return ok and is_user
+
+    def cached(self, authorization: str | None) -> bool | None:
+        """What authorized() answers when that needs no bcrypt (no users, a malformed header,
+        a check made before), without waiting for any lock but the cache's own; None when it
+        needs a bcrypt check. What lets a known scraper through while a flood of wrong
+        passwords waits for bcrypt (web/handler.go looks at its cache before bcryptMtx too)."""
+        if not self.users:
+            return True
+        found = self._lookup(authorization)
+        if found is None:
+            return False
+        user_bytes, password, hashed, is_user = found
+        ok = self._cache.get(_AuthCache.key(user_bytes, hashed, password))
+        return None if ok is None else ok and is_user
+
+    def _lookup(self, authorization: str | None) -> tuple[bytes, bytes, str, bool] | None:
+        """(user, password, the hash to check it against, whether the user exists), or None
+        for a header that is not Basic credentials. An unknown user gets the dummy hash."""
+        credentials = _basic_credentials(authorization)
+        if credentials is None:
+            return None
+        user_bytes, password = credentials
+        try:
+            user = user_bytes.decode("utf-8")
+        except UnicodeDecodeError:
+            user = None
+        hashed = self.users.get(user) if user is not None else None
+        if hashed is None:
+            return user_bytes, password, self._dummy_hash, False
+        return user_bytes, password, hashed, True
 
     def allowed_peer(self, peer_cert: dict | None) -> bool:
         """Whether the client's verified certificate (SSLSocket.getpeercert()) carries one of
@@ -350,7 +412,7 @@ class _Reader:
             if not isinstance(k, self.yaml.ScalarNode):
                 self.fail(key, f"a key must be a string, not {self.kind(k)}", k)
             name = k.value
-            path = f"{key}.{name}" if key else name
+            path = f"{key}.{_key_shown(name)}" if key else _key_shown(name)
             if known is not None and name not in known:
                 self.fail(path, "unknown key", k, "known keys: " + ", ".join(known))
             if name in out:
@@ -391,7 +453,54 @@ class _Reader:
     @staticmethod
     def show(node: Any) -> str:
         value = getattr(node, "value", "")
-        return repr(value) if isinstance(value, str) else "a " + type(node).__name__
+        return _shown(value) if isinstance(value, str) else "a " + type(node).__name__
+
+
+def _escape(text: str) -> str:
+    """`text` with each character a terminal would act on (ESC, BEL, CR, a line break, U+202E:
+    what str.isprintable() refuses) written as its Python escape."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )
+
+
+def _cut(text: str) -> str:
+    """A value or name of a file as a message may show it: escaped, and when longer than 10
+    characters only its first 7 and "..." (go-yaml's cut, see _SHOWN_WHOLE)."""
+    if len(text) <= _SHOWN_WHOLE:
+        return _escape(text)
+    return _escape(text[:_SHOWN_CUT]) + "..."
+
+
+def _shown(text: str) -> str:
+    """A value of the file quoted in a message: 'value', or 'first 7...'."""
+    return f"'{_cut(text)}'"
+
+
+def _key_shown(name: str) -> str:
+    """A key name in a message's key path: whole when it is one of the format's, else cut."""
+    return name if name in _KNOWN_NAMES else _cut(name)
+
+
+_YAML_TOKEN = re.compile(r"<[a-z ]+>")
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+
+
+def _yaml_said(text: str) -> str:
+    """A PyYAML message with what it quotes of the file (an anchor, alias or tag name, as
+    Python's repr) cut as _cut() does, on one line, escaped and bounded. Its own token names
+    ('<block mapping start>') are kept whole: no name in the file can hold a '<'."""
+
+    def cut(m: re.Match) -> str:
+        inner = m.group(0)[1:-1]
+        if len(inner) > _SHOWN_WHOLE and not _YAML_TOKEN.fullmatch(inner):
+            inner = inner[:_SHOWN_CUT] + "..."
+        return m.group(0)[0] + inner + m.group(0)[-1]
+
+    said = _escape(" ".join(_QUOTED.sub(cut, text).split()))
+    return said if len(said) <= _YAML_SAID else said[: _YAML_SAID - 3] + "..."
 
 
 def load(path: str, *, _cache: _AuthCache | None = None) -> WebConfig:
@@ -399,25 +508,31 @@ def load(path: str, *, _cache: _AuthCache | None = None) -> WebConfig:
     A file that cannot be used raises WebConfigError; PyYAML or bcrypt missing, UnsupportedError."""
     yaml = _import_yaml()
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = _read_file(path)
     except OSError as e:
         raise WebConfigError(path, f"cannot read it: {e.strerror or e}") from None
+    except _NotAFile as e:
+        raise WebConfigError(path, e.what, e.hint("a web configuration")) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
+        _refuse_pem(path, raw)
         raise WebConfigError(
             path, f"not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})"
         ) from None
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
+        _refuse_pem(path, raw)
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        what = e.problem or e.context or "cannot be parsed"
+        # never str(e): it shows the line around the mark (PyYAML's Mark.get_snippet)
+        what = _yaml_said(e.problem or e.context or "cannot be parsed")
         raise WebConfigError(path, f"YAML syntax error{where}: {what}") from None
     except yaml.YAMLError as e:
-        raise WebConfigError(path, f"YAML syntax error: {' '.join(str(e).split())}") from None
+        _refuse_pem(path, raw)
+        said = _yaml_said(str(e).replace(' in "<unicode string>",', " at"))  # ReaderError
+        raise WebConfigError(path, f"YAML syntax error: {said}") from None
     except RecursionError:
         raise WebConfigError(path, "YAML nested too deeply") from None
 
@@ -428,6 +543,7 @@ def load(path: str, *, _cache: _AuthCache | None = None) -> WebConfig:
     if root is None:  # an empty file: nothing set, as in exporter-toolkit
         return config
     if not isinstance(root, yaml.MappingNode):
+        _refuse_pem(path, raw)
         found = f"{r.kind(root)} at line {root.start_mark.line + 1}"
         raise WebConfigError(path, f"not a mapping of {', '.join(_TOP_KEYS)} (found {found})")
     top = r.mapping(root, "", _TOP_KEYS) or {}
@@ -438,7 +554,10 @@ def load(path: str, *, _cache: _AuthCache | None = None) -> WebConfig:
     config.http2 = r.boolean(http.get("http2"), "http_server_config.http2", True)
     headers = r.mapping(http.get("headers"), "http_server_config.headers", None) or {}
     for name, node in headers.items():
-        key = f"http_server_config.headers.{name}"
+        # a header name, even one that cannot be set (Content-Type), is shown whole, as
+        # exporter-toolkit does ("HTTP header %q can not be configured"); any other key, cut
+        shown = name if _HEADER_NAME.fullmatch(name) else _key_shown(name)
+        key = f"http_server_config.headers.{shown}"
         if name not in _HEADERS:
             r.fail(
                 key,
@@ -449,7 +568,7 @@ def load(path: str, *, _cache: _AuthCache | None = None) -> WebConfig:
         value = r.string(node, key) or ""
         allowed = _HEADERS[name]
         if allowed is not None and value not in allowed:
-            r.fail(key, f"{value!r} is not allowed", node, "one of " + ", ".join(allowed))
+            r.fail(key, f"{_shown(value)} is not allowed", node, "one of " + ", ".join(allowed))
         if not re.fullmatch(r"[\t\x20-\x7e]*", value):
             # http.server writes headers in Latin-1, and a line break would end the header
             r.fail(key, "a header value must be printable ASCII on one line", node)
@@ -461,7 +580,9 @@ def load(path: str, *, _cache: _AuthCache | None = None) -> WebConfig:
     if rate.get("burst") is not None and not r.null(rate["burst"]):
         burst = r.string(rate["burst"], "rate_limit.burst")
         if not re.fullmatch(r"[-+]?\d+", burst or ""):
-            r.fail("rate_limit.burst", f"must be an integer, not {burst!r}", rate["burst"])
+            r.fail(
+                "rate_limit.burst", f"must be an integer, not {_shown(burst or '')}", rate["burst"]
+            )
     if interval is not None and _duration(r, interval, rate["interval"]) != 0:
         r.fail(
             "rate_limit.interval",
@@ -473,12 +594,12 @@ def load(path: str, *, _cache: _AuthCache | None = None) -> WebConfig:
     users = r.mapping(top.get("basic_auth_users"), "basic_auth_users", None) or {}
     costs = []
     for name, node in users.items():
-        hashed = r.string(node, f"basic_auth_users.{name}") or ""
+        hashed = r.string(node, f"basic_auth_users.{_key_shown(name)}") or ""
         m = _BCRYPT.fullmatch(hashed)
         if m is None or not 4 <= int(m.group(1)) <= 31:
             # never the value itself: it is a secret, or a password put there by mistake
             r.fail(
-                f"basic_auth_users.{name}",
+                f"basic_auth_users.{_key_shown(name)}",
                 "not a bcrypt hash",
                 node,
                 "make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n'",
@@ -502,7 +623,10 @@ def _duration(r: _Reader, text: str, node: Any) -> float:
     text = text.strip()
     if not _DURATION.fullmatch(text):
         r.fail(
-            "rate_limit.interval", f"{text!r} is not a duration", node, 'e.g. "1s", "500ms" or 0'
+            "rate_limit.interval",
+            f"{_shown(text)} is not a duration",
+            node,
+            'e.g. "1s", "500ms" or 0',
         )
     scale = {
         "ns": 1e-9,
@@ -621,7 +745,7 @@ def _client_auth(r: _Reader, t: dict[str, Any], auth_name: str, has_ca: bool) ->
     if auth_name not in _CLIENT_AUTH:
         r.fail(
             "tls_server_config.client_auth_type",
-            f"unknown value {auth_name!r}",
+            f"unknown value {_shown(auth_name)}",
             t["client_auth_type"],
             "one of NoClientCert, VerifyClientCertIfGiven, RequireAndVerifyClientCert",
         )
@@ -655,7 +779,7 @@ def _versions(
         if value not in _VERSIONS:
             r.fail(
                 f"tls_server_config.{name}",
-                f"unknown TLS version {value!r}",
+                f"unknown TLS version {_shown(value)}",
                 t[name],
                 "one of " + ", ".join(_VERSIONS),
             )
@@ -679,7 +803,7 @@ def _ciphers(r: _Reader, t: dict[str, Any], minimum: ssl.TLSVersion) -> list[str
         elif name not in _CIPHERS_TLS13:
             r.fail(
                 f"tls_server_config.cipher_suites[{i}]",
-                f"unknown cipher suite {name!r}",
+                f"unknown cipher suite {_shown(name)}",
                 item,
                 "Go's names of the ECDHE suites, e.g. TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
             )
@@ -700,7 +824,7 @@ def _curves(r: _Reader, t: dict[str, Any]) -> list[str]:
         if name not in _CURVES:
             r.fail(
                 f"tls_server_config.curve_preferences[{i}]",
-                f"unknown curve {name!r}",
+                f"unknown curve {_shown(name)}",
                 item,
                 "one of " + ", ".join(_CURVES),
             )
@@ -724,10 +848,14 @@ def _curves(r: _Reader, t: dict[str, Any]) -> list[str]:
 def _load_client_ca(r: _Reader, ctx: ssl.SSLContext, t: dict[str, Any], ca_file: str, ca: str):
     """The CA client certificates are verified against, from its file or inline."""
     ca_name = "client_ca_file" if ca_file else "client_ca"
-    ca_desc = f"{ca_file}: " if ca_file else ""
+    ca_desc = f"{_escape(ca_file)}: " if ca_file else ""
     try:
         if ca_file:
-            ctx.load_verify_locations(cafile=_readable(r, ca_file, "client_ca_file", t))
+            # what was read, handed over as a file: load_verify_locations(cafile=) reads it as
+            # before (certificates and CRLs alike), and never opens the configured path itself
+            text = _read_named(r, ca_file, "client_ca_file", t).decode("ascii", "replace")
+            with _pem_files(text) as (path,):
+                ctx.load_verify_locations(cafile=path)
         else:
             ctx.load_verify_locations(cadata=ca)
     except ssl.SSLError as e:
@@ -736,20 +864,122 @@ def _load_client_ca(r: _Reader, ctx: ssl.SSLContext, t: dict[str, Any], ca_file:
             f"{ca_desc}no PEM certificate in it ({_reason(e)})",
             t.get(ca_name),
         )
-    except OSError as e:  # replaced between _readable() and here
+    except OSError as e:  # no memfd or temporary file for it (EMFILE)
         r.fail(f"tls_server_config.{ca_name}", f"{ca_desc}{e.strerror or e}", t.get(ca_name))
     if not ctx.cert_store_stats()["x509"]:  # get_ca_certs() would skip a non-CA one
         r.fail(f"tls_server_config.{ca_name}", f"{ca_desc}no PEM certificate in it", t.get(ca_name))
 
 
-def _readable(r: _Reader, path: str, name: str, t: dict[str, Any]) -> str:
-    """`path`, once it is known to open; else a WebConfigError naming the key and the file."""
+class _NotAFile(Exception):
+    """A path that is not a regular file (`kind`: "a FIFO", "a character device", ...), or
+    one larger than _MAX_FILE (`kind` None)."""
+
+    def __init__(self, kind: str | None):
+        super().__init__(kind)
+        self.kind = kind
+        if kind is None:
+            self.what = f"larger than {_MAX_FILE >> 20} MiB"
+        else:
+            self.what = f"not a regular file ({kind})"
+
+    def hint(self, holding: str) -> str:
+        """The hint for a file `holding` what it should ("a web configuration")."""
+        if self.kind is None:
+            return f"{holding} is a few KB (a whole CA bundle some 200 KB): is it the file meant?"
+        return (
+            f"{holding} is read again whenever it changes: give a regular file, not a pipe,"
+            " a device or a socket; a shell's <(...) is a pipe"
+        )
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+# /dev/null, major 1 minor 3 (the kernel's Documentation/admin-guide/devices.txt): read as the
+# empty file it is, since `/dev/null` is how one says "nothing" in a configuration
+_DEV_NULL = os.makedev(1, 3)
+
+
+def _check_kind(st: os.stat_result) -> None:
+    """Nothing, for a regular file (or /dev/null); else IsADirectoryError or _NotAFile."""
+    if stat.S_ISREG(st.st_mode) or (stat.S_ISCHR(st.st_mode) and st.st_rdev == _DEV_NULL):
+        return
+    if stat.S_ISDIR(st.st_mode):  # as read(2) would say (EISDIR)
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+    raise _NotAFile(next((kind for test, kind in _KINDS if test(st.st_mode)), "not a file"))
+
+
+def _read_file(path: str) -> bytes:
+    """The bytes of the regular file at `path`, at most _MAX_FILE of them; OSError, or
+    _NotAFile for a FIFO, a device, a socket or a larger file. It never blocks on what is not a
+    file, since it runs on the server's event loop (Watcher.current(), from an accept): open(2)
+    of a FIFO for reading waits for a writer, unless O_NONBLOCK; read(2) of /dev/zero never
+    ends; opening a device may act on it (a tape rewinds) or make a terminal the controlling
+    one (O_NOCTTY). So the path is stat()ed before it is opened, and what was opened fstat()ed,
+    in case the path was replaced in between."""
+    _check_kind(os.stat(path))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
-        with open(path, "rb"):
-            pass
+        st = os.fstat(fd)
+        _check_kind(st)
+        if st.st_size > _MAX_FILE:
+            raise _NotAFile(None)
+        chunks, size = [], 0
+        while size <= _MAX_FILE:  # the file may grow while it is read
+            chunk = os.read(fd, _MAX_FILE + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > _MAX_FILE:
+            raise _NotAFile(None)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _read_named(r: _Reader, path: str, name: str, t: dict[str, Any]) -> bytes:
+    """The bytes of a file the configuration names (`name`: cert_file, key_file,
+    client_ca_file); else a WebConfigError naming the key and the file."""
+    try:
+        return _read_file(path)
     except OSError as e:
-        r.fail(f"tls_server_config.{name}", f"{path}: {e.strerror or e}", t.get(name))
-    return path
+        r.fail(f"tls_server_config.{name}", f"{_escape(path)}: {e.strerror or e}", t.get(name))
+    except _NotAFile as e:
+        r.fail(
+            f"tls_server_config.{name}",
+            f"{_escape(path)}: {e.what}",
+            t.get(name),
+            e.hint("a certificate, key or CA file"),
+        )
+    raise AssertionError  # not reached
+
+
+_PEM_LABEL = re.compile(rb"^-----BEGIN ([A-Z0-9 ]{1,40})-----\r?$", re.MULTILINE)
+
+
+def _refuse_pem(path: str, raw: bytes) -> None:
+    """A WebConfigError naming what a file that is not a web configuration holds, when it is
+    PEM (a key or certificate given instead of the configuration that names it), without a
+    word of it."""
+    labels = [m.group(1).decode("ascii") for m in _PEM_LABEL.finditer(raw)]
+    if not labels:
+        return
+    if any("PRIVATE KEY" in label for label in labels):
+        what = "a PEM private key"
+    elif any(label.endswith("CERTIFICATE") for label in labels):
+        what = "a PEM certificate"
+    else:
+        what = f"PEM ({labels[0]})"
+    raise WebConfigError(
+        path,
+        f"holds {what}, not a web configuration",
+        "--web.config.file takes the YAML file that names the certificate and the key,"
+        " as tls_server_config's cert_file and key_file",
+    )
 
 
 def _reason(e: Exception) -> str:
@@ -779,8 +1009,8 @@ def _load_chain(
         ("key_file" if key_file else "key"),
     )
     cert_at, key_at = t.get(cert_name), t.get(key_name)
-    cert_desc = f"{cert_file}: " if cert_file else ""
-    key_desc = f"{key_file}: " if key_file else ""
+    cert_desc = f"{_escape(cert_file)}: " if cert_file else ""
+    key_desc = f"{_escape(key_file)}: " if key_file else ""
     cert_text = _pem(r, cert_file, "cert_file", t) if cert_file else cert
     key_text = _pem(r, key_file, "key_file", t) if key_file else key
 
@@ -804,16 +1034,17 @@ def _load_chain(
         )
 
     try:
-        if cert_file and key_file:
-            ctx.load_cert_chain(cert_file, key_file, password=no_password)
-        else:
-            with _pem_files(cert_text, key_text) as (c, k):
-                ctx.load_cert_chain(c, k, password=no_password)
+        # What was read, never the configured paths: load_cert_chain() opens a path with a
+        # blocking open(2) and reads it whole, and the file there now may not be the one
+        # checked (a FIFO swapped in would hold the event loop).
+        with _pem_files(cert_text, key_text) as (c, k):
+            ctx.load_cert_chain(c, k, password=no_password)
     except ssl.SSLError as e:
         if getattr(e, "reason", None) == "KEY_VALUES_MISMATCH" or "mismatch" in str(e):
             r.fail(
                 f"tls_server_config.{key_name}",
-                f"{key_desc}not the key of {cert_name}" + (f" {cert_file}" if cert_file else ""),
+                f"{key_desc}not the key of {cert_name}"
+                + (f" {_escape(cert_file)}" if cert_file else ""),
                 key_at,
             )
         r.fail(
@@ -821,20 +1052,16 @@ def _load_chain(
             f"{key_desc}not a PEM private key ({_reason(e)})",
             key_at,
         )
-    except OSError as e:  # a file replaced between _pem() and here
+    except OSError as e:  # no memfd or temporary file for them (EMFILE)
         r.fail(f"tls_server_config.{cert_name}", f"{cert_desc}{key_desc}{e.strerror or e}", cert_at)
 
 
 def _pem(r: _Reader, path: str, name: str, t: dict[str, Any]) -> str:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        r.fail(f"tls_server_config.{name}", f"{path}: {e.strerror or e}", t.get(name))
+    data = _read_named(r, path, name, t)
     if b"-----BEGIN " not in data:
         r.fail(
             f"tls_server_config.{name}",
-            f"{path}: not PEM (no -----BEGIN line)",
+            f"{_escape(path)}: not PEM (no -----BEGIN line)",
             t.get(name),
             "a DER file? openssl x509 -inform der -in FILE -out FILE.pem",
         )
@@ -843,39 +1070,51 @@ def _pem(r: _Reader, path: str, name: str, t: dict[str, Any]) -> str:
 
 
 class _pem_files:
-    """Two readable paths holding the inline cert and key for load_cert_chain(), which takes
-    paths only: memfds (Linux: nothing on any file system) or, elsewhere, a private temporary
-    directory; all gone when the block ends."""
+    """Readable paths holding PEM texts (the cert and key, read or inline; the client CA read)
+    for load_cert_chain() and load_verify_locations(cafile=), which take paths only: memfds
+    (Linux: nothing on any file system) or, elsewhere, a private temporary directory; all gone
+    when the block ends."""
 
-    def __init__(self, cert: str, key: str):
-        self.texts = (cert, key)
+    def __init__(self, *texts: str):
+        self.texts = texts
         self.fds: list[int] = []
         self.tmp: tempfile.TemporaryDirectory | None = None
 
-    def __enter__(self) -> tuple[str, str]:
+    def __enter__(self) -> list[str]:
+        try:
+            return self._write()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _write(self) -> list[str]:
         paths = []
         memfd = getattr(os, "memfd_create", None)
         if memfd is not None and os.path.isdir("/proc/self/fd"):
-            for name, text in zip(("cert", "key"), self.texts):
-                fd = memfd(f"ibtool-web-{name}", getattr(os, "MFD_CLOEXEC", 0))
+            for i, text in enumerate(self.texts):
+                fd = memfd(f"ibtool-web-{i}", getattr(os, "MFD_CLOEXEC", 0))
                 self.fds.append(fd)
-                os.write(fd, text.encode())
+                data = memoryview(text.encode())
+                while data:
+                    data = data[os.write(fd, data) :]
                 paths.append(f"/proc/self/fd/{fd}")
         else:
             self.tmp = tempfile.TemporaryDirectory(prefix="ibtool-web-")  # mode 0700
-            for name, text in zip(("cert", "key"), self.texts):
-                p = os.path.join(self.tmp.name, name + ".pem")
+            for i, text in enumerate(self.texts):
+                p = os.path.join(self.tmp.name, f"{i}.pem")
                 fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "w") as f:
                     f.write(text)
                 paths.append(p)
-        return paths[0], paths[1]
+        return paths
 
     def __exit__(self, *exc: object) -> None:
         for fd in self.fds:
             os.close(fd)
+        self.fds = []
         if self.tmp is not None:
             self.tmp.cleanup()
+            self.tmp = None
 
 
 def _stamp(path: str) -> tuple[int, int, int] | str:
@@ -930,27 +1169,38 @@ class Watcher:
                 config = load(self.path, _cache=self._cache)
             except (WebConfigError, UnsupportedError) as e:
                 hint = f" (hint: {e.hint})" if e.hint else ""
-                message = f"{e.message}{hint}; keeping the configuration loaded before"
-                if self._bad != (stamps, message):
-                    self._warn(message)
-                self._bad, self._bad_at = (stamps, message), now
-                return self._config
-            if config.tls != self._config.tls:
-                message = (
-                    f"web config {self.path}: tls_server_config was "
-                    + ("added" if config.tls else "removed")
-                    + ": switching TLS on or off takes a restart of the exporter"
-                    + "; keeping the configuration loaded before"
+                return self._keep(stamps, now, f"{e.message}{hint}")
+            except Exception as e:
+                # a bug or MemoryError must not close every connection from now on, the server
+                # calling this for each (ibtool-exporter(8): the last good one stays served);
+                # the type only, its text may quote the file
+                return self._keep(
+                    stamps,
+                    now,
+                    f"web config {_escape(self.path)}: cannot be loaded ({type(e).__name__})",
                 )
-                if self._bad != (stamps, message):
-                    self._warn(message)
-                self._bad, self._bad_at = (stamps, message), now
-                return self._config
+            if config.tls != self._config.tls:
+                return self._keep(
+                    stamps,
+                    now,
+                    f"web config {_escape(self.path)}: tls_server_config was "
+                    + ("added" if config.tls else "removed")
+                    + ": switching TLS on or off takes a restart of the exporter",
+                )
             self._config = config
             self._bad = None
             # the stamps seen before this load: a change made during it is seen next time
             self._stamps = stamps if config.files() == list(stamps) else self._stat(config.files())
             return config
+
+    def _keep(self, stamps: dict[str, Any], now: float, why: str) -> WebConfig:
+        """The configuration loaded before, after a reload that cannot be used: one warning
+        for this state of the files."""
+        message = f"{why}; keeping the configuration loaded before"
+        if self._bad != (stamps, message):
+            self._warn(message)
+        self._bad, self._bad_at = (stamps, message), now
+        return self._config
 
     def tls(self) -> ssl.SSLContext | None:
         """The SSL context of a connection being accepted: current().ssl_context()."""

@@ -8,6 +8,12 @@ writing responses), so an idle or slow connection costs an fd and a few KB, neve
 the handler runs in a small pool. Every wait has a deadline (as Go's net/http Server has
 ReadHeaderTimeout, IdleTimeout and WriteTimeout), connections have a cap, and at the cap the
 connection idle the longest makes room for a new one.
+
+An optional auth stage runs ahead of the handler and of the count of requests in flight (as
+exporter-toolkit's web/handler.go wraps the metrics handler, whose promhttp in-flight cap then
+counts only requests already authenticated): a credential known good or known bad is answered
+by the loop at once, and only an uncached check (bcrypt, slow on purpose) goes to one thread,
+with a small waiting room; see HTTPServer.
 """
 
 from __future__ import annotations
@@ -63,6 +69,10 @@ class Limits:
 
     # handlers running at once; over it the loop answers 503 itself
     max_requests: int = 40
+    # uncached credential checks (the auth stage's slow path) queued or running; over it the
+    # loop answers 503 itself. Each is a bcrypt check, 50-300 ms at costs 10-12, run one at
+    # a time: 8 waiting is at most a few seconds' wait, well inside a scrape timeout.
+    max_auth_pending: int = 8
     # None: min(4096, soft RLIMIT_NOFILE - 64), at least 16
     max_connections: int | None = None
     # the TLS handshake and the first request head from the accept, a later head from its
@@ -115,6 +125,16 @@ _LINGER_TIME = 0.5
 _ACCEPT_BURST = 256  # accepts per loop turn: a connect flood cannot starve the other sockets
 _ACCEPT_BACKOFF = 0.1  # no fd even for the spare: stop accepting this long rather than spin
 _TLS_CHUNK = 65536
+
+# Before a TLS handshake, what the client's first bytes may be when it speaks plain HTTP: an
+# upper-case method (RFC 9110 9.1: methods are case-sensitive, the registered ones upper-case),
+# then a space and the target. Go's net/http looks at the same 5 bytes, the first record
+# header (server.go tlsRecordHeaderLooksLikeHTTP: "GET /", "HEAD ", "POST ", "PUT /",
+# "OPTIO"); this takes any such method. A partial match may still become one.
+_PLAIN_HTTP = re.compile(rb"[A-Z]{1,5}|[A-Z]{1,4} [\x21-\x7e]*")
+_PLAIN_HTTP_BYTES = 5
+# Go's words (server.go), so that `curl http://` at the TLS port says what is wrong
+_PLAIN_HTTP_ANSWER = b"Client sent an HTTP request to an HTTPS server.\n"
 
 # RFC 9110 5.6.2: token = 1*tchar
 _TCHAR = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]"
@@ -203,6 +223,7 @@ class _Conn:
         "out",
         "close_after",
         "reason",
+        "ctx",
     )
 
     def __init__(self, sock, peer: tuple[str, int]) -> None:
@@ -222,6 +243,8 @@ class _Conn:
         self.out: collections.deque = collections.deque()
         self.close_after = False
         self.reason = "done"
+        # the TLS context, until the client's first byte says it speaks TLS (then wrapped)
+        self.ctx: ssl.SSLContext | None = None
 
 
 class _Pool:
@@ -289,7 +312,23 @@ class HTTPServer:
     `tls`, if given, is called in the loop thread for every accepted connection: it returns
     the context to use (a new one after a certificate rotation; None: plaintext), so it must
     be cheap, a cached context. `log` gets one line per notable event, each kind at most once
-    a minute."""
+    a minute.
+
+    `auth`, if given, is the auth stage: called in the loop thread for every request before
+    it counts against max_requests, so it must be cheap (a cache lookup). It returns None to
+    let the request through to the handler, a Response to answer it at once (401, 403), or a
+    callable for what is not cheap (a bcrypt check), which one auth thread runs, each in turn,
+    and which returns None or a Response in the same way. At most max_auth_pending of those
+    wait or run; more are answered 503 at once.
+
+    Why a stage of its own: exporter-toolkit (web/handler.go) authenticates before its
+    wrapped handler runs, and promhttp's MaxRequestsInFlight wraps the metrics handler, so
+    its cap counts only authenticated requests, and a cached credential never waits for
+    bcryptMtx. Counted as handlers, requests waiting for the one bcrypt at a time filled
+    max_requests under a flood of wrong passwords, and the scraper whose credential was
+    cached got 503 on every try. Here the flood waits in a room of its own, bounded in
+    length and in threads (Go's goroutines queue on bcryptMtx without a bound, which threads
+    cannot afford), and the excess is refused at once, never left waiting."""
 
     def __init__(
         self,
@@ -299,6 +338,7 @@ class HTTPServer:
         *,
         tls: Callable[[], ssl.SSLContext | None] | None = None,
         log: Callable[[str], None] = lambda line: None,
+        auth: Callable[[Request], Response | Callable[[], Response | None] | None] | None = None,
     ) -> None:
         self.address = address
         self.limits = limits
@@ -307,10 +347,12 @@ class HTTPServer:
         )
         self._handler = handler
         self._tls = tls
+        self._auth = auth
         self._log = log
         self._lock = threading.Lock()  # the counters, which stats() copies
         self._accepted = 0
         self._in_flight = 0
+        self._auth_pending = 0
         self._responses: dict[int, int] = {}
         self._closed = dict.fromkeys(REASONS, 0)
         self._said_lock = threading.Lock()
@@ -334,6 +376,9 @@ class HTTPServer:
         self._listening = False
         self._accept_at: float | None = None  # accepting paused until then (no fd)
         self._pool = _Pool(limits.max_requests)
+        # one thread: bcrypt is CPU by design, one check at a time (web/handler.go bcryptMtx)
+        self._auth_pool = _Pool(1)
+        self._auth_results: collections.deque = collections.deque()
 
     # -- the public side -------------------------------------------------------------------
 
@@ -398,6 +443,7 @@ class HTTPServer:
             self._close_all()
         # a handler that never returns cannot be interrupted: waited for a write timeout
         stuck = self._pool.stop(max(1.0, self.limits.write_timeout))
+        stuck += self._auth_pool.stop(max(1.0, self.limits.write_timeout))
         if stuck:
             self._log(f"http server shut down with {len(stuck)} handler(s) still running")
 
@@ -407,6 +453,7 @@ class HTTPServer:
             return {
                 "connections": len(self._conns),
                 "in_flight": self._in_flight,
+                "auth_pending": self._auth_pending,
                 "accepted": self._accepted,
                 "responses": dict(self._responses),
                 "closed": dict(self._closed),
@@ -712,8 +759,6 @@ class HTTPServer:
         if self._tls is not None:
             try:
                 ctx = self._tls()
-                if ctx is not None:
-                    sock = ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
             except Exception as e:
                 self._count("tls_handshake")
                 sock.close()
@@ -730,13 +775,15 @@ class HTTPServer:
         # TLS handshake and the first request head
         self._set_deadline(conn, now + self.limits.read_timeout)
         if ctx is not None:
-            conn.tls = True
+            conn.ctx = ctx
             conn.state = _HANDSHAKE
             self._handshake(conn)
         else:
             self._set_events(conn, selectors.EVENT_READ)
 
     def _handshake(self, conn: _Conn) -> None:
+        if conn.ctx is not None and not self._sniff(conn):
+            return
         try:
             conn.sock.do_handshake()
         except ssl.SSLWantReadError:
@@ -758,6 +805,81 @@ class HTTPServer:
         self._set_events(conn, selectors.EVENT_READ)
         # the client may have sent its request with its last handshake message
         self._read(conn)
+
+    def _sniff(self, conn: _Conn) -> bool:
+        """Before the TLS handshake: whether the client speaks TLS (then its socket is
+        wrapped, True), or plain HTTP, answered as Go's net/http answers it (server.go: 400
+        "Client sent an HTTP request to an HTTPS server."), rather than with a close that
+        says nothing. A TLS client's first byte is a record type (handshake, 22: RFC 8446
+        5.1) or, in an SSLv2-format hello, 0x80 or more; an upper-case letter is neither, so
+        only then are bytes taken off the socket (at most 5, as Go reads one record header),
+        and anything else is left whole to OpenSSL. The read_timeout from the accept covers
+        this wait as it covers the handshake."""
+        if not conn.buf:
+            try:
+                first = conn.sock.recv(1, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                self._set_events(conn, selectors.EVENT_READ)
+                return False
+            except OSError:
+                self._close(conn, "peer")
+                return False
+            if not first:
+                self._close(conn, "peer")
+                return False
+            if not first.isupper():  # one byte: A to Z
+                return self._wrap(conn)
+        while len(conn.buf) < _PLAIN_HTTP_BYTES:
+            try:
+                data = conn.sock.recv(_PLAIN_HTTP_BYTES - len(conn.buf))
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self._close(conn, "peer")
+                return False
+            if not data:
+                self._close(conn, "peer")
+                return False
+            conn.buf += data
+        peer = conn.peer[0]
+        if not _PLAIN_HTTP.fullmatch(conn.buf):
+            self._say("tls:" + peer, f"TLS handshake with {peer} failed: not a TLS handshake")
+            self._close(conn, "tls_handshake")
+            return False
+        if len(conn.buf) < _PLAIN_HTTP_BYTES:
+            self._set_events(conn, selectors.EVENT_READ)  # "GE": wait for the rest
+            return False
+        self._say(
+            "tls:" + peer,
+            f"TLS handshake with {peer} failed: client sent an HTTP request to an HTTPS server",
+        )
+        conn.ctx = None
+        conn.buf.clear()
+        self._evictable.pop(conn, None)
+        head, body = encode_response(
+            400,
+            [("Content-Type", "text/plain; charset=utf-8")],
+            _PLAIN_HTTP_ANSWER,
+            head=False,
+            keep=False,
+        )
+        # answered in plain text, then the staged close: the rest of the request is unread
+        self._start_write(conn, 400, head, body, False, "tls_handshake")
+        return False
+
+    def _wrap(self, conn: _Conn) -> bool:
+        ctx, conn.ctx = conn.ctx, None
+        # the selector knows the plain socket object; the SSL socket is another one
+        self._set_events(conn, 0)
+        try:
+            conn.sock = ctx.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
+        except (OSError, ValueError) as e:
+            peer = conn.peer[0]
+            self._say("tls:" + peer, f"TLS handshake with {peer} failed: {e}")
+            self._close(conn, "tls_handshake")
+            return False
+        conn.tls = True
+        return True
 
     # -- reading and parsing ---------------------------------------------------------------
 
@@ -920,6 +1042,66 @@ class HTTPServer:
         self._evictable.pop(conn, None)
         self._set_events(conn, 0)
         self._set_deadline(conn, None)
+        conn.state = _HANDLER
+        if self._auth is None:
+            return self._dispatch(conn, request, keep)
+        try:
+            verdict = self._auth(request)
+        except Exception as e:
+            verdict = e
+        return self._authenticated(conn, request, keep, verdict, first=True)
+
+    def _authenticated(
+        self, conn: _Conn, request: Request, keep: bool, verdict, first: bool = False
+    ) -> bool:
+        """What the auth stage said of a request: None, to the handler; a Response, answered;
+        a callable (first time only), to the auth thread if there is room; an exception, 500."""
+        if verdict is None:
+            return self._dispatch(conn, request, keep)
+        head_only = request.method == "HEAD"
+        if isinstance(verdict, Response):
+            try:
+                head, body = encode_response(
+                    verdict.status, verdict.headers, verdict.body, head=head_only, keep=keep
+                )
+                status = verdict.status
+            except ValueError as e:
+                status, head, body = self._failed(request, e, keep)
+        elif isinstance(verdict, BaseException) or not (first and callable(verdict)):
+            status, head, body = self._failed(request, verdict, keep)
+        else:
+            with self._lock:
+                room = self._auth_pending < self.limits.max_auth_pending
+                if room:
+                    self._auth_pending += 1
+            if room:
+                self._auth_pool.submit(lambda: self._check(conn, request, keep, verdict))
+                return True
+            status = 503
+            head, body = encode_response(
+                503,
+                [("Content-Type", "text/plain; charset=utf-8"), ("Retry-After", "1")],
+                b"too many credential checks waiting\n",
+                head=head_only,
+                keep=keep,
+            )
+        self._start_write(conn, status, head, body, keep, "done")
+        return True
+
+    def _check(self, conn: _Conn, request: Request, keep: bool, check) -> None:
+        """In the auth thread: the slow check, handed back to the loop."""
+        if self._stopping:
+            return  # shutting down: every connection is being closed anyway
+        try:
+            verdict = check()
+        except BaseException as e:
+            verdict = e
+        self._auth_results.append((conn, request, keep, verdict))
+        self._wakeup()
+
+    def _dispatch(self, conn: _Conn, request: Request, keep: bool) -> bool:
+        """To the handler pool, or 503 at once when max_requests are being answered."""
+        method = request.method
         with self._lock:
             if self._in_flight >= self.limits.max_requests:
                 busy = True
@@ -936,7 +1118,6 @@ class HTTPServer:
             )
             self._start_write(conn, 503, head, body, keep, "done")
             return True
-        conn.state = _HANDLER
         self._pool.submit(lambda: self._call(conn, request, keep))
         return True
 
@@ -977,23 +1158,30 @@ class HTTPServer:
                 status, response.headers, response.body, head=request.method == "HEAD", keep=keep
             )
         except BaseException as e:
-            status = 500
-            tb = traceback.extract_tb(e.__traceback__)
-            where = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
-            self._say(
-                "handler:" + type(e).__name__,
-                f"{request.method} {request.path} from {request.peer[0]}: "
-                f"{type(e).__name__}: {e}{where}",
-            )
-            head, body = encode_response(
-                500,
-                [("Content-Type", "text/plain; charset=utf-8")],
-                b"internal server error\n",
-                head=request.method == "HEAD",
-                keep=keep,
-            )
+            status, head, body = self._failed(request, e, keep)
         self._results.append((conn, status, head, body, keep))
         self._wakeup()
+
+    def _failed(self, request: Request, e, keep: bool) -> tuple[int, bytes, memoryview | None]:
+        """A handler or the auth stage raised (or returned what it may not): a 500, said."""
+        if isinstance(e, BaseException):
+            tb = traceback.extract_tb(e.__traceback__)
+            where = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
+            what = f"{type(e).__name__}: {e}{where}"
+            key = type(e).__name__
+        else:
+            what = key = f"returned {type(e).__name__}"
+        self._say(
+            "handler:" + key, f"{request.method} {request.path} from {request.peer[0]}: {what}"
+        )
+        head, body = encode_response(
+            500,
+            [("Content-Type", "text/plain; charset=utf-8")],
+            b"internal server error\n",
+            head=request.method == "HEAD",
+            keep=keep,
+        )
+        return 500, head, body
 
     def _collect(self) -> None:
         while self._results:
@@ -1002,6 +1190,12 @@ class HTTPServer:
                 self._in_flight -= 1
             if conn.sock is not None:
                 self._guarded(self._start_write, conn, status, head, body, keep, "done")
+        while self._auth_results:
+            conn, request, keep, verdict = self._auth_results.popleft()
+            with self._lock:
+                self._auth_pending -= 1
+            if conn.sock is not None:
+                self._guarded(self._authenticated, conn, request, keep, verdict)
 
     # -- writing ---------------------------------------------------------------------------
 
