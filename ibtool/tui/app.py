@@ -21,6 +21,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from ibtool.errors import IbtoolError
 from ibtool.live.feed import Feed, Frame
 from ibtool.model.health import Status
+from ibtool.model.names import escaped
 from ibtool.tui import format
 from ibtool.tui.messages import Polled
 from ibtool.tui.screens.detail import PortScreen
@@ -44,14 +45,16 @@ def findings_text(frame: Frame):
     found = [f for r in frame.rows for f in r.findings] + list(frame.host_findings)
     bad = sorted({f for f in found if f.status != Status.OK}, key=_worst_first)
     if frame.error:
-        return Text(f" {frame.error}", style="bold red")
+        return format.plain(f" {frame.error}", style="bold red")
     if not bad:
         return Text(" health: every check OK" if found else "", style="green")
     text = Text()
     for f in bad[:SHOWN_FINDINGS]:
         text.append(f" {format.STATUS_WORD[f.status]} ", style=format.STATUS_STYLE[f.status])
         where = f"{f.subject}: " if f.subject else ""
-        text.append(f"{where}{f.summary}\n")
+        # a HealthResult escapes its subject and summary when made: again here, at no cost,
+        # for a finding that came some other way
+        text.append(escaped(f"{where}{f.summary}") + "\n")
     if len(bad) > SHOWN_FINDINGS:
         text.append(f" … and {len(bad) - SHOWN_FINDINGS} more (Enter on a port shows its own)")
     return text.rstrip() or text
@@ -152,7 +155,7 @@ class Dashboard(App):
             panel = factory(self.feed)
             panel.border_title = name
         except Exception as e:  # a plugin's panel fails alone, shown in its place
-            panel = Static(f"panel {name} failed: {type(e).__name__}: {e}")
+            panel = Static(format.plain(f"panel {name} failed: {type(e).__name__}: {e}"))
             panel.border_title = name
         else:
             self.panels.append(panel)
@@ -215,7 +218,8 @@ class Dashboard(App):
         for note in frame.notes:
             if note not in self._notes_seen:
                 self._notes_seen.add(note)
-                self.notify(note, severity="warning", timeout=8)
+                # a warning names files and devices (the kernel's, a capture's): plain text
+                self.notify(escaped(note), severity="warning", timeout=8, markup=False)
         self.overview.query_one(EventLog).add(frame.events)
         screen = self.screen
         if isinstance(screen, PortScreen):
@@ -379,16 +383,16 @@ class Dashboard(App):
                 continue
             except OSError as e:
                 self.notify(
-                    f"screenshot not saved: {target}: {e.strerror or e}",
+                    escaped(f"screenshot not saved: {target}: {e.strerror or e}"),
                     title="Screenshot",
                     severity="error",
                     markup=False,
                 )
                 return None
-            self.notify(f"saved to {target}", title="Screenshot", markup=False, timeout=10)
+            self.notify(escaped(f"saved to {target}"), title="Screenshot", markup=False, timeout=10)
             return str(target)
         self.notify(
-            f"screenshot not saved: {target} exists",
+            escaped(f"screenshot not saved: {target} exists"),
             title="Screenshot",
             severity="error",
             markup=False,
@@ -411,12 +415,13 @@ class Dashboard(App):
             return
         row = self.frame.row(key) if self.frame else None
         if self.frame is not None and row is None:
-            self.notify(f"{key[0]}/{key[1]} is not there any more", severity="error")
+            self._gone(key)
             return
         if row is not None and row.port.state is not None and row.port.state.name != "ACTIVE":
             self.notify(
-                f"{key[0]}/{key[1]} is {row.port.state.name}: bring the link up and retry",
+                f"{_shown(key)} is {row.port.state.name}: bring the link up and retry",
                 severity="error",
+                markup=False,
             )
             return
         self.push_screen(LoopbackScreen(key[0], key[1], self.loopback_runner))
@@ -431,10 +436,13 @@ class Dashboard(App):
             self.notify("this dashboard has no doctor", severity="error")
             return
         if self.frame is not None and self.frame.row(key) is None:
-            self.notify(f"{key[0]}/{key[1]} is not there any more", severity="error")
+            self._gone(key)
             return
         screen = DoctorScreen(key[0], key[1], self.doctor_runner, peer=self.doctor_peer)
         self.push_screen(screen, self._doctor_closed)
+
+    def _gone(self, key) -> None:
+        self.notify(f"{_shown(key)} is not there any more", severity="error", markup=False)
 
     def action_mesh(self) -> None:
         """The last mesh run from this node (read when the screen opens)."""
@@ -467,6 +475,11 @@ def screenshot_directory() -> Path:
         if directory.is_dir() and os.access(directory, os.W_OK | os.X_OK):
             return directory
     return candidates[-1]
+
+
+def _shown(key) -> str:
+    """A port's name in a line of text: the device's name (any but '/') escaped."""
+    return escaped(f"{key[0]}/{key[1]}")
 
 
 def _failed(feed: Feed, error: str) -> Frame:

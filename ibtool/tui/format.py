@@ -1,5 +1,5 @@
-"""How the dashboard writes figures: throughput bars against the link rate, rates, sparklines
-and health colours. Pure functions, shared by the widgets."""
+"""How the dashboard writes figures and names: throughput bars against the link rate, rates,
+sparklines and health colours; names as plain text. Pure functions, shared by the widgets."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from rich.text import Text
 
 from ibtool.model.health import Status
+from ibtool.model.names import escaped
 
 EIGHTHS = " ▏▎▍▌▋▊▉█"
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -82,3 +83,45 @@ def status(value: Status | None) -> Text:
     if value is None:
         return Text("-", style="dim")
     return Text(STATUS_WORD[value], style=STATUS_STYLE[value])
+
+
+def plain(value: str, style: str = "", **kwargs) -> Text:
+    """A name, or a line naming things, as the dashboard shows it: each control, format or
+    separator character written as its escape (\\x1b, \\n, \\u202e), and as text, never read
+    as markup. A device may be renamed to anything but '/', and a capture or a peer says what
+    it likes: an ESC would reach the terminal, a newline start a line of its own, and a str
+    given to a Static or a toast is markup ("[@click=app.quit]" a button, "[/]" a crash)."""
+    return Text(escaped(value), style=style, **kwargs)
+
+
+def cell(value):
+    """A table cell as shown. DataTable reads a str as Rich markup: one that holds a control
+    character or a '[' becomes plain Text, escaped; any other stays the str it was (what is
+    shown and what a test reads are unchanged). A Text holding a control character is
+    escaped, its styles kept."""
+    if isinstance(value, str):
+        if value.isprintable() and "[" not in value:
+            return value
+        # as DataTable makes a str of a one-line row: no wrapping, no newline after
+        return Text(escaped(value), no_wrap=True, end="")
+    if isinstance(value, Text) and not value.plain.isprintable():
+        return escaped_text(value)
+    return value
+
+
+def escaped_text(text: Text) -> Text:
+    """`text` with its control, format and separator characters escaped, each piece keeping
+    the styles it had."""
+    plain = text.plain
+    if plain.isprintable():
+        return text
+    out = text.blank_copy()
+    spans = [s for s in text.spans if s.start < s.end]
+    cuts = sorted({0, len(plain), *(min(len(plain), p) for s in spans for p in (s.start, s.end))})
+    for start, end in zip(cuts, cuts[1:]):
+        at = len(out)
+        out.append(escaped(plain[start:end]))
+        for s in spans:
+            if s.start <= start and end <= s.end:
+                out.stylize(s.style, at, len(out))
+    return out

@@ -10,6 +10,7 @@ from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 
 from ibtool.live.feed import Frame, PortKey
 from ibtool.model.health import Status
+from ibtool.model.names import escaped
 from ibtool.tui import format
 from ibtool.tui.widgets.counters import CounterTable, explain
 from ibtool.tui.widgets.gids import GidTable
@@ -20,17 +21,19 @@ from ibtool.tui.widgets.statusline import StatusLine
 
 def facts(frame: Frame, key: PortKey) -> Text:
     row = frame.row(key)
-    name = f"{key[0]}/{key[1]}"
+    # the device's name, a netdev's, an error naming a file: the kernel's or a capture's,
+    # escaped (format.plain)
+    name = escaped(f"{key[0]}/{key[1]}")
     if row is None and frame.failed:
-        return Text(f" {name}: not read: {frame.error}", style="bold red")
+        return format.plain(f" {name}: not read: {frame.error}", style="bold red")
     if row is None:
         return Text(f" {name}: gone (the device or port is no longer there)", style="bold red")
     p = row.port
     text = Text(f" {name} ", style="bold")
     for part in (state_cell(row), physical_state_cell(row), rate_cell(row)):
-        text.append_text(part)
+        text.append_text(format.escaped_text(part))
         text.append("  ")
-    text.append(f"{p.link_layer.label if p.link_layer else '?'}  {address_cell(row)}")
+    text.append(f"{p.link_layer.label if p.link_layer else '?'}  {escaped(address_cell(row))}")
     text.append("  health ")
     text.append_text(format.status(row.health))
     for f in row.findings:
@@ -38,9 +41,9 @@ def facts(frame: Frame, key: PortKey) -> Text:
             text.append(
                 f"\n   {format.STATUS_WORD[f.status]} ", style=format.STATUS_STYLE[f.status]
             )
-            text.append(f"{f.check}: {f.summary}")
+            text.append(escaped(f"{f.check}: {f.summary}"))
     if row.degraded:
-        text.append(f"\n   link: {row.degraded}", style="yellow")
+        text.append(f"\n   link: {escaped(row.degraded)}", style="yellow")
     return text
 
 
@@ -92,7 +95,7 @@ class PortScreen(Screen):
             self._absent(frame)
             return
         if not frame.counters.get(self.key):
-            self.query_one("#explain", Static).update("no counters on this port")
+            self.query_one("#explain", Static).update(Text("no counters on this port"))
         else:
             self._explain()
         focus = (
@@ -112,19 +115,20 @@ class PortScreen(Screen):
                 if focus.owners
                 else "no QPs, CQs or MRs held"
             )
-        self.query_one("#gid-note", Static).update(gid_note or "")
-        self.query_one("#owner-note", Static).update(owner_note or "")
+        # a note may quote the kernel's or a capture's error, naming a device or a file
+        self.query_one("#gid-note", Static).update(format.plain(gid_note or ""))
+        self.query_one("#owner-note", Static).update(format.plain(owner_note or ""))
 
     def _absent(self, frame: Frame) -> None:
         """The port is not in this frame (gone, or the poll failed): nothing of it is shown as
         if current. Its GIDs and resources are read again when it is back."""
-        name = f"{self.key[0]}/{self.key[1]}"
+        name = escaped(f"{self.key[0]}/{self.key[1]}")
         why = "not read" if frame.failed else "gone"
         self.query_one(GidTable).show_rows([])
         self.query_one(OwnerTable).show_rows([])
-        self.query_one("#explain", Static).update(f"{name} is {why}: no counters")
-        self.query_one("#gid-note", Static).update(f"{name} is {why}: no GIDs")
-        self.query_one("#owner-note", Static).update(f"{name} is {why}: no resources")
+        self.query_one("#explain", Static).update(Text(f"{name} is {why}: no counters"))
+        self.query_one("#gid-note", Static).update(Text(f"{name} is {why}: no GIDs"))
+        self.query_one("#owner-note", Static).update(Text(f"{name} is {why}: no resources"))
 
     def _gid_summary(self, focus) -> str:
         count = f"{len(focus.gids)} GID{'s' * (len(focus.gids) != 1)}"
@@ -135,8 +139,8 @@ class PortScreen(Screen):
 
     def _explain(self) -> None:
         r = self.query_one(CounterTable).highlighted()
-        if r is not None:
-            self.query_one("#explain", Static).update(explain(r.sample.name, r.sample.source))
+        if r is not None:  # Text: the counter's name is not markup
+            self.query_one("#explain", Static).update(Text(explain(r.sample.name, r.sample.source)))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if isinstance(event.data_table, CounterTable):

@@ -20,6 +20,8 @@ from textual.worker import get_current_worker
 
 from ibtool.errors import IbtoolError
 from ibtool.model.doctor import Finding, Verdict
+from ibtool.model.names import escaped
+from ibtool.tui import format
 
 STYLE = {
     Verdict.PASS: "green",
@@ -61,7 +63,8 @@ class DoctorScreen(ModalScreen):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="doctor") as box:
-            box.border_title = f"doctor {self.device}/{self.port}"
+            # Text: a str title is markup; the device's name is any but '/'
+            box.border_title = format.plain(f"doctor {self.device}/{self.port}")
             box.border_subtitle = "Enter runs · Escape closes"
             with Horizontal(id="doctor-ask"):
                 yield Static("peer ", id="doctor-label")
@@ -130,7 +133,9 @@ class DoctorScreen(ModalScreen):
         self.running = True
         self.ran = peer
         where = f"{self.device}/{self.port}" + (f" -> {peer}" if peer else "")
-        self.query_one("#doctor-status", Static).update(Text(f"running… ({where})", style="bold"))
+        self.query_one("#doctor-status", Static).update(
+            format.plain(f"running… ({where})", style="bold")
+        )
         self.diagnose(self._run, peer or None)
 
     @work(thread=True, exclusive=True, group="doctor")
@@ -161,21 +166,22 @@ class DoctorScreen(ModalScreen):
             head.update("")
             head.display = False
             table.display = False
-            status.update(Text(error, style="bold red"))
+            status.update(format.plain(error, style="bold red"))
             self._show_fix(None)
             self.call_after_refresh(self._fit)
             return
         from ibtool.views import doctor as view
 
         self.report, self.findings = report, list(report.findings)
-        head.update(Text(view.head(report.local, report.peer, report.peer_address)))
+        # what the peer answered (its host's, device's and netdev's names) as text, escaped
+        head.update(format.plain(view.head(report.local, report.peer, report.peer_address)))
         head.display = True
         table.display = bool(self.findings)
         for i, f in enumerate(self.findings):
             table.add_row(
                 Text(f.verdict.value, style=STYLE.get(f.verdict, "")),
-                f.check,
-                Text(f.evidence, no_wrap=True),
+                format.cell(f.check),
+                format.plain(f.evidence, no_wrap=True),
                 key=str(i),
             )
         status.update(Text(view.summary(self.findings), style=STYLE.get(report.verdict, "") or ""))
@@ -200,11 +206,11 @@ class DoctorScreen(ModalScreen):
             box.display = False
             return
         text = Text()
-        text.append(f"{finding.check}: ", style="bold")
-        text.append(finding.evidence)
+        text.append(f"{escaped(finding.check)}: ", style="bold")
+        text.append(escaped(finding.evidence))
         if finding.fix:
             text.append("\nfix: ", style="bold yellow")
-            text.append(finding.fix)
+            text.append(escaped(finding.fix))
         else:
             text.append("\nno fix", style="dim")
         box.update(text)

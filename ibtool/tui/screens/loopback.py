@@ -16,6 +16,8 @@ from textual.widgets import DataTable, ProgressBar, Static
 from textual.worker import get_current_worker
 
 from ibtool.errors import IbtoolError
+from ibtool.model.names import escaped
+from ibtool.tui import format
 
 OPS = ("send", "write", "write_imm", "read", "fetch_add", "cmp_swap", "ud_send")
 SIZE, ITERS, TIMEOUT = 4096, 100, 2.0
@@ -42,8 +44,11 @@ class LoopbackScreen(ModalScreen):
     def compose(self) -> ComposeResult:
         with Vertical(id="loopback"):
             yield Static(
-                f"loopback on {self.device}/{self.port}: {len(self.ops)} operations, "
-                f"{SIZE} bytes, {ITERS} iterations each",
+                # Text: a str is markup; the device's name is any but '/'
+                format.plain(
+                    f"loopback on {self.device}/{self.port}: {len(self.ops)} operations, "
+                    f"{SIZE} bytes, {ITERS} iterations each"
+                ),
                 id="loopback-title",
             )
             yield ProgressBar(total=len(self.ops), show_eta=False, id="loopback-progress")
@@ -94,8 +99,8 @@ class LoopbackScreen(ModalScreen):
         bar = self.query_one(ProgressBar)
         bar.update(total=len(self.results) or 1, progress=len(self.results) or 1)
         failed = [r.op for r in self.results if r.status.value in ("FAIL", "TIMEOUT")]
-        if error is not None:
-            text = Text(f"not run: {error}", style="bold red")
+        if error is not None:  # may name the device, or quote the provider's words
+            text = format.plain(f"not run: {error}", style="bold red")
         elif failed:
             text = Text(f"FAILED: {', '.join(failed)}", style="bold red")
         else:
@@ -105,7 +110,8 @@ class LoopbackScreen(ModalScreen):
         for r in self.results:
             if r.error:
                 text.append(
-                    f"\n{r.op}: {r.error}", style="" if r.status.value == "UNSUPPORTED" else "red"
+                    "\n" + escaped(f"{r.op}: {r.error}"),
+                    style="" if r.status.value == "UNSUPPORTED" else "red",
                 )
         text.append("\n(Escape closes)", style="dim")
         self.query_one("#loopback-status", Static).update(text)

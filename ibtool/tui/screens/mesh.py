@@ -18,6 +18,7 @@ from textual.widgets import Static
 from ibtool.errors import IbtoolError
 from ibtool.mesh import last
 from ibtool.model.mesh import Level
+from ibtool.model.names import escaped
 from ibtool.views import mesh as view
 
 NONE_YET = "no mesh has run on this node yet (ibtool mesh NODESET)"
@@ -142,7 +143,9 @@ class MeshScreen(ModalScreen):
         head = self.query_one("#mesh-head", Static)
         if self.mesh is None:
             style = "dim" if self.error == NONE_YET else "bold red"
-            head.update(Text(self.error or "", style=style))
+            # the path, the loader's words: as text, escaped. What a loaded file names is
+            # printable text already: the loader refuses a control character in any name.
+            head.update(Text(escaped(self.error or ""), style=style))
             self.query_one("#mesh-map").display = False
             self.query_one("#mesh-verdicts").display = False
             return

@@ -6,6 +6,7 @@ from rich.text import Text
 
 from ibtool.live.feed import HISTORY, Frame, PortKey, counter_key
 from ibtool.model import counters as counterinfo
+from ibtool.model.names import escaped
 from ibtool.model.rates import Rated, is_saturated
 from ibtool.tui import format
 from ibtool.tui.widgets.tables import KeyedTable
@@ -25,12 +26,13 @@ def spark_width(screen_width: int) -> int:
 
 
 def explain(name: str, source: str) -> str:
-    """What `ibtool counters --explain NAME` says, on one line."""
+    """What `ibtool counters --explain NAME` says, on one line, the name escaped (a counter
+    is a file of the driver's, or of a capture's, named as it likes)."""
     info = counterinfo.info(name, source)
     if info is None:
-        return f"{name}: no explanation known for this counter"
+        return f"{escaped(name)}: no explanation known for this counter"
     where = "InfiniBand PMA PortCounters" if source == "pma" else "driver hw_counters"
-    text = f"{name} ({where}, {info.kind}): {info.description}."
+    text = f"{escaped(name)} ({where}, {info.kind}): {info.description}."
     if info.causes:
         text += f" Usually raised by: {info.causes}."
     return text
@@ -65,7 +67,7 @@ def cells(r: Rated, frame: Frame, width: int = 60) -> tuple:
     error = counterinfo.is_error(s.name, s.source)
     history = frame.history.get(counter_key(s), ())
     return (
-        Text(s.name, style="red" if error else ""),
+        format.plain(s.name, style="red" if error else ""),
         _value(r),
         _rate(r),
         Text(format.spark(history, width), style="red" if error else "cyan"),

@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from ibtool.model.events import Event
+from ibtool.model.names import escaped
 from ibtool.views.events import event_line
 
 KEPT = 500
@@ -24,8 +25,9 @@ def _style(e: Event) -> str:
 
 
 def line(e: Event) -> Text:
-    """An event as `ibtool monitor` prints it, the time shortened to the clock."""
-    text = event_line(e)
+    """An event as `ibtool monitor` prints it, the time shortened to the clock; the names in it
+    (a device's, a netdev's: the kernel's or a capture's) escaped."""
+    text = escaped(event_line(e))
     stamp, _, rest = text.partition(" ")
     clock = stamp[11:19] if len(stamp) >= 19 else stamp
     out = Text(clock + " ", style="dim")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from ibtool.live.feed import Focus
+from ibtool.tui import format
 from ibtool.tui.widgets.tables import WholeTable
 
 COLUMNS = ("", "INDEX", "GID", "TYPE", "NETDEV", "VLAN", "IP")
@@ -19,7 +20,7 @@ def rows(focus: Focus) -> list[tuple]:
             (
                 Text("*" if best else "", style=style),
                 Text(str(g.index), style=style),
-                Text(g.gid, style=style),
+                format.plain(g.gid, style=style),  # a file's text in a --root tree
                 g.type.label if g.type is not None else "-",
                 g.netdev or "-",
                 "-" if g.vlan is None else str(g.vlan),

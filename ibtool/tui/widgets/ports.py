@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from ibtool.live.feed import Frame, PortKey, PortRow
+from ibtool.model.names import escaped
 from ibtool.model.records import LinkLayer, PhysState, PortState
 from ibtool.tui import format
 from ibtool.tui.widgets.tables import KeyedTable
@@ -115,6 +116,8 @@ def matches(row: PortRow, text: str) -> bool:
     p = row.port
     words = [_name(row.key), p.netdev or "", p.state.name if p.state else ""]
     words.append(format.STATUS_WORD.get(row.health, "") if row.health else "")
+    # a name with a control character is shown escaped: what is typed may be what is seen
+    words += [escaped(w) for w in words[:2] if not w.isprintable()]
     return any(text.lower() in w.lower() for w in words)
 
 

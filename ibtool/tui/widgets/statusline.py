@@ -9,6 +9,7 @@ from textual.widget import Widget
 
 from ibtool.live.feed import Frame
 from ibtool.model.health import Status
+from ibtool.model.names import escaped
 from ibtool.tui import format
 
 
@@ -19,10 +20,12 @@ def clock(wall: float) -> str:
 def describe(frame: Frame | None, interval: float, paused: bool, width: int = 0) -> Text:
     """The line; where it is wider than `width`, a snapshot's or tree's path is cut from the
     left (its end kept: the file's name) so that the health stays in sight."""
-    text = _describe(frame, interval, paused, frame.source if frame else "")
+    # a path as typed, or as a directory listing gave it: a control character escaped
+    source = escaped(frame.source) if frame else ""
+    text = _describe(frame, interval, paused, source)
     if frame is None or not width or text.cell_len <= width:
         return text
-    what, _, where = frame.source.rpartition(" ")  # "snapshot PATH", "--root DIR"
+    what, _, where = source.rpartition(" ")  # "snapshot PATH", "--root DIR"
     if "/" not in where.rstrip("/"):
         return text  # "this host", a relative directory: nothing to cut
     for head in (f"{what} " if what else "", ""):

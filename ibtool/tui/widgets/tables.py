@@ -1,11 +1,13 @@
 """What the dashboard's tables share: rows kept by key and changed cell by cell, or replaced
-whole when they differ."""
+whole when they differ; every cell shown as text (format.cell), whatever name it holds."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
 from textual.widgets import DataTable
+
+from ibtool.tui import format
 
 
 class KeyedTable(DataTable):
@@ -22,6 +24,9 @@ class KeyedTable(DataTable):
 
     def sync(self, wanted: dict[str, tuple]) -> None:
         for key, values in wanted.items():
+            # names (a device's, a netdev's, a process's) come from the kernel or a capture:
+            # as text, escaped, never as markup; the row's key stays the real name
+            values = tuple(format.cell(v) for v in values)
             before = self.shown.get(key)
             if before is None:
                 self.add_row(*values, key=key)
@@ -50,4 +55,4 @@ class WholeTable(DataTable):
         self._rows = wanted
         self.clear()
         for values in wanted:
-            self.add_row(*values)
+            self.add_row(*(format.cell(v) for v in values))
