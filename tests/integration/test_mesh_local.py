@@ -52,9 +52,14 @@ def test_the_rails_of_this_host_ping_each_other(testbed, no_leaks):  # noqa: F81
 
 def test_rails_pair_by_rank_and_a_lone_rail_pings_nobody(testbed, no_leaks):  # noqa: F811
     """Without --all-rails rail k pings rail k of the other nodes: on one host there are none,
-    and the mesh says so without a verdict."""
+    and the mesh says so without a verdict, UNKNOWN (exit 3): it tested nothing, so it is not
+    'healthy'."""
     before = set(_ibtool_processes())
     proc = ibtool("-j", "mesh", "--local", "-c", "3", "--no-save", timeout=600)
     report = json.loads(proc.stdout)
-    assert (proc.returncode, report["pairs"], report["verdicts"]) == (0, [], []), proc.stderr
+    assert (proc.returncode, report["pairs"], report["verdicts"]) == (3, [], []), proc.stderr
+    assert report["exit_code"] == 3
+    text = ibtool("mesh", "--local", "-c", "3", "--no-save", timeout=600)
+    assert text.returncode == 3
+    assert text.stdout.splitlines()[-1].startswith("mesh UNKNOWN: no pair probed over 2 endpoints")
     assert set(_ibtool_processes()) - before == set()
