@@ -302,11 +302,15 @@ def check_mtu(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
         small = local if local.active_mtu < peer.active_mtu else peer
         big = peer if small is local else local
         side = "here" if small is local else "on the peer"
+        # A WARN, not a FAIL: ibtool, rdma_cm and perftest take the smaller of the two; an
+        # application that sets the larger as its path MTU is what fails, and the probe at
+        # the path MTU's full payload is what proves the path itself.
         return Finding(
             "mtu",
-            FAIL,
-            f"{evidence}: a QP whose path MTU is {big.active_mtu} loses every packet larger "
-            f"than {small.active_mtu} (retry exceeded)",
+            WARN,
+            f"{evidence}: connections take the smaller, {small.active_mtu}; a QP whose path MTU "
+            f"is set to {big.active_mtu} loses every packet larger than {small.active_mtu} "
+            "(retry exceeded)",
             f"set one MTU on both netdevs (ip link set dev {small.netdev} mtu "
             f"{big.netdev_mtu} {side}), or use path MTU {small.active_mtu}",
         )

@@ -45,19 +45,45 @@ def _run(client, count: int, deadline: float, what: str) -> Finding:
     return _finding(what, max(stats.sent, 1), stats.received, rtts, losses)
 
 
+def _at_mtu(finding: Finding, mtu: int, small: list[Finding]) -> Finding:
+    """The full-payload probe's finding: when it fails where the small ones passed, the path
+    carries small packets and drops full ones, which is an MTU on the path (a switch port, a
+    netdev, a tunnel) below the ends' active MTU."""
+    if (
+        finding.verdict == Verdict.PASS
+        or not small
+        or any(f.verdict != Verdict.PASS for f in small)
+    ):
+        return finding
+    return Finding(
+        "probe",
+        finding.verdict,
+        f"{finding.evidence}: {small[0].evidence.split(':')[0]} passed, so the path drops "
+        f"packets of {mtu} bytes of payload that both ends' active MTU allows",
+        "find the smaller MTU on the path (the switch ports', any netdev or tunnel between): "
+        "raise it, or lower both ends' netdev MTU so that their active MTU is below it",
+    )
+
+
 def probe_native(device: str, port: int, gid_index, peer: str, tcp_port: int, count: int,
-                 size: int, timeout: float, tclass: int | None) -> list[Finding]:  # fmt: skip
-    """SEND, then WRITE WITH IMM, `count` round trips of `size` bytes each."""
+                 size: int, timeout: float, tclass: int | None,
+                 mtu: int | None = None) -> list[Finding]:  # fmt: skip
+    """SEND, then WRITE WITH IMM, `count` round trips of `size` bytes each; then, with `mtu`
+    (the path MTU the ends negotiate) above `size`, SEND of `mtu` bytes: one packet of full
+    payload each way, which a smaller MTU on the path drops while a small probe passes."""
     from ibtool.rdma import wire
     from ibtool.rdma.ladder import DEFAULT_PATH, Ladder, PathSpec
     from ibtool.rdma.ping.client import Client
 
     path = DEFAULT_PATH if tclass is None else PathSpec(traffic_class=tclass)
     findings = []
+    runs = [(wire.Mode.SEND, "RC SEND", size), (wire.Mode.WRITE_IMM, "RDMA WRITE IMM", size)]
+    if mtu is not None and mtu > size:
+        runs.append((wire.Mode.SEND, f"RC SEND of {mtu} bytes (the path MTU)", mtu))
     with Ladder(device, port, gid_index) as ladder:
-        for mode, what in ((wire.Mode.SEND, "RC SEND"), (wire.Mode.WRITE_IMM, "RDMA WRITE IMM")):
+        for mode, what, nbytes in runs:
             try:
-                client = Client(ladder, peer, tcp_port, size, mode, timeout, path)
+                client = Client(ladder, peer, tcp_port, nbytes, mode, timeout, path)
             except IbtoolError as e:
                 findings.append(_finding(what, count, 0, [], [e.message]))
                 continue
@@ -65,6 +91,8 @@ def probe_native(device: str, port: int, gid_index, peer: str, tcp_port: int, co
                 findings.append(_run(client, count, timeout * count, what))
             finally:
                 client.close()
+    if len(runs) == 3:
+        findings[2] = _at_mtu(findings[2], mtu, findings[:2])
     return findings
 
 

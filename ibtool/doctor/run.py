@@ -136,11 +136,17 @@ def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
     ctx = Context(opts.peer, peer_ip, route, no_facts, opts.tclass, opts.compat, siblings)
     report = Report(local, peer, run_checks(local, peer, ctx), opts.peer)
     if opts.peer and opts.probe:
-        report.findings.extend(_probe(local, opts))
+        report.findings.extend(_probe(local, peer, opts))
     return report
 
 
-def _probe(local: Facts, opts: Options) -> list[Finding]:
+def _path_mtu(local: Facts, peer: Facts | None) -> int | None:
+    """The MTU a connection between the two ends takes: the smaller active MTU."""
+    mtus = [f.active_mtu for f in (local, peer) if f is not None and f.active_mtu]
+    return min(mtus) if mtus else None
+
+
+def _probe(local: Facts, peer: Facts | None, opts: Options) -> list[Finding]:
     from ibtool.doctor import probe
 
     try:
@@ -150,7 +156,7 @@ def _probe(local: Facts, opts: Options) -> list[Finding]:
                  opts.size, opts.timeout)  # fmt: skip
         if opts.compat == "rc_pingpong":
             return probe.probe_pingpong(*where)
-        return probe.probe_native(*where, opts.tclass)
+        return probe.probe_native(*where, opts.tclass, _path_mtu(local, peer))
     except IbtoolError as e:
         hint = f" ({e.hint})" if e.hint else ""
         return [Finding("probe", Verdict.FAIL, f"not run: {e.message}{hint}")]

@@ -93,7 +93,9 @@ def test_a_healthy_pair_passes(pair: Pair, server):
     assert only(got, "route")[1] == (
         f"{pair.peer.ipv4} via {pair.local.netdev} from {pair.local.ipv4}"
     )
-    assert [s for s, _, _ in got["probe"]] == ["PASS", "PASS"], got["probe"]
+    # SEND and WRITE IMM of 64 bytes, then a SEND of the path MTU's full payload (1024)
+    assert [s for s, _, _ in got["probe"]] == ["PASS", "PASS", "PASS"], got["probe"]
+    assert got["probe"][2][1].startswith("RC SEND of 1024 bytes (the path MTU): 3/3 answered")
     keep(pair, "healthy", pair.peer.ipv4)
     print(f"doctor against the peer took {took:.1f} s under TCG")
     pair.wait_nothing_left(before)
@@ -162,19 +164,59 @@ def test_mtu_mismatch(pair: Pair, server):
     assert peer.run(["ip", "link", "set", "dev", peer.netdev, "mtu", "9000"], 60).returncode == 0
     try:
         wait_for(lambda: only(doctor(pair.local, peer.ipv4, "--no-probe")[1], "mtu")[0]
-                   == "FAIL", "the peer's active MTU at 4096", 180)  # fmt: skip
+                   == "WARN", "the peer's active MTU at 4096", 180)  # fmt: skip
         rc, got, _ = doctor(pair.local, peer.ipv4, "-c", "1")
         status, evidence, fix = only(got, "mtu")
-        assert rc == 2 and "peer: active MTU 4096 (netdev" in evidence and "9000)" in evidence
+        assert rc == 1 and "peer: active MTU 4096 (netdev" in evidence and "9000)" in evidence
+        assert "connections take the smaller, 1024" in evidence
         assert f"ip link set dev {pair.local.netdev} mtu 9000 here" in fix
-        # ibtool's own ping agrees on the smaller MTU: its probe passes, an application
-        # hard-coding 4096 would not
-        assert [s for s, _, _ in got["probe"]] == ["PASS", "PASS"], got["probe"]
+        # ibtool's own ping agrees on the smaller MTU: its probes pass, the full-payload one
+        # at 1024 too; an application hard-coding 4096 would not, hence the WARN
+        assert [s for s, _, _ in got["probe"]] == ["PASS", "PASS", "PASS"], got["probe"]
         keep(pair, "mtu", peer.ipv4, "-c", "1")
     finally:
         peer.run(["ip", "link", "set", "dev", peer.netdev, "mtu", "1500"], timeout=60)
     wait_for(lambda: only(doctor(pair.local, peer.ipv4, "--no-probe")[1], "mtu")[0] == "PASS",
                "one MTU again", 180)  # fmt: skip
+
+
+def test_a_smaller_mtu_on_the_path_fails_the_full_payload_probe(pair: Pair, server):
+    """Both ends at MTU 9000 (active MTU 4096), and the peer dropping RoCE packets over 1,100
+    bytes, as a switch port at 1500 would: the 64-byte probes pass, the 4096-byte one fails."""
+    peer, local = pair.peer, pair.local
+    if peer.run(["sh", "-c", "command -v nft"], timeout=60).returncode != 0:
+        pytest.skip("the peer has no nft (nftables)")
+    table = ("inet", "ibtool_doctor_mtu")
+    for host in (local, peer):
+        assert (
+            host.run(["ip", "link", "set", "dev", host.netdev, "mtu", "9000"], 60).returncode == 0
+        )
+    setup = [["nft", "add", "table", *table],
+             ["nft", "add", "chain", *table, "input",
+              "{ type filter hook input priority 0; policy accept; }"],
+             ["nft", "add", "rule", *table, "input", "udp", "dport", "4791", "meta", "length",
+              "gt", "1100", "drop"]]  # fmt: skip
+    try:
+        wait_for(lambda: "here: active MTU 4096" in only(
+            doctor(local, peer.ipv4, "--no-probe")[1], "mtu")[1], "both at 4096", 180)  # fmt: skip
+        for argv in setup:
+            proc = peer.run(argv, timeout=60)
+            assert proc.returncode == 0, (argv, proc.stderr)
+        rc, got, _ = doctor(local, peer.ipv4, "-c", "2", "--timeout", "3")
+        assert only(got, "mtu")[0] == "PASS"
+        assert [s for s, _, _ in got["probe"]] == ["PASS", "PASS", "FAIL"], got["probe"]
+        _, evidence, fix = got["probe"][2]
+        assert evidence.startswith("RC SEND of 4096 bytes (the path MTU): 0/2 answered")
+        assert "RC SEND passed, so the path drops packets of 4096 bytes of payload" in evidence
+        assert fix.startswith("find the smaller MTU on the path")
+        assert rc == 2
+        keep(pair, "path-mtu", peer.ipv4, "-c", "2", "--timeout", "3")
+    finally:
+        peer.run(["nft", "delete", "table", *table], timeout=60)
+        for host in (local, peer):
+            host.run(["ip", "link", "set", "dev", host.netdev, "mtu", "1500"], timeout=60)
+    wait_for(lambda: only(doctor(local, peer.ipv4, "--no-probe")[1], "mtu")[1].startswith(
+        "here: active MTU 1024"), "one MTU of 1024 again", 180)  # fmt: skip
 
 
 def test_two_rxe_devices_in_one_subnet_with_strict_rp_filter(pair: Pair):
@@ -233,7 +275,7 @@ def test_udp_4791_dropped_on_the_peer(pair: Pair, server):
         peer.run(["nft", "delete", "table", *table], timeout=60)
     rc, got, _ = doctor(pair.local, peer.ipv4, "-c", "1")
     assert only(got, "udp4791")[0] == "PASS"
-    assert [s for s, _, _ in got["probe"]] == ["PASS", "PASS"], got["probe"]
+    assert [s for s, _, _ in got["probe"]] == ["PASS", "PASS", "PASS"], got["probe"]
 
 
 def test_a_stock_peer_is_checked_from_this_side(pair: Pair):
