@@ -60,8 +60,9 @@ def ibtool_health_checks(register):
     checks that move data (run only with ``--datapath``). It returns a list (or yields)
     :class:`ibtool.api.HealthResult` objects: a :class:`ibtool.api.Status` (OK, WARNING,
     CRITICAL, UNKNOWN: the Nagios plugin return codes), the subject (``mlx5_0/1``, or '' for
-    the host), a one-line summary (control characters in either stored escaped), optional :class:`ibtool.api.Perfdata` items and a ``kind``
-    (snake_case, e.g. ``link_degraded``: what a program acts on, never the summary's words).
+    the host), a one-line summary (control characters in either stored escaped), optional
+    :class:`ibtool.api.Perfdata` items and a ``kind`` (snake_case, e.g. ``link_degraded``:
+    what a program acts on, never the summary's words).
     No result means nothing to report. The core fills in each result's ``check`` with
     ``name``; a check that raises, or returns anything else, is reported as one UNKNOWN result
     (:func:`ibtool.plugin.hooks.run_health_checks`). Checks must not change kernel state and,

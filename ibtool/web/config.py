@@ -281,21 +281,17 @@ class WebConfig:
         """Whether a request's Authorization header names a user of basic_auth_users with its
         password; True when there are none (web/handler.go ServeHTTP). May run bcrypt, one
         check at a time: a server calls cached() first, and this only off its event loop."""
-        if not self.users:
-            return True
-        found = self._lookup(authorization)
-        if found is None:
-            return False
-        user_bytes, password, hashed, is_user = found
+        ok = self.cached(authorization)
+        if ok is not None:
+            return ok
+        user_bytes, password, hashed, is_user = self._lookup(authorization)  # cached() did
         key = _AuthCache.key(user_bytes, hashed, password)
-        ok = self._cache.get(key)
-        if ok is None:
-            with self._bcrypt_lock:
-                ok = self._cache.get(key)  # another thread may have just checked the same
-                if ok is None:
-                    # an unknown user costs one bcrypt, at the dummy hash's cost
-                    ok = _checkpw(password, hashed) and is_user
-                    self._cache.set(key, ok)
+        with self._bcrypt_lock:
+            ok = self._cache.get(key)  # another thread may have just checked the same
+            if ok is None:
+                # an unknown user costs one bcrypt, at the dummy hash's cost
+                ok = _checkpw(password, hashed) and is_user
+                self._cache.set(key, ok)
         return ok and is_user
 
     def cached(self, authorization: str | None) -> bool | None:

@@ -193,3 +193,15 @@ def fake_pyverbs(monkeypatch):
     clear()
     yield lambda layout, **options: pyverbs_fakes.install(monkeypatch, layout, **options)
     clear()
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Path:
+    """tests/fixtures/tls's certificates and keys copied next to the web config files a test
+    writes, so that relative names work."""
+    import shutil
+
+    for f in (REPO / "tests" / "fixtures" / "tls").iterdir():
+        if f.suffix in (".pem", ".key"):
+            shutil.copy(f, tmp_path / f.name)
+    return tmp_path

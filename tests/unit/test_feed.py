@@ -85,8 +85,10 @@ def test_a_device_renamed_with_control_characters_keeps_its_findings(tmp_path):
     host = Host(root=str(root))
 
     def check(ctx):
-        return [HealthResult(Status.CRITICAL, f"{p.device}/{p.port}", "down") for p in
-                ctx.host.ports()] + [HealthResult(Status.WARNING, hostile, "of the device")]  # fmt: skip
+        down = [
+            HealthResult(Status.CRITICAL, f"{p.device}/{p.port}", "down") for p in ctx.host.ports()
+        ]
+        return [*down, HealthResult(Status.WARNING, hostile, "of the device")]
 
     frame = Feed(lambda: host, live=False, source="test", checks={"port": check}).poll()
     row = frame.row((hostile, 1))

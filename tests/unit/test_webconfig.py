@@ -32,15 +32,6 @@ def hashed(password: bytes) -> str:
     return bcrypt.hashpw(password, bcrypt.gensalt(rounds=4)).decode()
 
 
-@pytest.fixture
-def certs(tmp_path: Path) -> Path:
-    """The fixtures copied next to the config files the tests write, so that relative names work."""
-    for f in TLS.iterdir():
-        if f.suffix in (".pem", ".key"):
-            shutil.copy(f, tmp_path / f.name)
-    return tmp_path
-
-
 def write(path: Path, text: str | bytes) -> str:
     if isinstance(text, str):
         text = text.encode()

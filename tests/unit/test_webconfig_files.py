@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import signal
 import socket
 import ssl
@@ -29,21 +28,13 @@ from ibtool.errors import ExitCode
 from ibtool.web import config as webconfig
 from ibtool.web.config import Watcher, WebConfigError, load
 from tests.fixtures import sysfs_trees
-from tests.unit.test_webconfig import SERVER, TLS, Clock, handshake, pem, write
+from tests.unit.test_webconfig import SERVER, Clock, handshake, pem, write
 
 pytest.importorskip("yaml")
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "Zq8xq1aQS3cr3tHashK9pW2vX7mN4bL6tR0yE5uI"
 MEMORY = 2 << 30  # bytes of address space a subprocess gets: a read of /dev/zero ends there
-
-
-@pytest.fixture
-def certs(tmp_path: Path) -> Path:
-    for f in TLS.iterdir():
-        if f.suffix in (".pem", ".key"):
-            shutil.copy(f, tmp_path / f.name)
-    return tmp_path
 
 
 def leaked(secret: str, text: str, run: int = 8) -> list[str]:
