@@ -4,6 +4,7 @@ rail, endpoint or path; and `ibtool mesh --agent`, what it runs on each node."""
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import sys
 
@@ -40,6 +41,18 @@ def configure(parser) -> None:
         "--agent",
         action="store_true",
         help="what the mesh runs on each node (over stdin/stdout; not by hand)",
+    )
+    parser.add_argument(
+        "--dev",
+        type=_ports,
+        metavar="DEV[/PORT],...",
+        help="only these ports of each node, as shell patterns (mlx5_[0-7], mlx5_*/1)",
+    )
+    parser.add_argument(
+        "--exclude",
+        type=_ports,
+        metavar="DEV[/PORT],...",
+        help="leave these ports of each node out (a storage NIC, an uncabled port)",
     )
     parser.add_argument(
         "--all-rails",
@@ -162,7 +175,7 @@ def run(inv: Invocation) -> int:
         inv.host.require_live("an ibtool mesh agent serves and pings this host's RDMA ports")
         from ibtool.mesh import agent
 
-        return agent.main(inv.host)
+        return agent.main(inv.host, chosen=agent.PortChoice(args.dev, args.exclude))
     _check_outputs(args)  # before the mesh: a wrong path is known in a second, not after it
     engine, argv = _engine(inv)
     from ibtool.mesh.run import Options, mesh
@@ -194,12 +207,23 @@ def run(inv: Invocation) -> int:
     return result.exit_code()
 
 
+def _ports(text: str) -> tuple[str, ...]:
+    """--dev and --exclude: DEV or DEV/PORT shell patterns, comma separated."""
+    patterns = tuple(p for p in text.split(",") if p)
+    if not patterns or any(not p.isprintable() or p.count("/") > 1 for p in patterns):
+        raise argparse.ArgumentTypeError(f"{text!r}: not DEV[/PORT],... (mlx5_0,mlx5_1/1)")
+    return patterns
+
+
 def _engine(inv: Invocation):
     """The engine the command line asks for, and the agent's command line on the nodes."""
     from ibtool.mesh import engines
 
     args = inv.args
     agent = ["mesh", "--agent"]
+    for flag, patterns in (("--dev", args.dev), ("--exclude", args.exclude)):
+        if patterns:
+            agent += [flag, ",".join(patterns)]
     if args.local:
         if args.nodeset:
             raise UsageError("--local takes no NODESET", "leave NODESET out, or --local out")

@@ -11,6 +11,7 @@ every server is stopped and every QP, CQ, MR and PD it built is destroyed before
 
 from __future__ import annotations
 
+import fnmatch
 import ipaddress
 import os
 import queue
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ibtool.errors import IbtoolError
@@ -50,7 +51,31 @@ def _ipv4() -> list[tuple[str, str, int]]:
         return []
 
 
-def local_endpoints(host, addresses: Callable[[], list] = _ipv4) -> list[dict[str, Any]]:
+class PortChoice:
+    """Which ports of this node are endpoints (`ibtool mesh --dev`, `--exclude`): DEV or
+    DEV/PORT shell patterns (fnmatch), every port when no --dev is given."""
+
+    def __init__(self, only: Iterable[str] | None = None, exclude: Iterable[str] | None = None):
+        self.only = tuple(only or ())
+        self.exclude = tuple(exclude or ())
+
+    @staticmethod
+    def _matches(device: str, port: int, patterns: tuple[str, ...]) -> bool:
+        for p in patterns:
+            dev, _, number = p.partition("/")
+            if fnmatch.fnmatchcase(device, dev) and (not number or number == str(port)):
+                return True
+        return False
+
+    def __call__(self, device: str, port: int) -> bool:
+        if self.only and not self._matches(device, port, self.only):
+            return False
+        return not self._matches(device, port, self.exclude)
+
+
+def local_endpoints(
+    host, addresses: Callable[[], list] = _ipv4, chosen: PortChoice | None = None
+) -> list[dict[str, Any]]:
     """Every RDMA port of this host, in (device, port) order as a person counts (mlx5_2
     before mlx5_10, as the kernel numbers them): its rank is its rail. A RoCE
     port's address is its GID's (the --best rule's); an InfiniBand port's, its IPoIB
@@ -58,6 +83,8 @@ def local_endpoints(host, addresses: Callable[[], list] = _ipv4) -> list[dict[st
     out = []
     ipv4: list | None = None
     for p in sorted(host.ports(), key=lambda p: (natural_key(p.device), p.port)):
+        if chosen is not None and not chosen(p.device, p.port):
+            continue
         state = p.state.name if p.state else "UNKNOWN"
         link = {LinkLayer.ETHERNET: "Ethernet", LinkLayer.INFINIBAND: "InfiniBand"}.get(
             p.link_layer, "Unknown"
@@ -216,8 +243,14 @@ def _read_into(lines: Lines, inbox: queue.Queue) -> None:
 
 
 class Agent:
-    def __init__(self, host, say: Callable[[dict], None], warn: Callable[[str], None]):
-        self.host, self.say, self.warn = host, say, warn
+    def __init__(
+        self,
+        host,
+        say: Callable[[dict], None],
+        warn: Callable[[str], None],
+        chosen: PortChoice | None = None,
+    ):
+        self.host, self.say, self.warn, self.chosen = host, say, warn, chosen
         self.id = secrets.token_hex(8)
         self.stop = threading.Event()
         self.servers: list[Server] = []
@@ -226,7 +259,7 @@ class Agent:
         self.workers: list[threading.Thread] = []
 
     def run(self, lines: Lines) -> int:
-        mine = local_endpoints(self.host)
+        mine = local_endpoints(self.host, chosen=self.chosen)
         self.say(
             {"t": "hello", "v": protocol.VERSION, "id": self.id, "node": node_name(),
              "endpoints": mine}
@@ -509,8 +542,8 @@ def probe(ladder, hw, source: str, target: str, plan: dict, stop: threading.Even
     ]
 
 
-def main(host, out=None, err=None, fd: int = 0) -> int:
-    """The agent on this host, over stdin/stdout; its exit code."""
+def main(host, out=None, err=None, fd: int = 0, chosen: PortChoice | None = None) -> int:
+    """The agent on this host, over stdin/stdout, meshing the ports `chosen`; its exit code."""
     out = out or sys.stdout
     err = err or sys.stderr
     lock = threading.Lock()
@@ -526,7 +559,7 @@ def main(host, out=None, err=None, fd: int = 0) -> int:
             err.flush()
 
     try:
-        return Agent(host, say, warn).run(Lines(fd))
+        return Agent(host, say, warn, chosen).run(Lines(fd))
     except protocol.AgentError as e:
         warn(f"the coordinator's message: {e}")
         return 7

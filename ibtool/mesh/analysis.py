@@ -182,6 +182,7 @@ def analyse(result: MeshResult, schedule: Schedule) -> None:
         result.verdicts.append(
             Verdict(Culprit.NODE, Level.FAIL, node, f"no agent: {why}", mine, next=(_reach(node),))
         )
+    result.verdicts += _odd_port_counts(result)
     live = [e.up and e.node not in result.unreachable for e in eps]
     t = result.pairs
     for i, e in enumerate(eps):
@@ -225,6 +226,43 @@ def analyse(result: MeshResult, schedule: Schedule) -> None:
         if v.culprit != Culprit.PATH:
             bad.update(v.endpoints)
     result.verdicts[:] = [_with_next(eps, v, bad) for v in result.verdicts]
+
+
+def _odd_port_counts(result: MeshResult) -> list[Verdict]:
+    """Nodes with more or fewer RDMA ports than most: rail k is a node's k-th port, so a
+    missing HCA moves every later port of it onto the next rail's partners, and a port more
+    (a storage NIC, a second fabric) makes a rail of its own. Named when most nodes (more
+    than half, three at least) agree on a count."""
+    eps = result.endpoints
+    mine: dict[str, list[int]] = defaultdict(list)
+    for i, e in enumerate(eps):
+        mine[e.node].append(i)
+    if len(mine) < 3:
+        return []
+    usual, agree = Counter(len(v) for v in mine.values()).most_common(1)[0]
+    if 2 * agree <= len(mine):
+        return []
+    out = []
+    for node, members in mine.items():
+        k = len(members)
+        if k == usual:
+            continue
+        what = (
+            "a missing HCA or port moves its later ports onto other rails"
+            if k < usual
+            else "a port more (a storage NIC, another fabric?) is a rail of its own"
+        )
+        out.append(
+            Verdict(
+                Culprit.NODE,
+                Level.WARN,
+                node,
+                f"{k} RDMA port{'s' * (k != 1)} where {agree} of {len(mine)} nodes have "
+                f"{usual}: {what} (--dev or --exclude choose the ports meshed)",
+                tuple(members),
+            )
+        )
+    return out
 
 
 def _with_next(eps: list[Endpoint], v: Verdict, bad: set[int]) -> Verdict:

@@ -43,6 +43,7 @@ class FakeCluster(Engine):
       RTT remarkable, but their ports' retransmission counters move (20% of the pings
       through them), and their partners' (10%, their ACKs to them lost) in rounds they meet
     - jitter: every port retransmits one packet every round (a busy host's stalls)
+    - ports: {node: n} a node with n ports where the others have `rails`
     - black: endpoints ACTIVE and connected, every ping to or from them lost (a black hole):
       each pair with one sends what the real agent's GiveUp lets it before abandoning
 
@@ -55,8 +56,9 @@ class FakeCluster(Engine):
 
     def __init__(self, nodes: int, rails: int, *, down=(), slow=(), lossy=(), blocked=(),
                  silent=(), garbage=(), dies=None, count: int = 20, resends=(),
-                 jitter: bool = False, black=()):  # fmt: skip
+                 jitter: bool = False, black=(), ports=None):  # fmt: skip
         super().__init__()
+        self.ports = dict(ports or {})  # node -> its number of ports, where not `rails`
         self.black = set(black)
         self.clock = VirtualClock()
         self.skip: set[int] = set()
@@ -86,7 +88,7 @@ class FakeCluster(Engine):
                 self.events.put(Event(node, LINE, '{"t": "hello", "v": 1, "id": "zz"}'))
                 continue
             eps = []
-            for k in range(self.rails):
+            for k in range(self.ports.get(node, self.rails)):
                 name = f"{node}/rxe{k}/1"
                 eps.append(
                     {"device": f"rxe{k}", "port": 1,

@@ -173,6 +173,8 @@ def test_what_each_value_completes_with(parser):
         "health --state": "file",
         "health --textfile": "file",
         "loopback #0": "devport",
+        "mesh --dev": "devport",
+        "mesh --exclude": "devport",
         "mesh --mode": "choices",
         "mesh --plot": "file",
         "mesh --textfile": "file",

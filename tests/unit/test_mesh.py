@@ -245,6 +245,19 @@ def test_a_deadline_ends_the_mesh_with_what_it_has():
     assert result.stopped in "\n".join(view.render_text(result))
 
 
+def test_a_node_with_a_port_fewer_or_more_than_the_others_is_named():
+    result, _ = _run(FakeCluster(6, 4, ports={"node0002": 3, "node0005": 5}))
+    by = {v.subject: v for v in result.verdicts}
+    assert set(by) == {"node0002", "node0005"}
+    assert by["node0002"].level.name == "WARN" and by["node0002"].why.startswith(
+        "3 RDMA ports where 4 of 6 nodes have 4: a missing HCA or port moves its later ports"
+    )
+    assert "a port more (a storage NIC, another fabric?) is a rail of its own" in by["node0005"].why
+    assert result.exit_code() == 1
+    # no majority, no odd one out
+    assert _run(FakeCluster(4, 2, ports={"node0001": 3, "node0002": 3}))[0].verdicts == []
+
+
 def test_a_lossy_link_under_rc_is_named_by_its_retransmissions():
     """As the testbed shows it: netem's losses resent by RC, every ping answered, the RTTs
     unremarkable (the only answered pairs all involve the lossy endpoint), but its port's
@@ -472,3 +485,24 @@ def test_local_on_a_host_without_rdma_devices_is_one_error_line(tmp_path, monkey
     assert r.out == "" and r.err.startswith("ibtool: error: no RDMA devices ("), r
     assert len(r.err.splitlines()) == 1
     assert not (tmp_path / "m.json").exists()
+
+
+def test_dev_and_exclude_reach_every_node_s_agent(monkeypatch):
+    import argparse
+    from types import SimpleNamespace
+
+    from ibtool.plugin.manager import builtin_package
+
+    builtin_package()
+    from ibtool_plugins import mesh as plugin
+
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "c[1-2]")
+    dev, exclude = plugin._ports("mlx5_[0-7]"), plugin._ports("mlx5_3/1")
+    args = SimpleNamespace(local=False, nodeset=None, srun=True, ibtool="ibtool",
+                           dev=dev, exclude=exclude)  # fmt: skip
+    monkeypatch.setattr("ibtool.mesh.engines.slurm_overlap", lambda srun="srun": False)
+    monkeypatch.setattr("ibtool.mesh.engines.expand_hostlist", lambda text, srun="srun": ["c1"])
+    _, argv = plugin._engine(SimpleNamespace(args=args))
+    assert argv == ["ibtool", "mesh", "--agent", "--dev", "mlx5_[0-7]", "--exclude", "mlx5_3/1"]
+    with pytest.raises(argparse.ArgumentTypeError, match="not DEV"):
+        plugin._ports("a/b/c")

@@ -168,3 +168,28 @@ def test_the_plan_carries_abandon_and_an_old_plan_means_three():
     assert protocol.parse_coordinator(json.dumps({**plan, "abandon": 5}))["abandon"] == 5
     with pytest.raises(protocol.AgentError, match="abandon"):
         protocol.parse_coordinator(json.dumps({**plan, "abandon": 0}))
+
+
+@pytest.mark.parametrize(
+    ("only", "exclude", "expected"),
+    [
+        ((), (), ["mlx5_0/1", "mlx5_1/1", "mlx5_2/1", "mlx5_10/1"]),
+        (("mlx5_[0-2]",), (), ["mlx5_0/1", "mlx5_1/1", "mlx5_2/1"]),
+        ((), ("mlx5_1", "mlx5_10/1"), ["mlx5_0/1", "mlx5_2/1"]),
+        (("mlx5_*/1",), ("mlx5_2/1",), ["mlx5_0/1", "mlx5_1/1", "mlx5_10/1"]),
+        (("mlx5_*/2",), (), []),
+    ],
+)
+def test_dev_and_exclude_choose_the_ports_meshed(only, exclude, expected):
+    from ibtool.mesh.agent import PortChoice
+
+    choose = PortChoice(only, exclude)
+    ports = [(f"mlx5_{i}", 1) for i in (0, 1, 2, 10)]
+    assert [f"{d}/{p}" for d, p in ports if choose(d, p)] == expected
+
+
+def test_the_agent_lists_only_the_chosen_ports(tmp_path):
+    from ibtool.mesh.agent import PortChoice
+
+    endpoints = local_endpoints(_host("sriov_vfs", tmp_path), lambda: [], PortChoice(["mlx5_1?"]))
+    assert [ep["device"] for ep in endpoints] == [f"mlx5_{i}" for i in range(10, 20)]
