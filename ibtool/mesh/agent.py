@@ -82,6 +82,7 @@ def local_endpoints(
     netdev's first IPv4 address (`addresses`: every (netdev, address, prefix) of the host)."""
     out = []
     ipv4: list | None = None
+    firmware: dict[str, str | None] = {}
     for p in sorted(host.ports(), key=lambda p: (natural_key(p.device), p.port)):
         if chosen is not None and not chosen(p.device, p.port):
             continue
@@ -109,6 +110,8 @@ def local_endpoints(
             address = None
         if address is None and problem is None:
             problem = f"no IP address on {p.netdev or 'its netdev'} to serve pings on"
+        if p.device not in firmware:
+            firmware[p.device] = _firmware(host, p.device)
         out.append(
             {
                 "device": p.device,
@@ -119,9 +122,20 @@ def local_endpoints(
                 "gid_index": gid_index,
                 "hw": False,
                 "problem": problem if state == "ACTIVE" else None,
+                "rate": p.rate.text if p.rate else None,
+                "fw": firmware[p.device],
             }
         )
     return out
+
+
+def _firmware(host, device: str) -> str | None:
+    """The device's firmware version, None where it cannot be read (a warning said why)."""
+    try:
+        (found,) = host.devices(device)
+    except (IbtoolError, ValueError):
+        return None
+    return found.fw_ver
 
 
 class Lines:
@@ -300,7 +314,7 @@ class Agent:
             self.close()
 
     def _setup(self, plan: dict, mine: list[dict]) -> None:
-        from ibtool.rdma.ladder import Ladder  # pyverbs: only once there is a plan
+        from ibtool.rdma.ladder import MTU_BYTES, Ladder  # pyverbs: only once there is a plan
 
         eps = plan["endpoints"]
         self.plan, self.mine = plan, mine
@@ -315,6 +329,7 @@ class Agent:
         self.partners = Partners(schedule, len(eps))
         self.own = {i: e[1] for i, e in enumerate(eps) if e[0] == self.id and e[1] < len(mine)}
         problems: dict[str, str] = {}
+        mtus: dict[str, int] = {}
         listening = []
         for i, k in self.own.items():
             if not self.up[i]:
@@ -327,6 +342,9 @@ class Agent:
                 continue
             self.ladders[i] = ladder
             self.clocks[i] = _clock(ladder)
+            mtu = MTU_BYTES.get(getattr(ladder.port_attr, "active_mtu", None))
+            if mtu:
+                mtus[str(k)] = mtu
             try:
                 server = Server(ep, self.plan, self.addresses, self.warn)
             except OSError as e:
@@ -339,7 +357,7 @@ class Agent:
             why = server.wait_listening(deadline)
             if why:
                 problems[str(k)] = why
-        self.say({"t": "ready", "problems": problems})
+        self.say({"t": "ready", "problems": problems, "mtu": mtus})
 
     def _round(self, r: int, inbox: queue.Queue | None = None) -> None:
         try:

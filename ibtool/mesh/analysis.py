@@ -183,6 +183,7 @@ def analyse(result: MeshResult, schedule: Schedule) -> None:
             Verdict(Culprit.NODE, Level.FAIL, node, f"no agent: {why}", mine, next=(_reach(node),))
         )
     result.verdicts += _odd_port_counts(result)
+    result.verdicts += _drift(result)
     live = [e.up and e.node not in result.unreachable for e in eps]
     t = result.pairs
     for i, e in enumerate(eps):
@@ -262,6 +263,74 @@ def _odd_port_counts(result: MeshResult) -> list[Verdict]:
                 tuple(members),
             )
         )
+    return out
+
+
+# What should be alike across a rail, and how a verdict names it. The GID index is compared
+# on RoCE alone (InfiniBand's is 0 everywhere): a node whose --best GID moved (an extra IPv4
+# address, a VLAN) gives a job's NCCL_IB_GID_INDEX another GID there.
+DRIFT = (
+    ("gid_index", "GID index"),
+    ("mtu", "active MTU"),
+    ("rate", "rate"),
+    ("fw", "firmware"),
+)
+DRIFT_MIN = 3  # endpoints of a group before a value can be "what the others have"
+
+
+def _drift(result: MeshResult) -> list[Verdict]:
+    """Endpoints whose GID index, active MTU, rate or firmware is not what most of their rail
+    has (more than half of it, DRIFT_MIN at least), a WARN each, with the value the others
+    have; a node whose every endpoint differs the same way is named as the node."""
+    eps = result.endpoints
+    rails: dict[int, list[int]] = defaultdict(list)
+    for i, e in enumerate(eps):
+        rails[e.rail].append(i)
+    odd: dict[int, list[tuple[str, str, object, object, int, int]]] = defaultdict(list)
+    for members in rails.values():
+        for attr, label in DRIFT:
+            known = [
+                i
+                for i in members
+                if getattr(eps[i], attr) is not None
+                and (attr != "gid_index" or eps[i].link_layer == "Ethernet")
+            ]
+            if len(known) < DRIFT_MIN:
+                continue
+            usual, agree = Counter(getattr(eps[i], attr) for i in known).most_common(1)[0]
+            if 2 * agree <= len(known):
+                continue
+            for i in known:
+                value = getattr(eps[i], attr)
+                if value != usual:
+                    odd[i].append((attr, label, value, usual, agree, len(known)))
+    by_node: dict[str, list[int]] = defaultdict(list)
+    for i, e in enumerate(eps):
+        by_node[e.node].append(i)
+    out = []
+    for node, members in by_node.items():
+        shared = None
+        if len(members) >= 2 and all(i in odd for i in members):
+            keys = [{(a, v) for a, _, v, *_ in odd[i]} for i in members]
+            shared = set.intersection(*keys) or None
+        if shared:
+            said = [x for x in odd[members[0]] if (x[0], x[2]) in shared]
+            why = "; ".join(
+                f"{label} {value} on all its {len(members)} ports, where the others have {usual}"
+                for _, label, value, usual, _, _ in said
+            )
+            out.append(Verdict(Culprit.NODE, Level.WARN, node, why, tuple(members)))
+            for i in members:
+                odd[i] = [x for x in odd[i] if (x[0], x[2]) not in shared]
+        for i in members:
+            if odd.get(i):
+                why = "; ".join(
+                    f"{label} {value} where {agree} of {n} on rail {eps[i].rail} have {usual}"
+                    for _, label, value, usual, agree, n in odd[i]
+                )
+                out.append(
+                    Verdict(Culprit.ENDPOINT, Level.WARN, eps[i].name, why, (i,), eps[i].rail)
+                )
     return out
 
 

@@ -95,6 +95,15 @@ def _text(v: Any, what: str) -> str | None:
     return printable(v, MAX_ERROR)
 
 
+_MTUS = (256, 512, 1024, 2048, 4096)  # what an IB MTU can be (ibv_mtu, IBA 7.7.8)
+
+
+def _mtu(v: Any) -> int:
+    if v not in _MTUS or isinstance(v, bool):
+        raise AgentError("ready: an MTU that is not 256, 512, 1024, 2048 or 4096")
+    return v
+
+
 def _address(v: Any) -> str:
     if not isinstance(v, str) or len(v) > 64:
         raise AgentError("address: not an IP address")
@@ -126,6 +135,14 @@ def parse_agent(line: str | bytes) -> dict[str, Any]:
             _int(int(k) if isinstance(k, str) and k.isdigit() else -1, 0, MAX_ENDPOINTS - 1,
                  "ready: endpoint"): _text(v, "ready: problem") or "unusable"
             for k, v in problems.items()
+        }  # fmt: skip
+        mtus = msg.get("mtu", {})
+        if not isinstance(mtus, dict) or len(mtus) > MAX_ENDPOINTS:
+            raise AgentError("ready: mtu not a mapping")
+        msg["mtu"] = {
+            _int(int(k) if isinstance(k, str) and k.isdigit() else -1, 0, MAX_ENDPOINTS - 1,
+                 "ready: endpoint"): _mtu(v)
+            for k, v in mtus.items()
         }  # fmt: skip
     elif kind == "result":
         msg["r"] = _int(msg.get("r"), 0, 1 << 20, "result: round")
@@ -168,7 +185,15 @@ def _hello_endpoint(e: Any) -> dict[str, Any]:
         "gid_index": None if gid is None else _int(gid, 0, 255, "hello: gid index"),
         "hw": bool(e.get("hw")),
         "problem": _text(e.get("problem"), "hello: problem"),
+        # optional (agents before them said neither): what the drift across a rail compares
+        "rate": _short(e.get("rate"), "hello: rate"),
+        "fw": _short(e.get("fw"), "hello: firmware"),
     }
+
+
+def _short(v: Any, what: str) -> str | None:
+    """A short fact of a port (its rate, its firmware): printable, at most 64 characters."""
+    return None if v is None else printable(_text(v, what) or "", 64)
 
 
 _PAIR_STATES = {int(PairState.PROBED): PairState.PROBED, int(PairState.SKIPPED): PairState.SKIPPED}

@@ -268,6 +268,8 @@ class Coordinator:
                         e["gid_index"],
                         e["hw"],
                         problem,
+                        e.get("rate"),
+                        e.get("fw"),
                     )  # fmt: skip
                 )
                 ids.append((node.agent, k))
@@ -283,6 +285,10 @@ class Coordinator:
                 if k < len(node.endpoints):
                     i = node.endpoints[k]
                     endpoints[i] = dataclasses.replace(endpoints[i], problem=why)
+            for k, mtu in msg.get("mtu", {}).items():
+                if k < len(node.endpoints):
+                    i = node.endpoints[k]
+                    endpoints[i] = dataclasses.replace(endpoints[i], mtu=mtu)
 
         self._pump(self.clock() + READY_TIMEOUT, ready,
                    lambda: all(n.ready or n.gone for n in live))  # fmt: skip

@@ -47,6 +47,11 @@ class Endpoint:
     gid_index: int | None = None
     hw_timestamps: bool = False
     problem: str | None = None  # why its agent serves no pings on it (a port up but unusable)
+    # what should be alike across a rail: the port's rate as sysfs says it, its device's
+    # firmware, its active MTU (bytes, from verbs); None where its agent did not say
+    rate: str | None = None
+    fw: str | None = None
+    mtu: int | None = None
 
     @property
     def name(self) -> str:

@@ -514,6 +514,9 @@ def endpoint_json(e) -> dict:
         "gid_index": e.gid_index,
         "hw_timestamps": e.hw_timestamps,
         "problem": e.problem,
+        "rate": e.rate,
+        "fw": e.fw,
+        "active_mtu": e.mtu,
     }
 
 

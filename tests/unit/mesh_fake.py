@@ -44,6 +44,8 @@ class FakeCluster(Engine):
       through them), and their partners' (10%, their ACKs to them lost) in rounds they meet
     - jitter: every port retransmits one packet every round (a busy host's stalls)
     - ports: {node: n} a node with n ports where the others have `rails`
+    - drift: {node or endpoint: {field: value}} what its hello says otherwise (gid_index,
+      rate, fw; mtu, in its ready) than every other endpoint's (1, 100 Gb/s, 16.35.2000, 4096)
     - black: endpoints ACTIVE and connected, every ping to or from them lost (a black hole):
       each pair with one sends what the real agent's GiveUp lets it before abandoning
 
@@ -56,8 +58,9 @@ class FakeCluster(Engine):
 
     def __init__(self, nodes: int, rails: int, *, down=(), slow=(), lossy=(), blocked=(),
                  silent=(), garbage=(), dies=None, count: int = 20, resends=(),
-                 jitter: bool = False, black=(), ports=None):  # fmt: skip
+                 jitter: bool = False, black=(), ports=None, drift=None):  # fmt: skip
         super().__init__()
+        self.drift = dict(drift or {})  # endpoint or node name -> {field: value} of its hello
         self.ports = dict(ports or {})  # node -> its number of ports, where not `rails`
         self.black = set(black)
         self.clock = VirtualClock()
@@ -94,7 +97,9 @@ class FakeCluster(Engine):
                     {"device": f"rxe{k}", "port": 1,
                      "state": "DOWN" if name in self.down else "ACTIVE",
                      "link_layer": "Ethernet", "address": self.address(i, k), "gid_index": 1,
-                     "hw": False, "problem": None}
+                     "hw": False, "problem": None, "rate": "100 Gb/sec (4X EDR)",
+                     "fw": "16.35.2000",
+                     **self.drift.get(node, {}), **self.drift.get(name, {})}
                 )  # fmt: skip
             hello = {"t": "hello", "v": 1, "id": self.ids[node], "node": node, "endpoints": eps}
             self.events.put(Event(node, LINE, json.dumps(hello)))
@@ -129,7 +134,10 @@ class FakeCluster(Engine):
             self.own.setdefault(node, []).append(i)
         self.alive = [n for n in self.nodes if n in self.own]
         for node in self.alive:
-            self.events.put(Event(node, LINE, '{"t":"ready","problems":{}}'))
+            mtus = {str(k): self.drift.get(self.names[i], {}).get("mtu", 4096)
+                    for k, i in enumerate(self.own[node])}  # fmt: skip
+            ready = {"t": "ready", "problems": {}, "mtu": mtus}
+            self.events.put(Event(node, LINE, json.dumps(ready)))
 
     def _pair(self, i: int, d: int) -> tuple[list, float]:
         """The pair's row as the agent reports it, and the seconds it took."""

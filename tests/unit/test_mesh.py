@@ -258,6 +258,28 @@ def test_a_node_with_a_port_fewer_or_more_than_the_others_is_named():
     assert _run(FakeCluster(4, 2, ports={"node0001": 3, "node0002": 3}))[0].verdicts == []
 
 
+def test_drift_across_a_rail_names_the_odd_one_with_what_the_others_have():
+    cluster = FakeCluster(6, 2, drift={
+        "node0003/rxe1/1": {"gid_index": 3},  # an extra IPv4 address moved its --best GID
+        "node0004": {"fw": "16.35.1012"},  # every port of the node: one verdict, the node
+        "node0005/rxe0/1": {"mtu": 1024, "rate": "50 Gb/sec (2X EDR)"},
+    })  # fmt: skip
+    result, _ = _run(cluster)
+    by = {v.subject: v for v in result.verdicts}
+    assert set(by) == {"node0003/rxe1/1", "node0004", "node0005/rxe0/1"}
+    assert all(v.level.name == "WARN" for v in result.verdicts)
+    assert by["node0003/rxe1/1"].why == "GID index 3 where 5 of 6 on rail 1 have 1"
+    assert by["node0004"].why == (
+        "firmware 16.35.1012 on all its 2 ports, where the others have 16.35.2000"
+    )
+    assert by["node0005/rxe0/1"].why == (
+        "active MTU 1024 where 5 of 6 on rail 0 have 4096; "
+        "rate 50 Gb/sec (2X EDR) where 5 of 6 on rail 0 have 100 Gb/sec (4X EDR)"
+    )
+    assert result.exit_code() == 1
+    assert _run(FakeCluster(6, 2))[0].verdicts == []
+
+
 def test_a_lossy_link_under_rc_is_named_by_its_retransmissions():
     """As the testbed shows it: netem's losses resent by RC, every ping answered, the RTTs
     unremarkable (the only answered pairs all involve the lossy endpoint), but its port's

@@ -31,6 +31,8 @@ def test_roce_endpoint_is_its_gid_address(tmp_path):
         "gid_index": 3,
         "hw": False,
         "problem": None,
+        "rate": "100 Gb/sec (4X EDR)",
+        "fw": "22.36.1010",
     }
     # what the coordinator accepts of it
     hello = {"t": "hello", "v": 1, "id": "0" * 16, "node": "n1", "endpoints": [ep]}
@@ -193,3 +195,19 @@ def test_the_agent_lists_only_the_chosen_ports(tmp_path):
 
     endpoints = local_endpoints(_host("sriov_vfs", tmp_path), lambda: [], PortChoice(["mlx5_1?"]))
     assert [ep["device"] for ep in endpoints] == [f"mlx5_{i}" for i in range(10, 20)]
+
+
+def test_a_port_s_facts_from_an_agent_are_checked_and_bounded():
+    ep = {"device": "mlx5_0", "port": 1, "state": "ACTIVE", "link_layer": "Ethernet",
+          "address": "10.0.0.1", "gid_index": 3, "hw": False, "problem": None,
+          "rate": "\x1b[31m100 Gb/sec" + "x" * 200, "fw": "22.36.1010"}  # fmt: skip
+    hello = {"t": "hello", "v": 1, "id": "0" * 16, "node": "n1", "endpoints": [ep]}
+    (got,) = protocol.parse_agent(json.dumps(hello))["endpoints"]
+    assert got["rate"].startswith("\\x1b[31m100 Gb/sec") and len(got["rate"]) <= 67
+    old = {k: v for k, v in ep.items() if k not in ("rate", "fw")}  # an older agent's hello
+    (got,) = protocol.parse_agent(json.dumps({**hello, "endpoints": [old]}))["endpoints"]
+    assert (got["rate"], got["fw"]) == (None, None)
+    ready = {"t": "ready", "problems": {}, "mtu": {"0": 4096}}
+    assert protocol.parse_agent(json.dumps(ready))["mtu"] == {0: 4096}
+    with pytest.raises(protocol.AgentError, match="MTU"):
+        protocol.parse_agent(json.dumps({**ready, "mtu": {"0": 9000}}))
