@@ -152,7 +152,28 @@ def check_port(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
             fix = "check the cable and the subnet manager (ibstat, sminfo)"
         return FAIL, said, fix
 
-    return _finding("port", _both(local, peer, one))
+    verdict, evidence, fix = _both(local, peer, one)
+    if verdict == PASS and peer is not None:
+        verdict, evidence, fix = _alike(local, peer, evidence)
+    return _finding("port", (verdict, evidence, fix))
+
+
+def _alike(local: Facts, peer: Facts, evidence: str) -> tuple:
+    """Two ACTIVE ends that should match and do not: a rate (one end trained down, or a
+    cable or port slower than the rest: the slower sets the pace, and an end that trained
+    down often drops more) or, on one driver, a firmware version (what one fixed the other
+    may still do). WARNs: the path works, it is not what it should be."""
+    said, fixes = [], []
+    if local.rate and peer.rate and local.rate != peer.rate:
+        said.append("the ends run at different rates")
+        fixes.append("reseat or replace the cable of the slower end, or check its port's speed")
+    if local.driver and local.driver == peer.driver and local.fw and peer.fw:
+        if local.fw != peer.fw:
+            said.append(f"firmware {local.fw} here, {peer.fw} on the peer")
+            fixes.append("bring both adapters to one firmware version")
+    if not said:
+        return PASS, evidence, None
+    return WARN, f"{evidence}: {'; '.join(said)}", "; ".join(fixes)
 
 
 # -- addressing ------------------------------------------------------------------------------

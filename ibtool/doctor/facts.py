@@ -81,6 +81,7 @@ def collect(host, device: str, port: int, gid_index: int | None = None,
     dev = _read(notes, device, lambda: host.devices(device)[0])
     if dev is not None:
         values["driver"] = dev.driver
+        values["fw"] = dev.fw_ver
         values["protocol"] = dev.protocol.value if dev.protocol is not None else None
     fields = ("state", "physical_state", "link_layer", "rate", "lid", "netdev", "pkeys")
     p = _read(notes, where, lambda: host.ports(where, fields)[0])

@@ -96,6 +96,7 @@ class Facts:
     device: str | None = None
     port: int | None = None
     driver: str | None = None
+    fw: str | None = None  # the device's fw_ver
     protocol: str | None = None  # "ib", "roce", "iw", "opa" (RDMA_NLDEV_ATTR_DEV_PROTOCOL)
     link_layer: str | None = None  # "InfiniBand" or "Ethernet"
     state: str | None = None  # "ACTIVE", ...

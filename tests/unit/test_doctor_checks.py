@@ -341,3 +341,20 @@ def test_a_smaller_mtu_on_the_path_fails_the_full_packet_probe_only(monkeypatch)
     assert [f.verdict for f in found] == [PASS, PASS, FAIL]
     assert "RC SEND passed, so the path drops packets of 4096 bytes of payload" in found[2].evidence
     assert found[2].fix.startswith("find the smaller MTU on the path")
+
+
+def test_ends_at_different_rates_or_firmware_are_a_warning():
+    here = roce(fw="16.35.2000")
+    f = only(checks.check_port, here, roce("10.77.0.2", fw="16.35.2000"))
+    assert f.verdict == PASS and f.evidence.startswith("both: rxe0/1 ACTIVE")
+    slow = roce("10.77.0.2", rate="25 Gb/sec (1X EDR)", fw="16.35.1012")
+    f = only(checks.check_port, here, slow)
+    assert f.verdict == WARN
+    assert f.evidence.endswith(
+        "25 Gb/sec (1X EDR): the ends run at different rates; "
+        "firmware 16.35.2000 here, 16.35.1012 on the peer"
+    )
+    assert "reseat or replace the cable" in f.fix and "one firmware version" in f.fix
+    # other drivers (an mlx5 against a bnxt_re) have firmware of their own
+    f = only(checks.check_port, here, roce("10.77.0.2", driver="bnxt_re", fw="227.0.131.0"))
+    assert f.verdict == PASS
