@@ -478,16 +478,18 @@ class Host:
 
         return rtnetlink.read_dcb(netdev, self.warn, self._rtnetlink or rtnetlink.open_route_socket)
 
-    def route(self, destination: str) -> Route | None:
+    def route(self, destination: str, source: str | None = None) -> Route | None:
         """The kernel's route to `destination` (an IPv4 or IPv6 address; UsageError
-        otherwise), as `ip route get` asks it: netdev, source, gateway, type. A destination
-        without a route is type 'unreachable' (ENETUNREACH and the like); None under --root
-        or when the kernel could not be asked (warned)."""
+        otherwise), from `source` when given, as `ip route get DST [from SRC]` asks it:
+        netdev, source, gateway, type. A destination without a route is type 'unreachable'
+        (ENETUNREACH and the like); None under --root or when the kernel could not be asked
+        (warned)."""
         if self._iproute is None and not self.live:
             return None
         from ibtool.sources import rtnetlink
 
-        return rtnetlink.read_route(destination, self.warn, self._iproute or rtnetlink.open_iproute)
+        opener = self._iproute or rtnetlink.open_iproute
+        return rtnetlink.read_route(destination, self.warn, opener, source)
 
     def udp_filters(self, port: int = 4791) -> tuple[FilterRule, ...]:
         """Netfilter rules on the input path that would drop or reject UDP to `port` (RoCE

@@ -94,10 +94,19 @@ def ask_peer(opts: Options) -> tuple[Facts | None, str | None]:
         return None, f"its facts are unusable: {e}"
 
 
-def _route(host, destination: str | None):
+def _route(host, destination: str | None, source: str | None = None):
     if destination is None or not host.live:
         return None
-    return host.route(destination)
+    return host.route(destination, source)
+
+
+def _same_family(a: str | None, b: str | None) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(a).version == ipaddress.ip_address(b).version
+    except ValueError:
+        return False
 
 
 def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
@@ -119,14 +128,17 @@ def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
         used = next((g for g in peer.gids if g.index == peer.gid_index), None)
         if used is not None and used.ip:
             target = used.ip
-    route = first_route if target == peer_ip else None
+    # RoCE leaves from the GID's address: a host that routes by source (ip rule from ...)
+    # sends it where a lookup of the destination alone would not
+    gid = next((g for g in local.gids if g.index == local.gid_index), None)
+    source = gid.ip if gid is not None and gid.ip and _same_family(gid.ip, target) else None
+    route = first_route if target == peer_ip and source is None else None
     if route is None and target is not None:
         try:
-            route = _route(host, target)
+            route = _route(host, target, source)
         except (IbtoolError, OSError) as e:
             warn(f"route to {target}: {getattr(e, 'message', None) or e}")
     siblings: tuple[str, ...] | None = None
-    gid = next((g for g in local.gids if g.index == local.gid_index), None)
     netdev = gid.netdev if gid is not None and gid.netdev else local.netdev
     if host.live and netdev:
         try:

@@ -192,7 +192,7 @@ _ERROR_TYPES = {
 
 RTM_NEWADDR, RTM_GETADDR, RTM_NEWROUTE, RTM_GETROUTE = 20, 22, 24, 26
 NLM_F_DUMP = 0x300
-RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PREFSRC = 1, 4, 5, 7
+RTA_DST, RTA_SRC, RTA_OIF, RTA_GATEWAY, RTA_PREFSRC = 1, 2, 4, 5, 7
 IFA_ADDRESS, IFA_LOCAL, IFA_LABEL = 1, 2, 3
 _RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope,
 # type, flags
@@ -227,10 +227,13 @@ class RouteSocket:
     def close(self) -> None:
         self.sock.close()
 
-    def route(self, command: str, dst: str, family: int) -> list[_Message]:
+    def route(self, command: str, dst: str, family: int, src: str | None = None) -> list[_Message]:
         addr = ipaddress.ip_address(dst).packed
-        body = _RTMSG.pack(family, len(addr) * 8, 0, 0, 0, 0, 0, 0, 0)
+        source = ipaddress.ip_address(src).packed if src else b""
+        body = _RTMSG.pack(family, len(addr) * 8, len(source) * 8, 0, 0, 0, 0, 0, 0)
         body += struct.pack("=HH", 4 + len(addr), RTA_DST) + addr
+        if source:  # `ip route get DST from SRC`: the policy rules that select by source
+            body += struct.pack("=HH", 4 + len(source), RTA_SRC) + source
         replies = _ask(self.sock, RTM_GETROUTE, NLM_F_REQUEST, body)
         out = []
         for kind, payload in replies:
@@ -411,15 +414,26 @@ def open_iproute():
 
 
 def read_route(
-    destination: str, warn: Warn, open_ipr: Callable[[], Any] = open_iproute
+    destination: str,
+    warn: Warn,
+    open_ipr: Callable[[], Any] = open_iproute,
+    source: str | None = None,
 ) -> Route | None:
-    """The kernel's route to `destination` (RTM_GETROUTE); None when it cannot be asked (no
-    pyroute2, a socket error), after a warning. UsageError for what is not an address."""
+    """The kernel's route to `destination` (RTM_GETROUTE), from `source` when given (a host
+    that routes RoCE by source, with `ip rule from ADDRESS`, answers otherwise than for the
+    destination alone); None when it cannot be asked (a socket error), after a warning.
+    UsageError for what is not an address, or a source of another family."""
     try:
         address = ipaddress.ip_address(destination)
+        origin = ipaddress.ip_address(source) if source else None
     except ValueError as e:
-        raise UsageError(f"not an IP address: {destination!r}") from e
+        raise UsageError(f"not an IP address: {e}") from e
+    if origin is not None and origin.version != address.version:
+        raise UsageError(f"route to {address} from {origin}: not one address family")
     family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    asked = {"dst": str(address), "family": family}
+    if origin is not None:
+        asked["src"] = str(origin)
     try:
         ipr = open_ipr()
     except ImportError:
@@ -430,7 +444,7 @@ def read_route(
         return None
     try:
         try:
-            msgs = list(ipr.route("get", dst=str(address), family=family))
+            msgs = list(ipr.route("get", **asked))
         except OSError as e:
             code = getattr(e, "code", None) or e.errno
             if code in _ERROR_TYPES:
@@ -452,7 +466,8 @@ def read_route(
         return Route(
             destination=str(address),
             dev=_ifname(ipr, oif),
-            src=msg.get_attr("RTA_PREFSRC"),
+            # asked from a source, the kernel's answer holds no preferred source: it is that
+            src=msg.get_attr("RTA_PREFSRC") or asked.get("src"),
             gateway=msg.get_attr("RTA_GATEWAY"),
             type=ROUTE_TYPES[kind]
             if isinstance(kind, int) and 0 <= kind < len(ROUTE_TYPES)

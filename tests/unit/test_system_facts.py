@@ -868,3 +868,45 @@ def test_a_malformed_address_dump_is_an_oserror():
     with pytest.raises(OSError, match="malformed"):
         rtnetlink.ipv4_addresses(lambda: sock)
     assert sock.closed
+
+
+def test_route_get_from_a_source():
+    msg = FakeMsg({"type": 1}, {"RTA_OIF": 4})  # asked from a source: no RTA_PREFSRC
+    ipr = FakeIPRoute([msg])
+    host, _ = route_host(ipr)
+    route = host.route("192.168.10.2", "192.168.10.1")
+    assert (route.dev, route.src) == ("enp3s0f0", "192.168.10.1")
+    assert ipr.asked == [
+        ("get", {"dst": "192.168.10.2", "family": socket.AF_INET, "src": "192.168.10.1"})
+    ]
+    with pytest.raises(UsageError, match="not one address family"):
+        host.route("192.168.10.2", "fd77::1")
+
+
+def test_a_route_from_a_source_is_asked_as_ip_route_get_from_asks_it():
+    from ibtool.sources import rtnetlink
+
+    error = lambda seq: _nlmsg(2, seq, struct.pack("=i", -errno.ENETUNREACH) + bytes(16))  # noqa: E731
+    sock = _OneAnswer(error)
+    rtnetlink.read_route(
+        "10.99.0.2", print, lambda: rtnetlink.RouteSocket(lambda: sock), "10.99.0.1"
+    )
+    body = sock.sent[0][16:]
+    family, dst_len, src_len = struct.unpack_from("=BBB", body)
+    assert (family, dst_len, src_len) == (socket.AF_INET, 32, 32)
+    attrs = body[rtnetlink._RTMSG.size :]
+    assert attrs == struct.pack("=HH", 8, rtnetlink.RTA_DST) + bytes([10, 99, 0, 2]) + struct.pack(
+        "=HH", 8, rtnetlink.RTA_SRC
+    ) + bytes([10, 99, 0, 1])
+
+
+def test_doctor_looks_the_route_up_from_the_gid_s_address(tmp_path, monkeypatch):
+    from ibtool.doctor import run
+    from tests.fixtures import sysfs_trees
+
+    root = sysfs_trees.build("mlx5_roce", tmp_path)
+    asked = []
+    monkeypatch.setattr(run, "_route", lambda host, dst, src=None: asked.append((dst, src)))
+    opts = run.Options(peer="192.168.10.2", compat="rping", probe=False)
+    run.diagnose(Host(str(root), lambda m: None), None, opts, lambda m: None)
+    assert asked == [("192.168.10.2", "192.168.10.1")]  # GID 3's address, not the default's
