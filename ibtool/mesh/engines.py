@@ -97,6 +97,38 @@ def parse_nodeset(text: str) -> list[str]:
     return nodes
 
 
+# Every agent runs for the whole mesh, so ClusterShell holds every node's connection at once:
+# its stdin, stdout and stderr pipes, three descriptors a node in this process (ssh's own are
+# its own). The usual soft limit of 1,024 ends near 330 nodes; clush raises its soft limit to
+# min(hard, fd_max = 8192) for the same reason (ClusterShell CLI/Clush.py set_fdlimit).
+FDS_PER_NODE = 3
+FDS_SPARE = 64  # this process's own: the Python runtime, the textfile, a plot, logs
+FD_MAX = 8192
+
+
+def open_files_for(nodes: int, limits=None) -> int:
+    """Raises this process's soft limit of open files as clush does, enough for `nodes`
+    agents at once; the soft limit now. UsageError when the hard limit cannot hold them."""
+    import resource
+
+    get, set_ = limits or (resource.getrlimit, resource.setrlimit)
+    soft, hard = get(resource.RLIMIT_NOFILE)
+    needed = FDS_PER_NODE * nodes + FDS_SPARE
+    unlimited = hard == resource.RLIM_INFINITY
+    if not unlimited and hard < needed:
+        raise UsageError(
+            f"{nodes} nodes at once need about {needed} open files, and this process may "
+            f"open {hard} (ulimit -Hn)",
+            "raise the hard limit (limits.conf nofile), or mesh through Slurm (--srun: one "
+            "srun, whatever the nodes), or fewer nodes at a time",
+        )
+    wanted = max(needed, FD_MAX) if unlimited else min(hard, max(needed, FD_MAX))
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        set_(resource.RLIMIT_NOFILE, (wanted, hard))
+        return wanted
+    return soft
+
+
 class ClusterShellEngine(Engine):
     name = "clustershell"
 
@@ -112,6 +144,7 @@ class ClusterShellEngine(Engine):
         self.thread: threading.Thread | None = None
 
     def start(self, argv: list[str]) -> None:
+        open_files_for(len(self.nodes))
         ready = threading.Event()
         failed: list[BaseException] = []
         self.thread = threading.Thread(

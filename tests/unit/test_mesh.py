@@ -528,3 +528,32 @@ def test_dev_and_exclude_reach_every_node_s_agent(monkeypatch):
     assert argv == ["ibtool", "mesh", "--agent", "--dev", "mlx5_[0-7]", "--exclude", "mlx5_3/1"]
     with pytest.raises(argparse.ArgumentTypeError, match="not DEV"):
         plugin._ports("a/b/c")
+
+
+def test_clustershell_raises_the_open_files_limit_as_clush_does():
+    import resource
+
+    from ibtool.errors import UsageError
+    from ibtool.mesh.engines import open_files_for
+
+    def limits(soft, hard):
+        state = {"limit": (soft, hard)}
+
+        def get(what):
+            assert what == resource.RLIMIT_NOFILE
+            return state["limit"]
+
+        def set_(what, value):
+            state["limit"] = value
+
+        return (get, set_), state
+
+    fns, state = limits(1024, 524288)  # systemd's default hard limit
+    assert open_files_for(1024, fns) == 8192 and state["limit"] == (8192, 524288)
+    fns, state = limits(1024, 524288)
+    assert open_files_for(4000, fns) == 12064  # 3 a node and a spare 64, over clush's 8192
+    fns, state = limits(1024, 4096)
+    assert open_files_for(330, fns) == 4096  # all the hard limit allows, as clush
+    fns, _ = limits(256, 256)
+    with pytest.raises(UsageError, match="200 nodes at once need about 664 open files"):
+        open_files_for(200, fns)
