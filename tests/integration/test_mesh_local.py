@@ -58,8 +58,5 @@ def test_rails_pair_by_rank_and_a_lone_rail_pings_nobody(testbed, no_leaks):  # 
     proc = ibtool("-j", "mesh", "--local", "-c", "3", "--no-save", timeout=600)
     report = json.loads(proc.stdout)
     assert (proc.returncode, report["pairs"], report["verdicts"]) == (3, [], []), proc.stderr
-    assert report["exit_code"] == 3
-    text = ibtool("mesh", "--local", "-c", "3", "--no-save", timeout=600)
-    assert text.returncode == 3
-    assert text.stdout.splitlines()[-1].startswith("mesh UNKNOWN: no pair probed over 2 endpoints")
+    assert report["exit_code"] == 3  # the text's summary line: tests/unit/test_mesh.py
     assert set(_ibtool_processes()) - before == set()
