@@ -220,7 +220,18 @@ class Ladder(contextlib.AbstractContextManager):
             return a.AHAttr(gr=gr, is_global=1, port_num=self.port, sl=sl)
         return a.AHAttr(dlid=peer.lid, is_global=0, port_num=self.port, sl=sl)
 
+    def refresh_port(self) -> None:
+        """The port's attributes as they are now: a long-lived ladder (a ping server's, a mesh
+        agent's) outlives a netdev MTU change or a new LID, and a QP built on the values of its
+        start would tell its peer an MTU the port no longer has. Kept as they were when the
+        port cannot be asked."""
+        try:
+            self.port_attr = self.ctx.query_port(self.port)
+        except self.pv.Error:
+            pass
+
     def local(self, qp, psn: int) -> Peer:
+        self.refresh_port()
         return Peer(qp.qp_num, psn, self.port_attr.lid, self.gid, self.port_attr.active_mtu)
 
     # -- state transitions ---------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -176,3 +177,19 @@ def test_a_buffer_beyond_the_memlock_limit_is_one_error_with_the_hint(fake_pyver
         assert e.value.message.startswith(f"registering {1 << 20} bytes: Failed to register")
         assert "locked-memory limit (ulimit -l)" in e.value.hint
         assert len(closed) == 1
+
+
+def test_a_long_lived_ladder_tells_the_port_s_mtu_as_it_is_now(fake_pyverbs):
+    # a ping server started before `ip link set mtu 9000` told its clients the MTU of its
+    # start, 1024, and every QP to it ran at that path MTU (the testbed's doctor saw it)
+    from ibtool.rdma.ladder import Ladder
+
+    fabric = fake_pyverbs("rdma-core-65")
+    fabric.add_port("mlx5_0", 1, link_layer=1, lid=28)
+    with Ladder("mlx5_0", 1) as lad:
+        qp = SimpleNamespace(qp_num=7)
+        assert lad.local(qp, 0).mtu == 3  # ibv_mtu 1024
+        fabric.ports[("mlx5_0", 1)].active_mtu = 5  # 4096 since
+        fabric.ports[("mlx5_0", 1)].lid = 29
+        assert (lad.local(qp, 0).mtu, lad.local(qp, 0).lid) == (5, 29)
+        assert lad.path_mtu(5) == 5
