@@ -114,9 +114,10 @@ class Client:
 def serve():
     servers = []
 
-    def start(handler=echo, tls=None, log=None, address=("127.0.0.1", 0), **limits):
+    def start(handler=echo, tls=None, log=None, address=("127.0.0.1", 0), auth=None, **limits):
         lines = [] if log is None else log
-        server = HTTPServer(address, handler, Limits(**limits), tls=tls, log=lines.append)
+        kwargs = {"auth": auth} if auth is not None else {}
+        server = HTTPServer(address, handler, Limits(**limits), tls=tls, log=lines.append, **kwargs)
         _host, port = server.bind()
         server.start()
         servers.append(server)

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 from ibtool.live import exporter as exporter_module
-from ibtool.live.exporter import Endpoint, Latest, serve
-from ibtool.web.server import HTTPServer, Limits, Request, Response
+from ibtool.live.exporter import Endpoint, Latest
+from ibtool.web.server import Request, Response
 from tests.unit.test_exporter import family
-from tests.unit.test_httpserve import Blocking, Client, echo, wait_for
+from tests.unit.test_httpserve import Blocking, Client, echo, serve, wait_for  # noqa: F401
 
 bcrypt = pytest.importorskip("bcrypt")
 pytest.importorskip("yaml")
@@ -38,25 +38,9 @@ TLS = REPO / "tests" / "fixtures" / "tls"
 
 
 @pytest.fixture
-def serve_http():
-    """test_httpserve's `serve` (an HTTPServer on 127.0.0.1, its log lines kept), with `auth`."""
-    servers = []
-
-    def start(handler=echo, tls=None, auth=None, **limits):
-        lines: list[str] = []
-        kwargs = {"auth": auth} if auth is not None else {}
-        server = HTTPServer(
-            ("127.0.0.1", 0), handler, Limits(**limits), tls=tls, log=lines.append, **kwargs
-        )
-        _host, port = server.bind()
-        server.start()
-        servers.append(server)
-        server.lines = lines
-        return server, port
-
-    yield start
-    for server in servers:
-        server.shutdown()
+def serve_http(serve):  # noqa: F811 (test_httpserve's fixture)
+    """test_httpserve's `serve` (an HTTPServer on 127.0.0.1, its log lines kept)."""
+    return serve
 
 
 def basic(user: str, password: str) -> str:
@@ -106,7 +90,7 @@ class Exporter:
             bound.set()
 
         self.thread = threading.Thread(
-            target=serve,
+            target=exporter_module.serve,
             args=(("127.0.0.1", 0), lambda: family(3), 0.05, self.warnings.append),
             kwargs={
                 "stop": self.stop,
