@@ -59,6 +59,7 @@ import warnings
 from typing import Any, Callable
 
 from ibtool.errors import DataError, UnsupportedError
+from ibtool.model.names import escaped
 
 __all__ = ["WebConfig", "WebConfigError", "Watcher", "load"]
 
@@ -67,7 +68,7 @@ class WebConfigError(DataError):
     """A web configuration file that cannot be used: `web config FILE: what`, and a hint."""
 
     def __init__(self, path: str, what: str, hint: str | None = None):
-        super().__init__(f"web config {_escape(path)}: {what}", hint)
+        super().__init__(f"web config {escaped(path)}: {what}", hint)
         self.path = path
         self.what = what
 
@@ -452,22 +453,12 @@ class _Reader:
         return _shown(value) if isinstance(value, str) else "a " + type(node).__name__
 
 
-def _escape(text: str) -> str:
-    """`text` with each character a terminal would act on (ESC, BEL, CR, a line break, U+202E:
-    what str.isprintable() refuses) written as its Python escape."""
-    if text.isprintable():
-        return text
-    return "".join(
-        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
-    )
-
-
 def _cut(text: str) -> str:
     """A value or name of a file as a message may show it: escaped, and when longer than 10
     characters only its first 7 and "..." (go-yaml's cut, see _SHOWN_WHOLE)."""
     if len(text) <= _SHOWN_WHOLE:
-        return _escape(text)
-    return _escape(text[:_SHOWN_CUT]) + "..."
+        return escaped(text)
+    return escaped(text[:_SHOWN_CUT]) + "..."
 
 
 def _shown(text: str) -> str:
@@ -495,7 +486,7 @@ def _yaml_said(text: str) -> str:
             inner = inner[:_SHOWN_CUT] + "..."
         return m.group(0)[0] + inner + m.group(0)[-1]
 
-    said = _escape(" ".join(_QUOTED.sub(cut, text).split()))
+    said = escaped(" ".join(_QUOTED.sub(cut, text).split()))
     return said if len(said) <= _YAML_SAID else said[: _YAML_SAID - 3] + "..."
 
 
@@ -844,7 +835,7 @@ def _curves(r: _Reader, t: dict[str, Any]) -> list[str]:
 def _load_client_ca(r: _Reader, ctx: ssl.SSLContext, t: dict[str, Any], ca_file: str, ca: str):
     """The CA client certificates are verified against, from its file or inline."""
     ca_name = "client_ca_file" if ca_file else "client_ca"
-    ca_desc = f"{_escape(ca_file)}: " if ca_file else ""
+    ca_desc = f"{escaped(ca_file)}: " if ca_file else ""
     try:
         if ca_file:
             # what was read, handed over as a file: load_verify_locations(cafile=) reads it as
@@ -943,11 +934,11 @@ def _read_named(r: _Reader, path: str, name: str, t: dict[str, Any]) -> bytes:
     try:
         return _read_file(path)
     except OSError as e:
-        r.fail(f"tls_server_config.{name}", f"{_escape(path)}: {e.strerror or e}", t.get(name))
+        r.fail(f"tls_server_config.{name}", f"{escaped(path)}: {e.strerror or e}", t.get(name))
     except _NotAFile as e:
         r.fail(
             f"tls_server_config.{name}",
-            f"{_escape(path)}: {e.what}",
+            f"{escaped(path)}: {e.what}",
             t.get(name),
             e.hint("a certificate, key or CA file"),
         )
@@ -1005,8 +996,8 @@ def _load_chain(
         ("key_file" if key_file else "key"),
     )
     cert_at, key_at = t.get(cert_name), t.get(key_name)
-    cert_desc = f"{_escape(cert_file)}: " if cert_file else ""
-    key_desc = f"{_escape(key_file)}: " if key_file else ""
+    cert_desc = f"{escaped(cert_file)}: " if cert_file else ""
+    key_desc = f"{escaped(key_file)}: " if key_file else ""
     cert_text = _pem(r, cert_file, "cert_file", t) if cert_file else cert
     key_text = _pem(r, key_file, "key_file", t) if key_file else key
 
@@ -1040,7 +1031,7 @@ def _load_chain(
             r.fail(
                 f"tls_server_config.{key_name}",
                 f"{key_desc}not the key of {cert_name}"
-                + (f" {_escape(cert_file)}" if cert_file else ""),
+                + (f" {escaped(cert_file)}" if cert_file else ""),
                 key_at,
             )
         r.fail(
@@ -1057,7 +1048,7 @@ def _pem(r: _Reader, path: str, name: str, t: dict[str, Any]) -> str:
     if b"-----BEGIN " not in data:
         r.fail(
             f"tls_server_config.{name}",
-            f"{_escape(path)}: not PEM (no -----BEGIN line)",
+            f"{escaped(path)}: not PEM (no -----BEGIN line)",
             t.get(name),
             "a DER file? openssl x509 -inform der -in FILE -out FILE.pem",
         )
@@ -1173,13 +1164,13 @@ class Watcher:
                 return self._keep(
                     stamps,
                     now,
-                    f"web config {_escape(self.path)}: cannot be loaded ({type(e).__name__})",
+                    f"web config {escaped(self.path)}: cannot be loaded ({type(e).__name__})",
                 )
             if config.tls != self._config.tls:
                 return self._keep(
                     stamps,
                     now,
-                    f"web config {_escape(self.path)}: tls_server_config was "
+                    f"web config {escaped(self.path)}: tls_server_config was "
                     + ("added" if config.tls else "removed")
                     + ": switching TLS on or off takes a restart of the exporter",
                 )
