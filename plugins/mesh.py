@@ -101,6 +101,61 @@ def configure(parser) -> None:
         metavar="N",
         help="RC transport timeout of the pairs' QPs: 4.096 us * 2^N a try (default 14: 67 ms)",
     )
+    path = parser.add_argument_group(
+        "the path probed", "what a job's QPs use, so that the mesh probes what the job will "
+        "(ibtool-mesh(8), THE PATH)"
+    )  # fmt: skip
+    path.add_argument(
+        "--tclass",
+        type=number(int, 0, 255, hint="for DSCP D give --tclass $((D << 2))"),
+        default=0,
+        metavar="N",
+        help="GRH traffic class of the pairs' QPs; on RoCE v2 the IP DS field, DSCP N >> 2 "
+        "(NCCL_IB_TC; default 0)",
+    )
+    path.add_argument(
+        "--sl",
+        type=number(int, 0, 15),
+        default=0,
+        metavar="N",
+        help="service level of the pairs' QPs (NCCL_IB_SL; default 0)",
+    )
+    path.add_argument(
+        "--gid-index",
+        type=number(int, 0, 255),
+        metavar="N",
+        help="the GID every RoCE endpoint uses (NCCL_IB_GID_INDEX; default: each port's "
+        "RoCE v2 IPv4 GID, as ibtool gids --best)",
+    )
+    path.add_argument(
+        "--pkey-index",
+        type=number(int, 0, 0xFFFF),
+        default=0,
+        metavar="N",
+        help="the slot of each port's P_Key table the QPs use (NCCL_IB_PKEY; default 0)",
+    )
+    path.add_argument(
+        "--full-payload",
+        type=number(int, 0, 1000),
+        default=3,
+        metavar="N",
+        help="after a pair's pings, N pings of the path MTU's full payload, which a smaller "
+        "MTU on the path drops (default 3; 0: none)",
+    )
+    path.add_argument(
+        "--qps",
+        type=number(int, 1, 16),
+        default=1,
+        metavar="N",
+        help="spread a pair's pings over N QPs, each its own UDP source port and so its own "
+        "ECMP path (default 1)",
+    )
+    path.add_argument(
+        "--bw",
+        action="store_true",
+        help="also an RDMA WRITE burst a pair: an endpoint below 0.7 of its rail's median "
+        "bandwidth is named",
+    )
     parser.add_argument(
         "--rounds",
         type=number(int, 1, 1 << 20),
@@ -175,7 +230,9 @@ def run(inv: Invocation) -> int:
         inv.host.require_live("an ibtool mesh agent serves and pings this host's RDMA ports")
         from ibtool.mesh import agent
 
-        return agent.main(inv.host, chosen=agent.PortChoice(args.dev, args.exclude))
+        return agent.main(
+            inv.host, chosen=agent.PortChoice(args.dev, args.exclude), gid_index=args.gid_index
+        )
     _check_outputs(args)  # before the mesh: a wrong path is known in a second, not after it
     engine, argv = _engine(inv)
     from ibtool.mesh.run import Options, mesh
@@ -194,6 +251,13 @@ def run(inv: Invocation) -> int:
         qp_timeout=args.qp_timeout,
         deadline=args.deadline,
         abandon=args.abandon,
+        sl=args.sl,
+        tclass=args.tclass,
+        pkey_index=args.pkey_index,
+        gid_index=args.gid_index,
+        full_payload=args.full_payload,
+        qps=args.qps,
+        bw=args.bw,
     )
 
     def say(line: str) -> None:
@@ -224,6 +288,8 @@ def _engine(inv: Invocation):
     for flag, patterns in (("--dev", args.dev), ("--exclude", args.exclude)):
         if patterns:
             agent += [flag, ",".join(patterns)]
+    if args.gid_index is not None:
+        agent += ["--gid-index", str(args.gid_index)]
     if args.local:
         if args.nodeset:
             raise UsageError("--local takes no NODESET", "leave NODESET out, or --local out")

@@ -74,12 +74,16 @@ class PortChoice:
 
 
 def local_endpoints(
-    host, addresses: Callable[[], list] = _ipv4, chosen: PortChoice | None = None
+    host,
+    addresses: Callable[[], list] = _ipv4,
+    chosen: PortChoice | None = None,
+    gid_index: int | None = None,
 ) -> list[dict[str, Any]]:
     """Every RDMA port of this host, in (device, port) order as a person counts (mlx5_2
     before mlx5_10, as the kernel numbers them): its rank is its rail. A RoCE
-    port's address is its GID's (the --best rule's); an InfiniBand port's, its IPoIB
-    netdev's first IPv4 address (`addresses`: every (netdev, address, prefix) of the host)."""
+    port's address is its GID's (`gid_index`'s, else the --best rule's); an InfiniBand
+    port's, its IPoIB netdev's first IPv4 address (`addresses`: every (netdev, address,
+    prefix) of the host)."""
     out = []
     ipv4: list | None = None
     firmware: dict[str, str | None] = {}
@@ -90,16 +94,20 @@ def local_endpoints(
         link = {LinkLayer.ETHERNET: "Ethernet", LinkLayer.INFINIBAND: "InfiniBand"}.get(
             p.link_layer, "Unknown"
         )
-        address = gid_index = problem = None
+        address = index = problem = None
         try:
             if p.link_layer == LinkLayer.ETHERNET:
-                gid_index = host.roce_gid_index(p.device, p.port)
+                index = host.roce_gid_index(p.device, p.port) if gid_index is None else gid_index
                 for g in host.gids(f"{p.device}/{p.port}"):
-                    if g.index == gid_index:
+                    if g.index == index:
                         address = g.ip
-            elif p.netdev:  # InfiniBand: its IPoIB address carries the TCP exchange
-                ipv4 = addresses() if ipv4 is None else ipv4
-                address = next((a for n, a, _ in ipv4 if n == p.netdev), None)
+                if address is None and gid_index is not None:
+                    problem = f"no IP-based GID at --gid-index {gid_index}"
+            else:
+                index = gid_index  # InfiniBand: the GRH's source GID, where one is sent
+                if p.netdev:  # its IPoIB address carries the TCP exchange
+                    ipv4 = addresses() if ipv4 is None else ipv4
+                    address = next((a for n, a, _ in ipv4 if n == p.netdev), None)
         except IbtoolError as e:
             problem = e.message
         if address and ipaddress.ip_address(address).is_link_local and problem is None:
@@ -119,7 +127,7 @@ def local_endpoints(
                 "state": state,
                 "link_layer": link,
                 "address": address,
-                "gid_index": gid_index,
+                "gid_index": index,
                 "hw": False,
                 "problem": problem if state == "ACTIVE" else None,
                 "rate": p.rate.text if p.rate else None,
@@ -186,11 +194,19 @@ class Server:
     round trip would carry those turns (milliseconds, not microseconds)."""
 
     def __init__(self, ep: dict, plan: dict, addresses: list[str], warn):
+        # In a round an endpoint serves one partner (two with --all-rails' odd groups), with
+        # its --qps connections and the full-payload and --bw ones: room for them, and more
+        qps = plan.get("qps", 1)
+        path = plan.get("path", {})
         argv = [sys.executable, "-m", "ibtool", "ping", "--server",
                 "--dev", f"{ep['device']}/{ep['port']}", "--bind", ep["address"],
-                "--port", str(plan["tcp_port"]), "--no-facts", "--max-sessions", "8",
+                "--port", str(plan["tcp_port"]), "--no-facts",
+                "--max-sessions", str(max(8, 2 * (qps + 2))),
                 "--qp-timeout", str(plan.get("qp_timeout", 14)),
-                "--max-per-source", "4", "--idle-timeout", "600"]  # fmt: skip
+                "--max-per-source", str(max(4, qps + 2)), "--idle-timeout", "600",
+                "--sl", str(path.get("sl", 0)), "--tclass", str(path.get("tclass", 0))]  # fmt: skip
+        if path.get("pkey_index"):
+            argv += ["--pkey-index", str(path["pkey_index"])]
         if ep.get("gid_index") is not None:
             argv += ["--gid-index", str(ep["gid_index"])]
         argv += [f"--allow={a}" for a in sorted(set(addresses)) if a]
@@ -263,8 +279,10 @@ class Agent:
         say: Callable[[dict], None],
         warn: Callable[[str], None],
         chosen: PortChoice | None = None,
+        gid_index: int | None = None,
     ):
         self.host, self.say, self.warn, self.chosen = host, say, warn, chosen
+        self.gid_index = gid_index
         self.id = secrets.token_hex(8)
         self.stop = threading.Event()
         self.servers: list[Server] = []
@@ -273,7 +291,7 @@ class Agent:
         self.workers: list[threading.Thread] = []
 
     def run(self, lines: Lines) -> int:
-        mine = local_endpoints(self.host, chosen=self.chosen)
+        mine = local_endpoints(self.host, chosen=self.chosen, gid_index=self.gid_index)
         self.say(
             {"t": "hello", "v": protocol.VERSION, "id": self.id, "node": node_name(),
              "endpoints": mine}
@@ -502,66 +520,168 @@ class GiveUp:
         return self.run >= self.limit
 
 
+class _Series:
+    """One series of pings of a pair, over `qps` QPs in turn (each its own connection, so
+    its own QP number, so its own UDP source port on RoCE v2: its own ECMP path), each QP's
+    share run whole before the next, every QP kept until the end so that no two share a
+    number."""
+
+    def __init__(self, ladder, source: str, target: str, plan: dict, path, stop):
+        self.ladder, self.source, self.target = ladder, source, target
+        self.plan, self.path, self.stop = plan, path, stop
+        self.sent = self.received = 0
+        self.rtts: list[float] = []
+        self.hw_rtts: list[float] = []
+        self.errors: list[str] = []
+        self.answered: list[int] = []  # each QP's replies
+        self.connected = True  # False when a connection could not be made at all
+
+    def run(self, size: int, mode, count: int, interval: float, hw=None, qps: int = 1) -> None:
+        from ibtool.rdma.ping.client import Client, PingStats, run_client
+
+        timeout = float(self.plan["timeout"])
+        clients = []
+        try:
+            for k in range(qps):
+                share = count // qps + (k < count % qps)
+                if not share or self.stop.is_set():
+                    break
+                try:
+                    client = Client(self.ladder, self.target, self.plan["tcp_port"], size,
+                                    mode, timeout, self.path, hw=hw, source=self.source,
+                                    connect_timeout=timeout)  # fmt: skip
+                except IbtoolError as e:
+                    self.errors.append(e.message)
+                    self.connected = bool(clients)
+                    break
+                clients.append(client)
+                stats, rtts = PingStats(), []
+                give_up = GiveUp(self.plan.get("abandon", 3))
+                try:
+                    run_client(client, share, interval, None, self._reply(give_up),
+                               self._loss(give_up), stats, rtts)  # fmt: skip
+                except Stopped:
+                    self.errors.append("stopped: the mesh ended")
+                except Abandoned:
+                    self.errors.append(
+                        f"abandoned after {self.plan.get('abandon', 3)} losses in a row: "
+                        f"{self.errors[-1]}"
+                    )
+                except IbtoolError as e:
+                    self.errors.append(e.message)
+                except OSError as e:
+                    self.errors.append(e.strerror or str(e))
+                self.sent += stats.sent
+                self.received += stats.received
+                self.rtts += rtts
+                self.answered.append(stats.received)
+                if self.stop.is_set():
+                    break
+                # a black hole, not one bad path: two QPs given up with nothing answered
+                if len(self.answered) >= 2 and not any(self.answered):
+                    break
+        finally:
+            for client in clients:
+                client.close()
+
+    def _reply(self, give_up: GiveUp):
+        def reply(seq: int, rtt: float, hw_us: float | None) -> None:
+            give_up.reply()
+            if hw_us is not None:
+                self.hw_rtts.append(hw_us)
+            if self.stop.is_set():
+                raise Stopped
+
+        return reply
+
+    def _loss(self, give_up: GiveUp):
+        def loss(seq: int, why: str) -> None:
+            self.errors.append(why)
+            if self.stop.is_set():
+                raise Stopped
+            if give_up.loss():
+                raise Abandoned
+
+        return loss
+
+    def silent(self) -> int:
+        """QPs that lost every ping while another QP was answered: paths of their own."""
+        if not any(self.answered):
+            return 0
+        return sum(1 for n in self.answered if not n)
+
+
 def probe(ladder, hw, source: str, target: str, plan: dict, stop: threading.Event) -> list:
     """One pair: `count` pings from `source` to the server at `target`, at most `rate` a
-    second, until `stop` is set; [state, sent, received, median, p90, p99, hw, error]."""
+    second, over `qps` QPs, until `stop` is set; then, if every one was answered, `full`
+    pings of the path MTU's full payload, and with `bw` an RDMA WRITE burst.
+    [state, sent, received, median, p90, p99, hw, error, extras]."""
     from ibtool.rdma import wire
-    from ibtool.rdma.ladder import PathSpec
-    from ibtool.rdma.ping.client import Client, PingStats, run_client
+    from ibtool.rdma.ladder import MTU_BYTES, PathSpec
 
-    mode = wire.MODES[plan["mode"]]
-    timeout = float(plan["timeout"])
-    give_up = GiveUp(plan.get("abandon", 3))
-    stats, rtts, hw_rtts, errors = PingStats(), [], [], []
-    try:
-        client = Client(ladder, target, plan["tcp_port"], plan["size"], mode, timeout,
-                        PathSpec(ack_timeout=plan.get("qp_timeout", 14)), hw=hw,
-                        source=source, connect_timeout=timeout)  # fmt: skip
-    except IbtoolError as e:
-        return [int(PairState.PROBED), 0, 0, None, None, None, False, e.message]
-
-    def reply(seq: int, rtt: float, hw_us: float | None) -> None:
-        give_up.reply()
-        if hw_us is not None:
-            hw_rtts.append(hw_us)
-        if stop.is_set():
-            raise Stopped
-
-    def loss(seq: int, why: str) -> None:
-        errors.append(why)
-        if stop.is_set():
-            raise Stopped
-        if give_up.loss():
-            raise Abandoned
-
-    try:
-        run_client(client, plan["count"], 1.0 / plan["rate"], None, reply, loss, stats, rtts)
-    except Stopped:
-        errors.append("stopped: the mesh ended")
-    except Abandoned:
-        errors.append(f"abandoned after {give_up.run} losses in a row: {errors[-1]}")
-    except IbtoolError as e:
-        errors.append(e.message)
-    except OSError as e:
-        errors.append(e.strerror or str(e))
-    finally:
-        client.close()
-    on_hca = bool(hw) and bool(rtts) and len(hw_rtts) == len(rtts)
-    times = sorted(hw_rtts if on_hca else rtts)
+    p = plan.get("path", {})
+    path = PathSpec(sl=p.get("sl", 0), traffic_class=p.get("tclass", 0),
+                    pkey_index=p.get("pkey_index", 0),
+                    ack_timeout=plan.get("qp_timeout", 14))  # fmt: skip
+    qps = plan.get("qps", 1)
+    main = _Series(ladder, source, target, plan, path, stop)
+    main.run(plan["size"], wire.MODES[plan["mode"]], plan["count"], 1.0 / plan["rate"], hw, qps)
+    extra: dict[str, Any] = {}
+    errors = main.errors
+    if qps > 1 and main.sent:
+        extra["qps"] = [len(main.answered), main.silent()]
+        if main.silent():
+            errors.append(
+                f"{main.silent()} of {len(main.answered)} QPs lost every ping while the "
+                "others were answered: some of the pair's ECMP paths drop (a QP's UDP "
+                "source port picks its path)"
+            )
+    whole = main.sent and main.received == main.sent and not stop.is_set()
+    mtu = MTU_BYTES.get(getattr(ladder.port_attr, "active_mtu", None))
+    if whole and plan.get("full", 0) and mtu:
+        full = _Series(ladder, source, target, plan, path, stop)
+        full.run(mtu, wire.Mode.SEND, plan["full"], 0.0)
+        if full.sent:
+            extra["full"] = [mtu, full.sent, full.received]
+            if full.received < full.sent:
+                errors.append(
+                    f"{full.received}/{full.sent} pings of {mtu} bytes (the full payload of "
+                    f"an MTU of {mtu}) answered: {full.errors[-1] if full.errors else 'lost'}"
+                )
+    if whole and plan.get("bw") and not stop.is_set():
+        burst = _Series(ladder, source, target, plan, path, stop)
+        burst.run(protocol.BW_SIZE, wire.Mode.WRITE_IMM, protocol.BW_PINGS, 0.0)
+        if burst.received == burst.sent == protocol.BW_PINGS:
+            rtt = quantile(sorted(burst.rtts[1:]), 0.5)
+            if rtt:  # bits over microseconds: Mb/s; / 1e3: Gb/s
+                extra["bw"] = round(2 * protocol.BW_SIZE * 8 / rtt / 1e3, 3)
+        elif burst.errors:
+            errors.append(f"bandwidth burst: {burst.errors[-1]}")
+    on_hca = bool(hw) and bool(main.rtts) and len(main.hw_rtts) == len(main.rtts)
+    times = sorted(main.hw_rtts if on_hca else main.rtts)
     return [
         int(PairState.PROBED),
-        stats.sent,
-        stats.received,
+        main.sent,
+        main.received,
         quantile(times, 0.5),
         quantile(times, 0.9),
         quantile(times, 0.99),
         on_hca,
         errors[-1] if errors else None,
+        extra or None,
     ]
 
 
-def main(host, out=None, err=None, fd: int = 0, chosen: PortChoice | None = None) -> int:
-    """The agent on this host, over stdin/stdout, meshing the ports `chosen`; its exit code."""
+def main(
+    host,
+    out=None,
+    err=None,
+    fd: int = 0,
+    chosen: PortChoice | None = None,
+    gid_index: int | None = None,
+) -> int:
+    """The agent on this host, over stdin/stdout, meshing the ports `chosen` (through the
+    GID at `gid_index`, else the --best rule's); its exit code."""
     out = out or sys.stdout
     err = err or sys.stderr
     lock = threading.Lock()
@@ -577,7 +697,7 @@ def main(host, out=None, err=None, fd: int = 0, chosen: PortChoice | None = None
             err.flush()
 
     try:
-        return Agent(host, say, warn, chosen).run(Lines(fd))
+        return Agent(host, say, warn, chosen, gid_index).run(Lines(fd))
     except protocol.AgentError as e:
         warn(f"the coordinator's message: {e}")
         return 7

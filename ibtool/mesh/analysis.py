@@ -5,7 +5,9 @@
 2. Each pair gets a health: FAILED (nothing answered, or never probed because an end is
    down or its node has no agent), LOSSY (some pings unanswered), SLOW (all answered, but its
    p90 is more than `slow_factor` times the baseline median, and SLOW_FLOOR_US above it: a
-   lossy link under RC shows as retransmissions, not losses), or OK.
+   lossy link under RC shows as retransmissions, not losses), or OK; a pair whose pings
+   were all answered but whose pings of the path MTU's full payload were not is FAILED (none
+   of those answered) or LOSSY, of its own kind (FULL): a smaller MTU on the path.
 3. Facts first: an endpoint whose port is not ACTIVE is named as such, with no inference.
 4. Then, repeatedly, the endpoint that explains the most bad pairs of one kind (loss, or
    slowness) is named, if more than half of its partners are bad that way in both
@@ -16,6 +18,8 @@
 5. Then, the same way, the endpoint whose port's RC retransmission counters moved in most of
    its rounds (RETRANS_SHARE of the pings through it), its partners' rounds with it explained:
    a lossy link under RC loses no ping, it delays some by a transport timeout.
+   With --bw, an endpoint whose pairs' median bandwidth is below BW_SHARE of its rail's
+   median is named (a WARN).
 6. A node all of whose endpoints (two or more) were named is named instead of them; a rail
    with at least max(3, half its endpoints) named is the rail's switch.
 7. Every bad pair left is a path: the two ends are fine with everyone else.
@@ -34,6 +38,7 @@ from ibtool.model.mesh import (
     Baseline,
     Culprit,
     Endpoint,
+    Full,
     Health,
     Level,
     MeshResult,
@@ -45,8 +50,10 @@ from ibtool.views.mesh import us
 BASELINE_SAMPLE = 1 << 18
 RETRANS_SHARE = 0.1  # an endpoint's round is lossy when its port resent this share of pings
 SLOW_FLOOR_US = 20.0  # a pair is slow only this far above its baseline too (jitter of a us)
-LOSS, SLOW = "loss", "slow"
+LOSS, SLOW, FULL = "loss", "slow", "full"
+KINDS = (LOSS, FULL, SLOW)  # the order a tie between two kinds of an endpoint is named in
 KIND_OF = {Health.FAILED: LOSS, Health.LOSSY: LOSS, Health.SLOW: SLOW}
+BW_SHARE = 0.7  # --bw: an endpoint below this share of its rail's median is named
 
 
 def baselines(result: MeshResult, schedule: Schedule) -> dict[str, Baseline]:
@@ -104,7 +111,18 @@ def judge(result: MeshResult, schedule: Schedule, base: dict[str, Baseline]) -> 
             h = Health.SLOW
         else:
             h = Health.OK
+        full = t.full[i]
+        if full >= Full.LOSSY and h <= Health.SLOW:  # small pings pass, full ones do not
+            h = Health.FAILED if full == Full.LOST else Health.LOSSY
         t.health[i] = h
+
+
+def kind_of(t, i: int) -> str | None:
+    """The kind of bad a pair is: its pings lost (LOSS), its full-payload pings lost while
+    its own were all answered (FULL), slow (SLOW); None when it is fine."""
+    if t.full[i] >= Full.LOSSY and t.state[i] == PairState.PROBED and t.received[i] == t.sent[i]:
+        return FULL
+    return KIND_OF.get(t.health[i])
 
 
 class _Tally:
@@ -115,16 +133,13 @@ class _Tally:
         t = result.pairs
         self.out_total = [0] * n
         self.in_total = [0] * n
-        self.bad_out: dict[str, list[set[int]]] = {
-            k: [set() for _ in range(n)] for k in (LOSS, SLOW)
-        }
-        self.bad_in: dict[str, list[set[int]]] = {
-            k: [set() for _ in range(n)] for k in (LOSS, SLOW)
-        }
+        self.bad_out: dict[str, list[set[int]]] = {k: [set() for _ in range(n)] for k in KINDS}
+        self.bad_in: dict[str, list[set[int]]] = {k: [set() for _ in range(n)] for k in KINDS}
         self.partners = partners
         self.live = live
         width = t.width
         dst, health = t.dst, t.health
+        full = t.full_lost  # the pairs whose full-payload pings were lost: few
         for r in range(t.rounds):
             base = r * width
             for src in range(width):
@@ -133,7 +148,8 @@ class _Tally:
                     continue
                 self.out_total[src] += 1
                 self.in_total[d] += 1
-                kind = KIND_OF.get(health[base + src])
+                i = base + src
+                kind = kind_of(t, i) if i in full else KIND_OF.get(health[i])
                 if kind:
                     self.bad_out[kind][src].add(d)
                     self.bad_in[kind][d].add(src)
@@ -158,7 +174,7 @@ class _Tally:
             s = p.by(r, e)
             if s >= 0 and self.live[s]:
                 self.out_total[s] -= 1
-        for kind in (LOSS, SLOW):
+        for kind in KINDS:
             for d in self.bad_out[kind][e]:
                 self.bad_in[kind][d].discard(e)
             for s in self.bad_in[kind][e]:
@@ -210,7 +226,7 @@ def analyse(result: MeshResult, schedule: Schedule) -> None:
         for e in range(n):
             if not tally.live[e]:
                 continue
-            for rank, kind in enumerate((LOSS, SLOW)):
+            for rank, kind in enumerate(KINDS):
                 s = tally.score(e, kind)
                 if s and (best is None or (s, -rank) > (best[0], -best[1])):
                     best = (s, rank, e, kind)
@@ -220,6 +236,7 @@ def analyse(result: MeshResult, schedule: Schedule) -> None:
         named[e] = _endpoint_verdict(result, tally, base[group_of[e]], e, kind)
         tally.remove(e)
     named.update(_retransmitting(result, partners, tally.live))
+    result.verdicts += _bandwidth(result, named)
     result.verdicts += _fold(result, schedule, named)
     result.verdicts += _paths(result, named, base, group_of)
     bad = set()
@@ -430,6 +447,17 @@ def _endpoint_verdict(result: MeshResult, tally: _Tally, b: Baseline, e: int, ki
         got = sum(t.received[i] for i in slots)
         detail = f"{got}/{sent} pings answered in those pairs" + _errors(t, slots)
         level = Level.FAIL
+    elif kind == FULL:
+        lost = [t.full_lost[i] for i in slots if i in t.full_lost]
+        size = min((b for b, _, _ in lost), default=0)
+        sent = sum(n for _, n, _ in lost)
+        got = sum(a for _, _, a in lost)
+        detail = (
+            f"{got}/{sent} pings of the path MTU's full payload ({size} bytes) answered in "
+            f"those pairs, all their {result.settings.size}-byte pings answered: an MTU below "
+            f"{size} on its link (its switch port, a netdev or tunnel between)"
+        )
+        level = Level.FAIL
     else:
         p90 = statistics.median([t.p90[i] for i in slots]) if slots else None
         detail = f"their p90 RTT {us(p90)} against {b.group}'s median {us(b.median_us)}"
@@ -442,6 +470,46 @@ def _endpoint_verdict(result: MeshResult, tally: _Tally, b: Baseline, e: int, ki
         (e,),
         eps[e].rail,
     )
+
+
+def _bandwidth(result: MeshResult, named: dict) -> list[Verdict]:
+    """--bw: endpoints whose pairs' median bandwidth (as client and as server) is below
+    BW_SHARE of their rail's median over its endpoints, a WARN each (a link trained down, a
+    shaped or congested port). Endpoints already named are left to their verdict."""
+    t, eps = result.pairs, result.endpoints
+    if t.bw is None:
+        return []
+    bw = t.bw
+    mine: dict[int, list[float]] = defaultdict(list)
+    for i in t.slots():
+        x = bw[i]
+        if not math.isnan(x):
+            mine[i % t.width].append(x)
+            mine[t.dst[i]].append(x)
+    own = {e: statistics.median(v) for e, v in mine.items()}
+    rails: dict[int, list[float]] = defaultdict(list)
+    for e, x in own.items():
+        rails[eps[e].rail].append(x)
+    out = []
+    for e, x in sorted(own.items()):
+        values = rails[eps[e].rail]
+        if e in named or len(values) < DRIFT_MIN:
+            continue
+        median = statistics.median(values)
+        if median > 0 and x < BW_SHARE * median:
+            out.append(
+                Verdict(
+                    Culprit.ENDPOINT,
+                    Level.WARN,
+                    eps[e].name,
+                    f"its pairs' RDMA WRITE bandwidth {x:.3g} Gb/s, {x / median:.2f} of rail "
+                    f"{eps[e].rail}'s median {median:.3g} Gb/s over {len(values)} endpoints: "
+                    "a link trained down, a shaped or congested port",
+                    (e,),
+                    eps[e].rail,
+                )
+            )
+    return out
 
 
 ERRORS_SHOWN = 2  # distinct errors an endpoint's verdict quotes, the most frequent first
@@ -496,6 +564,9 @@ def _fold(result: MeshResult, schedule: Schedule, named: dict[int, Verdict]) -> 
         bad = [i for i in members if i in named]
         if len(members) >= 3 and len(bad) >= max(3, math.ceil(len(members) / 2)):
             level = max(named[i].level for i in bad)
+            # the last of a rail's endpoints are bad only with each other once the rest are
+            # named: the switch explains them too, not a path of their own
+            bad += _bad_among(result, [i for i in members if i not in named])
             names = ", ".join(eps[i].name for i in bad[:8]) + (" ..." if len(bad) > 8 else "")
             out.append(
                 Verdict(
@@ -509,9 +580,21 @@ def _fold(result: MeshResult, schedule: Schedule, named: dict[int, Verdict]) -> 
                 )
             )
             for i in bad:
-                del named[i]
+                named.pop(i, None)
     out += sorted(named.values(), key=lambda v: v.endpoints)
     return out
+
+
+def _bad_among(result: MeshResult, rest: list[int]) -> list[int]:
+    """Those of `rest` with a bad pair between two of them."""
+    t, among = result.pairs, set(rest)
+    found = set()
+    for r in range(t.rounds):
+        for s in rest:
+            i = t.slot(r, s)
+            if t.dst[i] in among and t.health[i] != Health.OK:
+                found.update((s, t.dst[i]))
+    return sorted(found)
 
 
 def _paths(result, named, base, group_of) -> list[Verdict]:

@@ -305,6 +305,16 @@ def _parse(path: str, data) -> LastMesh:
         slow_factor=_num(s.get("slow_factor"), "settings.slow_factor"),
         tcp_port=_int(s.get("tcp_port"), "settings.tcp_port", 0, 65535),
         engine=_str(s.get("engine"), "settings.engine", 64),
+        # the path's, kept since they were (a summary before them is of the defaults)
+        sl=_int(s.get("sl", 0), "settings.sl", 0, 15),
+        tclass=_int(s.get("tclass", 0), "settings.tclass", 0, 255),
+        pkey_index=_int(s.get("pkey_index", 0), "settings.pkey_index", 0, 0xFFFF),
+        gid_index=None
+        if s.get("gid_index") is None
+        else _int(s.get("gid_index"), "settings.gid_index", 0, 255),
+        full_payload=_int(s.get("full_payload", 0), "settings.full_payload", 0, 1000),
+        qps=_int(s.get("qps", 1), "settings.qps", 1, 64),
+        bw=_bool(s.get("bw", False), "settings.bw"),
     )
     endpoints = []
     for k, e in enumerate(_list(d.get("endpoints"), "endpoints", MAX_ENDPOINTS)):

@@ -8,13 +8,16 @@ is what every engine carries. An agent says:
           address its ping server will listen on), and a random id the plan names it by
   ready   its ping servers listen; `problems`: endpoints it could not serve, and why
   result  round R's pairs it was the client of: [src, dst, state, sent, received, median,
-          p90, p99, hw, error]; `retrans`: each of its endpoints' RC retransmissions in the
-          round (its port's counters before and after)
+          p90, p99, hw, error, extras]; extras (optional) what the pair measured beyond its
+          pings: `full` [bytes, sent, answered] of the pings of the path MTU's full payload,
+          `qps` [QPs, silent ones], `bw` Gb/s; `retrans`: each of its endpoints' RC
+          retransmissions in the round (its port's counters before and after)
   error   why it cannot take part (no RDMA device, no pyverbs, ...); it then exits
 
 and the coordinator, to every agent at once (srun and ClusterShell broadcast stdin):
 
-  plan    every endpoint (agent id, its index there, address, up) and the schedule
+  plan    every endpoint (agent id, its index there, address, up), the schedule, the
+          pings and the path (`path`: sl, tclass, pkey_index; `full`, `qps`, `bw`)
   round   run round R; `skip`: endpoints found dead since the plan
   end     stop the servers and exit (EOF on stdin says the same)
 
@@ -40,6 +43,12 @@ MAX_LINE = 64 * 1024  # an agent's line: a hello of MAX_ENDPOINTS, a round's res
 MAX_PLAN = 32 * 1024 * 1024  # the coordinator's plan: 8,192 endpoints is ~1 MiB
 MAX_ENDPOINTS = 64  # RDMA ports of one node
 MAX_ERROR = 200  # characters of an error an agent reports
+MAX_QPS = 16  # QPs a pair's pings are spread over (--qps)
+# --bw: a pair's burst, RDMA WRITE WITH IMMEDIATE ping-pongs of BW_SIZE bytes, one in flight:
+# each way one message's transfer, so 2 x BW_SIZE over the round trip is what the path
+# carries (below a streaming benchmark's peak; compared across endpoints, never against it)
+BW_SIZE = 1 << 20
+BW_PINGS = 5  # the first is not counted: it warms the path (the ARP, the responder's caches)
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _ID = re.compile(r"[0-9a-f]{16,64}")
 _STATES = ("NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER", "UNKNOWN")
@@ -202,9 +211,9 @@ _BIG = 1 << 31
 
 def _pair(p: Any) -> tuple:
     """One pair of a result. Checked inline: a 1,024 x 8 mesh has 8.4 million of them."""
-    if type(p) is not list or len(p) != 10:
-        raise AgentError("result: a pair not a list of 10")
-    src, dst, state, sent, received, med, p90, p99, hw, err = p
+    if type(p) is not list or not 10 <= len(p) <= 11:
+        raise AgentError("result: a pair not a list of 10 or 11")
+    src, dst, state, sent, received, med, p90, p99, hw, err = p[:10]
     if not (
         type(src) is int
         and type(dst) is int
@@ -226,7 +235,45 @@ def _pair(p: Any) -> tuple:
         if type(err) is not str:
             raise AgentError("result: error not text")
         err = printable(err, MAX_ERROR)
-    return (src, dst, _PAIR_STATES[state], sent, received, med, p90, p99, hw, err)
+    extra = _extra(p[10]) if len(p) == 11 else None
+    return (src, dst, _PAIR_STATES[state], sent, received, med, p90, p99, hw, err, extra)
+
+
+def _counts(v: Any, what: str, first_max: int) -> list[int]:
+    if type(v) is not list or len(v) not in (2, 3) or any(type(x) is not int for x in v):
+        raise AgentError(f"result: {what} not a list of counts")
+    if not (0 <= v[0] <= first_max and 0 <= v[-1] <= v[-2] <= _BIG):
+        raise AgentError(f"result: {what} out of range")
+    return list(v)
+
+
+def _extra(x: Any) -> dict | None:
+    """A pair's measures beyond its pings: `full` [bytes, sent, answered] (the pings of the
+    path MTU's full payload), `qps` [QPs, of them silent], `bw` (Gb/s of an RDMA WRITE
+    burst)."""
+    if x is None:
+        return None
+    if type(x) is not dict or len(x) > 3:
+        raise AgentError("result: a pair's extras not a mapping")
+    out: dict[str, Any] = {}
+    for key, v in x.items():
+        if key == "full":
+            full = _counts(v, "full", 1 << 20)
+            if len(full) != 3 or full[0] not in _MTUS:
+                raise AgentError("result: full not [MTU bytes, sent, answered]")
+            out[key] = full
+        elif key == "qps":
+            qps = _counts(v, "qps", 64)
+            if len(qps) != 2:
+                raise AgentError("result: qps not [QPs, silent]")
+            out[key] = qps
+        elif key == "bw":
+            if type(v) not in (int, float) or not 0 <= v < 1e5:  # NaN fails too
+                raise AgentError("result: bw not Gb/s")
+            out[key] = float(v)
+        else:
+            raise AgentError(f"result: unknown pair extra {printable(str(key), 20)!r}")
+    return out or None
 
 
 # -- the plan, as the agent reads it ----------------------------------------------------------
@@ -240,7 +287,8 @@ def plan_message(
     qp_timeout: int = 14,
     abandon: int = 3,
 ) -> str:
-    """The plan every agent gets: `ids[i]` is endpoint i's (agent id, index in its hello)."""
+    """The plan every agent gets: `ids[i]` is endpoint i's (agent id, index in its hello);
+    `settings` says the pings and the path (mesh.Settings)."""
     return dumps(
         {
             "t": "plan",
@@ -255,7 +303,15 @@ def plan_message(
             "tcp_port": settings.tcp_port,
             "qp_timeout": qp_timeout,
             "abandon": abandon,
-        }
+            "path": {
+                "sl": settings.sl,
+                "tclass": settings.tclass,
+                "pkey_index": settings.pkey_index,
+            },
+            "full": settings.full_payload,
+            "qps": settings.qps,
+            "bw": settings.bw,
+        }  # fmt: skip
     )
 
 
@@ -295,6 +351,18 @@ def parse_coordinator(line: str | bytes) -> dict[str, Any]:
         _int(msg.get("tcp_port"), 1, 65535, "plan: tcp port")
         msg["qp_timeout"] = _int(msg.get("qp_timeout", 14), 0, 31, "plan: qp timeout")
         msg["abandon"] = _int(msg.get("abandon", 3), 1, 1 << 20, "plan: abandon")
+        path = msg.get("path", {})
+        if not isinstance(path, dict):
+            raise AgentError("plan: path")
+        msg["path"] = {
+            "sl": _int(path.get("sl", 0), 0, 15, "plan: sl"),
+            "tclass": _int(path.get("tclass", 0), 0, 255, "plan: tclass"),
+            "pkey_index": _int(path.get("pkey_index", 0), 0, 0xFFFF, "plan: pkey index"),
+        }
+        msg["full"] = _int(msg.get("full", 0), 0, 1000, "plan: full")
+        msg["qps"] = _int(msg.get("qps", 1), 1, MAX_QPS, "plan: qps")
+        if not isinstance(msg.get("bw", False), bool):
+            raise AgentError("plan: bw")
         if msg.get("mode") not in MODES:
             raise AgentError("plan: mode")
         for key in ("rate", "timeout"):

@@ -49,6 +49,13 @@ class Options:
     qp_timeout: int = 14  # the QPs' local ACK timeout exponent (ladder.PathSpec.ack_timeout)
     deadline: float | None = None  # s for the whole mesh: no round starts after it
     abandon: int = 3  # losses in a row after which an agent gives a pair up
+    sl: int = 0  # the pairs' QPs' path (--sl, --tclass, --pkey-index)
+    tclass: int = 0
+    pkey_index: int = 0
+    gid_index: int | None = None  # --gid-index, told the agents on their command line
+    full_payload: int = 3  # pings of the path MTU's full payload a pair (0: none)
+    qps: int = 1
+    bw: bool = False
 
 
 @dataclass
@@ -65,8 +72,12 @@ class _Node:
 
 
 def round_timeout(o: Options) -> float:
-    """The longest a round may take: every ping to its timeout, one connection timeout."""
-    return o.timeout + o.count * (o.timeout + 1.0 / o.rate) + ROUND_SLACK
+    """The longest a round may take: every ping to its timeout, each of a pair's
+    connections (a QP each: --qps of them, the full-payload pings', the --bw burst's) to its
+    timeout."""
+    connections = o.qps + (o.full_payload > 0) + o.bw
+    pings = o.count + o.full_payload + (protocol.BW_PINGS if o.bw else 0)
+    return connections * o.timeout + pings * (o.timeout + 1.0 / o.rate) + ROUND_SLACK
 
 
 class Coordinator:
@@ -164,7 +175,9 @@ class Coordinator:
     def run(self, agent_argv: list[str]) -> MeshResult:
         o = self.o
         settings = Settings(o.count, o.size, o.mode, o.rate, o.timeout, o.all_rails,
-                            o.slow_factor, o.tcp_port, self.engine.name)  # fmt: skip
+                            o.slow_factor, o.tcp_port, self.engine.name, o.sl, o.tclass,
+                            o.pkey_index, o.gid_index, o.full_payload, o.qps,
+                            o.bw)  # fmt: skip
         started_wall, t0 = time.time(), self.clock()
         self.engine.start(agent_argv)
         try:
@@ -334,7 +347,9 @@ class Coordinator:
                         self._drop(node, f"reported a pair {src} -> {dst} not its own in round {r}")
                         return
                 for p in msg["pairs"]:
-                    table.record(r, *p)
+                    table.record(r, *p[:10])
+                    if p[10]:
+                        table.extras(r, p[0], p[10])
                     if p[2] == PairState.SKIPPED:
                         self._said_quarantined(table, r, p[0], p[1], endpoints)
                 for i, n in msg["retrans"].items():

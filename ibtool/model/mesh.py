@@ -24,6 +24,16 @@ class PairState(enum.IntEnum):
     MISSING = 3  # the source's node never reported this round (it died or timed out)
 
 
+class Full(enum.IntEnum):
+    """What became of a pair's pings of the path MTU's full payload (the pings of `size`
+    bytes, 64 by default, pass a switch whose MTU is smaller than the ends'; these do not)."""
+
+    NONE = 0  # not sent: turned off, or the pair's own pings were not all answered
+    ANSWERED = 1
+    LOSSY = 2  # some answered
+    LOST = 3  # none answered
+
+
 class Health(enum.IntEnum):
     """A pair's health, worst last."""
 
@@ -81,6 +91,8 @@ class Pair:
     hw: bool = False  # RTTs on the HCA's clock
     error: str | None = None
     health: Health = Health.OK  # as the analysis judged it against its group's baseline
+    full: Full = Full.NONE  # its pings of the path MTU's full payload
+    bw_gbps: float | None = None  # its RDMA WRITE burst's bandwidth (--bw)
 
     @property
     def lost(self) -> int:
@@ -110,6 +122,33 @@ class PairTable:
         # round: the one it pinged, the one that pinged it); -1 where its node did not say.
         self.retrans = array("i", [-1]) * n
         self.errors: dict[int, str] = {}  # slot -> why, for the few pairs that have one
+        # The full-payload pings (Full), and for the pairs that lost some of them: (bytes,
+        # sent, answered)
+        self.full = array("B", [0]) * n
+        self.full_lost: dict[int, tuple[int, int, int]] = {}
+        # With --qps N: the pairs some of whose QPs lost every ping while others were
+        # answered: slot -> (QPs, silent QPs)
+        self.silent_qps: dict[int, tuple[int, int]] = {}
+        # With --bw: each pair's RDMA WRITE bandwidth in Gb/s (NaN where not measured)
+        self.bw: array | None = None
+
+    def extras(self, round_: int, src: int, extra: dict) -> None:
+        """What a pair measured beyond its pings (the `x` of a result's pair, checked)."""
+        i = round_ * self.width + src
+        full = extra.get("full")
+        if full is not None:
+            size, sent, got = full
+            self.full[i] = Full.ANSWERED if got == sent else Full.LOST if not got else Full.LOSSY
+            if got < sent:
+                self.full_lost[i] = (size, sent, got)
+        qps = extra.get("qps")
+        if qps is not None and qps[1]:
+            self.silent_qps[i] = qps
+        bw = extra.get("bw")
+        if bw is not None:
+            if self.bw is None:
+                self.bw = array("f", [math.nan]) * len(self.dst)
+            self.bw[i] = bw
 
     def slot(self, round_: int, src: int) -> int:
         return round_ * self.width + src
@@ -152,6 +191,8 @@ class PairTable:
             bool(self.hw[i]),
             self.errors.get(i),
             Health(self.health[i]),
+            Full(self.full[i]),
+            None if self.bw is None else _opt(self.bw[i]),
         )
 
     def slots(self) -> Iterator[int]:
@@ -221,6 +262,15 @@ class Settings:
     slow_factor: float
     tcp_port: int
     engine: str  # clustershell, srun, local, or a fake one in tests
+    # the path the pairs' QPs take, as a job's would (ladder.PathSpec): service level, GRH
+    # traffic class, P_Key table slot; the GID index every RoCE endpoint uses (None: --best)
+    sl: int = 0
+    tclass: int = 0
+    pkey_index: int = 0
+    gid_index: int | None = None
+    full_payload: int = 3  # pings of the path MTU's full payload a pair, after its own
+    qps: int = 1  # QPs a pair's pings are spread over (each its own UDP source port)
+    bw: bool = False  # an RDMA WRITE burst a pair, its bandwidth measured
 
 
 @dataclass

@@ -20,7 +20,7 @@ import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ibtool.model.mesh import Health, Level, MeshResult, PairState, Verdict
+from ibtool.model.mesh import Full, Health, Level, MeshResult, PairState, Verdict
 from ibtool.views.prometheus import MetricFamily, exposition
 
 NONE, SELF = -1, -2  # a cell with no pair probed in it; an endpoint (or node) against itself
@@ -350,8 +350,27 @@ def head(result: MeshResult) -> str:
         f"mesh: {_plural(len(result.endpoints), 'endpoint')} on {_plural(nodes, 'node')}, "
         f"{_rails(result)}, {_plural(result.rounds, 'round')}, "
         f"{_plural(probed, 'pair')} probed, {s.count} pings a pair ({s.mode}, {s.size} bytes), "
-        f"{s.engine}, {_seconds(result.elapsed)}"
+        f"{_path(s)}{s.engine}, {_seconds(result.elapsed)}"
     )
+
+
+def _path(s) -> str:
+    """What of the path differs from the defaults, for the head line: "tclass 104 (DSCP 26),
+    4 QPs, ", or nothing."""
+    said = []
+    if s.tclass:
+        said.append(f"tclass {s.tclass} (DSCP {s.tclass >> 2})")
+    if s.sl:
+        said.append(f"sl {s.sl}")
+    if s.gid_index is not None:
+        said.append(f"GID index {s.gid_index}")
+    if s.pkey_index:
+        said.append(f"P_Key index {s.pkey_index}")
+    if s.qps > 1:
+        said.append(f"{s.qps} QPs")
+    if s.bw:
+        said.append("bandwidth")
+    return "".join(f"{x}, " for x in said)
 
 
 def baseline_lines(result: MeshResult) -> list[str]:
@@ -498,6 +517,13 @@ def settings_json(result: MeshResult) -> dict:
         "slow_factor": s.slow_factor,
         "tcp_port": s.tcp_port,
         "engine": s.engine,
+        "sl": s.sl,
+        "tclass": s.tclass,
+        "pkey_index": s.pkey_index,
+        "gid_index": s.gid_index,
+        "full_payload": s.full_payload,
+        "qps": s.qps,
+        "bw": s.bw,
     }
 
 
@@ -575,6 +601,8 @@ def json_chunks(result: MeshResult) -> Iterator[str]:
     quoted = [dumps(n) for n in names]
     states = {int(s): s.name for s in PairState}
     healths = {int(h): h.name for h in Health}
+    fulls = {int(f): f.name for f in Full}
+    full, bw = t.full, t.bw
     batch: list[str] = []
     first = True
     for i in t.slots():
@@ -587,7 +615,9 @@ def json_chunks(result: MeshResult) -> Iterator[str]:
             f'"rtt_p90_us": {_num(t.p90[i])}, "rtt_p99_us": {_num(t.p99[i])}, '
             f'"hw": {"true" if t.hw[i] else "false"}, '
             f'"error": {"null" if error is None else dumps(error)}, '
-            f'"health": "{healths[t.health[i]]}"}}'
+            f'"full_payload": "{fulls[full[i]]}", '
+            + ("" if bw is None else f'"bw_gbps": {_num(bw[i])}, ')
+            + f'"health": "{healths[t.health[i]]}"}}'
         )
         if len(batch) >= CHUNK:
             yield ("" if first else ", ") + ", ".join(batch)

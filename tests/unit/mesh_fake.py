@@ -48,6 +48,12 @@ class FakeCluster(Engine):
       rate, fw; mtu, in its ready) than every other endpoint's (1, 100 Gb/s, 16.35.2000, 4096)
     - black: endpoints ACTIVE and connected, every ping to or from them lost (a black hole):
       each pair with one sends what the real agent's GiveUp lets it before abandoning
+    - small_mtu: endpoints whose link drops packets of the full 4096-byte payload (a switch
+      port at 1500): their pings pass, their full-payload pings are lost
+    - shaped: {endpoint: Gb/s} the bandwidth of every pair with it (the others: 90 Gb/s)
+    - ecmp: (a, b) pairs one of whose --qps QPs' paths drops everything (the other QPs
+      answered)
+    - dscp: endpoints that drop packets of a traffic class other than 0 (a DSCP rule)
 
     Time is virtual (`clock`, for the coordinator): a round lasts as long as its slowest
     pair would, each answered ping costing 1/rate, each lost one the plan's timeout, a
@@ -58,8 +64,12 @@ class FakeCluster(Engine):
 
     def __init__(self, nodes: int, rails: int, *, down=(), slow=(), lossy=(), blocked=(),
                  silent=(), garbage=(), dies=None, count: int = 20, resends=(),
-                 jitter: bool = False, black=(), ports=None, drift=None):  # fmt: skip
+                 jitter: bool = False, black=(), ports=None, drift=None, small_mtu=(),
+                 shaped=None, ecmp=(), dscp=()):  # fmt: skip
         super().__init__()
+        self.small_mtu, self.shaped = set(small_mtu), dict(shaped or {})
+        self.ecmp = {frozenset(p) for p in ecmp}
+        self.dscp = set(dscp)
         self.drift = dict(drift or {})  # endpoint or node name -> {field: value} of its hello
         self.ports = dict(ports or {})  # node -> its number of ports, where not `rails`
         self.black = set(black)
@@ -152,7 +162,8 @@ class FakeCluster(Engine):
             return [i, d, 2, 0, 0, None, None, None, False, "not probed: down"], 0.0
         if frozenset((a, b)) in self.blocked:
             return [i, d, 1, 0, 0, None, None, None, False, "cannot reach: timed out"], timeout
-        if a in self.black or b in self.black:
+        tclass = self.plan.get("path", {}).get("tclass", 0)
+        if a in self.black or b in self.black or (tclass and {a, b} & self.dscp):
             give_up, sent = GiveUp(self.plan["abandon"]), 0
             while sent < count:
                 sent += 1
@@ -165,7 +176,39 @@ class FakeCluster(Engine):
             return [i, d, 1, count, count // 2, RTT, P90, P99, False, "ping: no reply"], took
         if a in self.slow or b in self.slow:
             return [i, d, 1, count, count, RTT * 2, 40000.0, 67000.0, False, None], 0.07 * count
-        return [i, d, 1, count, count, RTT, P90, P99, False, None], count * interval
+        return self._extras([i, d, 1, count, count, RTT, P90, P99, False, None],
+                            count * interval)  # fmt: skip
+
+    def _extras(self, row: list, took: float) -> tuple[list, float]:
+        """A pair whose pings were all answered: its QPs, full-payload pings and burst."""
+        plan, i, d = self.plan, row[0], row[1]
+        a, b = self.names[i], self.names[d]
+        extra = {}
+        qps = plan.get("qps", 1)
+        if qps > 1:
+            if frozenset((a, b)) in self.ecmp:  # QP 1 of them lost all its share
+                share = self.count // qps + (0 < self.count % qps)
+                row[3] -= share - min(share, plan["abandon"])  # given up after those
+                row[4] -= share
+                row[9] = f"1 of {qps} QPs lost every ping while the others were answered"
+                took += share * plan["timeout"]
+                extra["qps"] = [qps, 1]
+            else:
+                extra["qps"] = [qps, 0]
+        if plan.get("full") and row[4] == row[3]:
+            n = plan["full"]
+            if a in self.small_mtu or b in self.small_mtu:
+                got = 0
+                row[9] = f"0/{n} pings of 4096 bytes answered: ping 1: no reply"
+                took += min(n, plan["abandon"]) * plan["timeout"]
+            else:
+                got = n
+            extra["full"] = [4096, min(n, plan["abandon"]) if not got else n, got]
+        if plan.get("bw") and row[4] == row[3]:
+            extra["bw"] = min(self.shaped.get(a, 90.0), self.shaped.get(b, 90.0))
+        if extra:
+            row.append(extra)
+        return row, took
 
     def _round(self, r: int, skip: set[int]) -> None:
         of = self.partners.of

@@ -521,11 +521,14 @@ def test_dev_and_exclude_reach_every_node_s_agent(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NODELIST", "c[1-2]")
     dev, exclude = plugin._ports("mlx5_[0-7]"), plugin._ports("mlx5_3/1")
     args = SimpleNamespace(local=False, nodeset=None, srun=True, ibtool="ibtool",
-                           dev=dev, exclude=exclude)  # fmt: skip
+                           dev=dev, exclude=exclude, gid_index=None)  # fmt: skip
     monkeypatch.setattr("ibtool.mesh.engines.slurm_overlap", lambda srun="srun": False)
     monkeypatch.setattr("ibtool.mesh.engines.expand_hostlist", lambda text, srun="srun": ["c1"])
     _, argv = plugin._engine(SimpleNamespace(args=args))
     assert argv == ["ibtool", "mesh", "--agent", "--dev", "mlx5_[0-7]", "--exclude", "mlx5_3/1"]
+    args.gid_index = 3  # the GID the job uses: the agents choose their addresses by it
+    _, argv = plugin._engine(SimpleNamespace(args=args))
+    assert argv[-2:] == ["--gid-index", "3"]
     with pytest.raises(argparse.ArgumentTypeError, match="not DEV"):
         plugin._ports("a/b/c")
 
@@ -557,3 +560,81 @@ def test_clustershell_raises_the_open_files_limit_as_clush_does():
     fns, _ = limits(256, 256)
     with pytest.raises(UsageError, match="200 nodes at once need about 664 open files"):
         open_files_for(200, fns)
+
+
+# -- the path probed: what the job uses ------------------------------------------------------
+
+
+def test_a_smaller_mtu_on_an_endpoint_s_link_fails_its_full_payload_pings():
+    """Its 64-byte pings all pass; its pings of the path MTU's full payload do not."""
+    bad = "node0003/rxe0/1"
+    result, _ = _run(FakeCluster(6, 2, small_mtu={bad}))
+    assert _named(result) == {("endpoint", "FAIL", bad)}
+    (v,) = result.verdicts
+    assert "5 of its partners bad both ways" in v.why
+    assert (
+        "0/30 pings of the path MTU's full payload (4096 bytes) answered in those pairs, "
+        "all their 64-byte pings answered: an MTU below 4096 on its link" in v.why
+    )
+    assert result.exit_code() == 2
+    pairs = [p for p in result.pairs if bad in (result.endpoints[p.src].name,
+                                                result.endpoints[p.dst].name)]  # fmt: skip
+    assert pairs and all(p.received == p.sent and p.full.name == "LOST" for p in pairs)
+    assert all(p.health.name == "FAILED" for p in pairs)
+    # the pings alone (--full-payload 0) pass: what the 64-byte mesh said before
+    assert _run(FakeCluster(6, 2, small_mtu={bad}), full_payload=0)[0].verdicts == []
+
+
+def test_a_rail_whose_switch_has_a_smaller_mtu_is_the_rail():
+    rail = {f"node{i:04d}/rxe1/1" for i in range(1, 7)}
+    result, _ = _run(FakeCluster(6, 2, small_mtu=rail))
+    (v,) = result.verdicts
+    assert (v.culprit.value, v.subject) == ("rail", "rail 1")
+    assert "6 of its 6 endpoints bad at once: the rail's switch" in v.why
+
+
+def test_tclass_reaches_the_agents_and_names_the_endpoint_that_drops_its_class():
+    """A DSCP rule dropping one class on one node: the default mesh (class 0) passes,
+    --tclass 104 (DSCP 26, the class the job uses) names it."""
+    from ibtool.views import mesh as view
+
+    bad = "node0002/rxe0/1"
+    assert _run(FakeCluster(6, 1, dscp={bad}))[0].verdicts == []
+    cluster = FakeCluster(6, 1, dscp={bad})
+    result, _ = _run(cluster, tclass=104, sl=3, pkey_index=1)
+    assert _named(result) == {("endpoint", "FAIL", bad)}
+    assert cluster.plan["path"] == {"sl": 3, "tclass": 104, "pkey_index": 1}
+    assert "tclass 104 (DSCP 26), sl 3, P_Key index 1, " in view.head(result)
+    assert view.settings_json(result)["tclass"] == 104
+
+
+def test_qps_name_a_pair_one_of_whose_ecmp_paths_drops():
+    a, b = "node0001/rxe0/1", "node0004/rxe0/1"
+    result, _ = _run(FakeCluster(6, 1, ecmp=[(a, b)]), qps=4)
+    (v,) = result.verdicts
+    assert (v.culprit.value, v.subject) == ("path", f"{a} <-> {b}")
+    assert "1 of 4 QPs lost every ping while the others were answered" in v.why
+    ecmp = [p for p in result.pairs if p.error and "QPs" in p.error]
+    assert len(ecmp) == 2 and all((p.sent, p.received) == (18, 15) for p in ecmp)
+    assert all(result.pairs.silent_qps.values()) and len(result.pairs.silent_qps) == 2
+
+
+def test_bw_names_the_endpoint_below_its_rail_s_median():
+    from ibtool.views import mesh as view
+
+    slow = "node0005/rxe1/1"
+    result, _ = _run(FakeCluster(6, 2, shaped={slow: 20.0}), bw=True)
+    (v,) = result.verdicts
+    assert (v.culprit.value, v.level.name, v.subject) == ("endpoint", "WARN", slow)
+    assert v.why == (
+        "its pairs' RDMA WRITE bandwidth 20 Gb/s, 0.22 of rail 1's median 90 Gb/s over 6 "
+        "endpoints: a link trained down, a shaped or congested port"
+    )
+    doc = json.loads("".join(view.json_chunks(result)))
+    assert {p["bw_gbps"] for p in doc["pairs"]} == {20.0, 90.0}
+    assert _run(FakeCluster(6, 2), bw=True)[0].verdicts == []
+    # a round's bound covers the burst, the full-payload pings and the QPs' connections
+    from ibtool.mesh.run import round_timeout
+
+    plain = round_timeout(Options())
+    assert round_timeout(Options(bw=True, qps=4)) > plain > round_timeout(Options(full_payload=0))

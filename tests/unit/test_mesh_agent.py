@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -211,3 +212,105 @@ def test_a_port_s_facts_from_an_agent_are_checked_and_bounded():
     assert protocol.parse_agent(json.dumps(ready))["mtu"] == {0: 4096}
     with pytest.raises(protocol.AgentError, match="MTU"):
         protocol.parse_agent(json.dumps({**ready, "mtu": {"0": 9000}}))
+
+
+class _Clients:
+    """ping.client.Client's stand-in for agent.probe: each connection a QP of its own, its
+    pings lost as `lose(qp, size, seq)` says, 50 us a round trip."""
+
+    def __init__(self, lose=lambda qp, size, seq: False):
+        self.lose, self.made, self.closed = lose, [], 0
+        clients = self
+
+        class Client:
+            def __init__(self, ladder, host, port, size, mode, timeout, path, hw=None,
+                         source=None, connect_timeout=None):  # fmt: skip
+                self.qp, self.size, self.mode, self.path = len(clients.made), size, mode, path
+                self.session, self.hw_us = None, None
+                clients.made.append(self)
+
+            def connect(self):
+                self.session = SimpleNamespace(close=lambda: None)
+
+            def ping(self, seq):
+                from ibtool.rdma.completions import CompletionTimeout
+
+                if clients.lose(self.qp, self.size, seq):
+                    raise CompletionTimeout(f"ping {seq}: no reply before the timeout")
+                return 50.0
+
+            def close(self):
+                clients.closed += 1
+
+        self.Client = Client
+
+
+def _probe(monkeypatch, clients, **plan):
+    import threading
+
+    from ibtool.mesh.agent import probe
+    from ibtool.rdma.ping import client as client_mod
+
+    monkeypatch.setattr(client_mod, "Client", clients.Client)
+    ladder = SimpleNamespace(port_attr=SimpleNamespace(active_mtu=5))  # IBV_MTU_4096
+    base = {"mode": "send", "timeout": 0.01, "tcp_port": 18521, "count": 20, "size": 64,
+            "rate": 1e5, "abandon": 3, "qp_timeout": 14, "full": 3, "qps": 1, "bw": False,
+            "path": {"sl": 0, "tclass": 0, "pkey_index": 0}}  # fmt: skip
+    return probe(ladder, None, "10.0.0.1", "10.0.0.2", {**base, **plan}, threading.Event())
+
+
+def test_a_pair_s_pings_are_spread_over_its_qps_and_a_silent_one_is_named(monkeypatch):
+    clients = _Clients(lose=lambda qp, size, seq: qp == 1)  # one ECMP path drops
+    row = _probe(monkeypatch, clients, qps=4)
+    assert [(c.size, c.path.traffic_class) for c in clients.made] == [(64, 0)] * 4
+    assert row[:3] == [1, 18, 15] and row[8] == {"qps": [4, 1]}  # QP 1 given up after 3
+    assert row[7] == (
+        "1 of 4 QPs lost every ping while the others were answered: some of "
+        "the pair's ECMP paths drop (a QP's UDP source port picks its path)"
+    )
+    assert clients.closed == 4
+
+
+def test_a_black_hole_costs_two_qps_not_all_of_them(monkeypatch):
+    clients = _Clients(lose=lambda qp, size, seq: True)
+    row = _probe(monkeypatch, clients, qps=8)
+    assert len(clients.made) == 2 and row[1:3] == [6, 0]
+    assert row[7].startswith("abandoned after 3 losses in a row: ping 3: no reply")
+
+
+def test_full_payload_pings_follow_a_whole_series_on_the_job_s_path(monkeypatch):
+    clients = _Clients(lose=lambda qp, size, seq: size == 4096)  # a switch port at 1500
+    path = {"sl": 3, "tclass": 104, "pkey_index": 2}
+    row = _probe(monkeypatch, clients, path=path, qp_timeout=18)
+    assert [(c.size, c.mode.name) for c in clients.made] == [(64, "SEND"), (4096, "SEND")]
+    p = clients.made[1].path
+    assert (p.sl, p.traffic_class, p.pkey_index, p.ack_timeout) == (3, 104, 2, 18)
+    assert row[:3] == [1, 20, 20] and row[8] == {"full": [4096, 3, 0]}
+    assert row[7].startswith("0/3 pings of 4096 bytes (the full payload of an MTU of 4096) "
+                             "answered: abandoned after 3 losses")  # fmt: skip
+    healthy = _Clients()
+    assert _probe(monkeypatch, healthy, full=0)[8] is None and len(healthy.made) == 1
+    lossy = _Clients(lose=lambda qp, size, seq: size == 64 and seq == 5)
+    row = _probe(monkeypatch, lossy)
+    assert row[2] == 19 and len(lossy.made) == 1  # no full-payload pings: already bad
+
+
+def test_bw_is_a_burst_of_megabyte_writes_its_first_not_counted(monkeypatch):
+    from ibtool.mesh import protocol
+
+    clients = _Clients()
+    row = _probe(monkeypatch, clients, bw=True)
+    burst = clients.made[2]
+    assert (burst.size, burst.mode.name) == (protocol.BW_SIZE, "WRITE_IMM")
+    assert row[8] == {"full": [4096, 3, 3], "bw": round(2 * (1 << 20) * 8 / 50 / 1e3, 3)}
+    assert protocol.parse_agent(json.dumps(
+        {"t": "result", "r": 0, "pairs": [[0, 1, *row]]}))["pairs"][0][10] == row[8]  # fmt: skip
+
+
+@pytest.mark.parametrize("extra", [{"full": [4000, 3, 0]}, {"full": [4096, 3, 4]},
+                                   {"qps": [4, 5]}, {"bw": float("nan")}, {"bw": -1},
+                                   {"what": 1}, [1, 2], {"qps": [4, True]}])  # fmt: skip
+def test_a_pair_s_extras_are_checked(extra):
+    pair = [0, 1, 1, 20, 20, 1.0, 1.0, 1.0, False, None, extra]
+    with pytest.raises(protocol.AgentError):
+        protocol.parse_agent(json.dumps({"t": "result", "r": 0, "pairs": [pair]}))

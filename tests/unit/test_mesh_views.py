@@ -361,6 +361,7 @@ def test_json_pairs_as_the_table_holds_them():
             "rtt_p99_us": None if p.p99_us is None else round(p.p99_us, 3),
             "hw": p.hw,
             "error": p.error,
+            "full_payload": p.full.name,
             "health": p.health.name,
         }
     assert 'say "hi"\n\x1b[31m\\ end' in [p["error"] for p in doc["pairs"]]
