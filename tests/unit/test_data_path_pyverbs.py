@@ -193,3 +193,23 @@ def test_a_long_lived_ladder_tells_the_port_s_mtu_as_it_is_now(fake_pyverbs):
         fabric.ports[("mlx5_0", 1)].lid = 29
         assert (lad.local(qp, 0).mtu, lad.local(qp, 0).lid) == (5, 29)
         assert lad.path_mtu(5) == 5
+
+
+def test_a_ping_session_tells_its_peer_the_port_s_mtu_as_it_is_now(fake_pyverbs):
+    # the native ping's own handshake (Session.endpoint), not the ladder's local(): a server
+    # started before `ip link set mtu 9000` kept every QP to it at 1024 (the testbed's doctor
+    # probe of 4096 bytes passed a path that drops packets over 1,100 bytes)
+    from ibtool.rdma import wire
+    from ibtool.rdma.ladder import Ladder
+    from ibtool.rdma.ping.session import Session
+
+    fabric = fake_pyverbs("rdma-core-65")
+    fabric.add_port("mlx5_0", 1, link_layer=1, lid=28)
+    with Ladder("mlx5_0", 1) as lad:
+        session = Session(lad, 64, wire.Mode.SEND)
+        try:
+            assert session.endpoint().mtu == 3  # ibv_mtu 1024
+            fabric.ports[("mlx5_0", 1)].active_mtu = 5  # 4096 since
+            assert session.endpoint().mtu == 5
+        finally:
+            session.close()

@@ -128,7 +128,10 @@ class Session:
         self._objects.clear()
 
     def endpoint(self) -> wire.Endpoint:
+        """What this end tells its peer, the port's LID and active MTU as they are now (a
+        server's ladder outlives a netdev MTU change)."""
         lad = self.ladder
+        lad.refresh_port()
         return wire.Endpoint(
             self.qp.qp_num,
             self.psn,
