@@ -232,6 +232,81 @@ class Mesh:
 
         return self._undo(undo)
 
+    def _nft(self, node: Node, table: str, rules: dict[str, list[str]]) -> Callable[[], None]:
+        """An nft table `inet TABLE` on `node`: {chain (input, output): [rule, ...]}; the undo
+        deletes it."""
+        body = "".join(
+            f"chain {chain} {{\ntype filter hook {chain} priority -10; policy accept;\n"
+            + "".join(f"{rule}\n" for rule in lines)
+            + "}\n"
+            for chain, lines in rules.items()
+        )
+        ruleset = f"table inet {table} {{\n{body}}}\n"
+        node.check(["sh", "-c", 'printf %s "$1" | nft -f -', "sh", ruleset])
+
+        def undo() -> None:
+            if table in node.check(["nft", "list", "tables"]):
+                node.check(["nft", "delete", "table", "inet", table])
+
+        return self._undo(undo)
+
+    def drop_dscp(self, node: Node, dscp: int) -> Callable[[], None]:
+        """RoCE packets of DSCP `dscp` dropped as they reach `node` (a switch port or host
+        whose DCB/ACL configuration drops that class): class 0 untouched."""
+        return self._nft(node, "ibtool_dscp", {"input": [f"udp dport 4791 ip dscp {dscp} drop"]})
+
+    def drop_larger(self, node: Node, length: int) -> Callable[[], None]:
+        """RoCE packets over `length` bytes (IP length) dropped as they reach `node` and as it
+        sends them: a link on its path with a smaller MTU than the ends'."""
+        rule = f"udp dport 4791 meta length gt {length} drop"
+        return self._nft(node, "ibtool_mtu", {"input": [rule], "output": [rule]})
+
+    def black_hole(self, node: Node) -> Callable[[], None]:
+        """Every RoCE packet to and from `node` dropped, its port ACTIVE and its TCP side
+        channel open: QPs connect, no ping is ever answered."""
+        rule = "udp dport 4791 drop"
+        return self._nft(node, "ibtool_black", {"input": [rule], "output": [rule]})
+
+    def shape(self, node: Node, rate: str) -> Callable[[], None]:
+        """tbf at `rate` (e.g. 20mbit) as the root qdisc of the node's fabric NIC: what it
+        sends is slowed, queued not dropped (a second of queue)."""
+        dev = node.netdev
+        node.check(["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
+                    "burst", "64kb", "latency", "1s"])  # fmt: skip
+
+        def undo() -> None:
+            if "tbf" in node.check(["tc", "qdisc", "show", "dev", dev, "root"]):
+                node.check(["tc", "qdisc", "del", "dev", dev, "root"])
+
+        return self._undo(undo)
+
+    def move_gid(self, node: Node, timeout: float = 60) -> Callable[[], None]:
+        """The node's IPv4 GID moved to a higher index, as on a node where another address
+        took its slots first: its IPv4 address deleted, a temporary IPv6 one added (it takes
+        the freed slots), the IPv4 one added again (the next free ones). Waited for."""
+        dev, v6 = node.netdev, f"fd00:77::{node.name[4:] or 1}/64"
+        prefix = node.check(["sh", "-c", f"ip -o -4 addr show dev {dev} | awk '{{print $4}}'"])
+        cidr = next(x for x in prefix.split() if x.split("/")[0] == node.address)
+        node.check(["ip", "addr", "del", cidr, "dev", dev])
+        node.check(["ip", "-6", "addr", "add", v6, "dev", dev, "nodad"])
+        node.check(["ip", "addr", "add", cidr, "dev", dev])
+
+        def moved() -> int | None:
+            out = node.sh(f"grep -l {ipv4_gid(node.address)} "
+                          f"{SYS}/{node.device}/ports/1/gids/* 2>/dev/null").stdout  # fmt: skip
+            found = [int(line.rsplit("/", 1)[1]) for line in out.split()]
+            return max(found) if found else None
+
+        wait_for(lambda: (moved() or 0) > node.gid_index, f"{node.name}'s IPv4 GID moved", timeout)
+
+        def undo() -> None:
+            node.run(["ip", "-6", "addr", "del", v6, "dev", dev], timeout=60)
+            node.check(["ip", "addr", "del", cidr, "dev", dev])
+            node.check(["ip", "addr", "add", cidr, "dev", dev])
+            wait_for(node.port_ready, f"{node.name}'s IPv4 GID at its index again", timeout)
+
+        return self._undo(undo)
+
     def undo_all(self) -> None:
         """Every fault still in place undone, the newest first; the first error raised after."""
         errors = []

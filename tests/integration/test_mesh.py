@@ -140,3 +140,77 @@ def test_an_interrupted_mesh_leaves_nothing_on_any_node(mesh: Mesh, clean):
     assert proc.running(), proc.stop()
     rc, out, err = proc.stop(signal.SIGINT, timeout=120)
     assert rc == 130, (out, err)
+
+
+def _endpoint(node) -> str:
+    return f"{node.name}/{node.device}/1"
+
+
+def test_the_class_a_job_uses_and_a_moved_gid_index(mesh: Mesh, clean):
+    """One node drops DSCP 26 (a DCB or ACL mistake on the job's class), another's IPv4 GID
+    moved to a higher index (a job's fixed NCCL_IB_GID_INDEX misses it there). The default
+    mesh probes class 0: it names only the moved GID, a WARN with the index the others have;
+    --tclass 104 (DSCP 26) names the node that drops the class."""
+    assert len(mesh.nodes) >= 4
+    n2, n3 = mesh.nodes[1], mesh.nodes[2]
+    nodeset = f"node[1-{len(mesh.nodes)}]"
+    mesh.drop_dscp(n2, 26)
+    mesh.move_gid(n3)
+    rc, result, err = run_mesh(mesh, nodeset, name="dscp-default")
+    assert named(result) == {("endpoint", _endpoint(n3))}, (result["verdicts"], err)
+    (v,) = result["verdicts"]
+    others = len(mesh.nodes) - 1
+    assert v["level"] == "WARN" and v["why"].startswith("GID index "), v
+    assert v["why"].endswith(f"where {others} of {len(mesh.nodes)} on rail 0 have {n2.gid_index}")
+    assert rc == 1
+    rc, result, err = run_mesh(mesh, nodeset, "--tclass", "104", name="dscp-tclass")
+    assert result["settings"]["tclass"] == 104
+    assert ("endpoint", _endpoint(n2)) in named(result), (result["verdicts"], err)
+    by = {v["subject"]: v for v in result["verdicts"]}
+    assert by[_endpoint(n2)]["level"] == "FAIL" and rc == 2
+
+
+def test_a_smaller_mtu_on_one_node_s_link_fails_its_full_payload_pings(mesh: Mesh, clean):
+    """RoCE packets over 1,000 bytes dropped at one node (a port on its path at a smaller MTU
+    than the ends' 1500, whose active MTU is 1024): its 64-byte pings pass, its pings of the
+    full 1,024 bytes of payload (1,068 bytes of IP packet) do not."""
+    n3 = mesh.nodes[2]
+    nodeset = f"node[1-{len(mesh.nodes)}]"
+    mesh.drop_larger(n3, 1000)
+    rc, result, err = run_mesh(mesh, nodeset, name="small-mtu")
+    assert named(result) == {("endpoint", _endpoint(n3))}, (result["verdicts"], err)
+    (v,) = result["verdicts"]
+    assert v["level"] == "FAIL" and "an MTU below 1024 on its link" in v["why"], v
+    assert rc == 2
+    assert all(p["received"] == p["sent"] for p in result["pairs"])
+    with_it = [p for p in result["pairs"] if _endpoint(n3) in (p["src"], p["dst"])]
+    assert {p["full_payload"] for p in with_it} == {"LOST"}
+    assert {p["full_payload"] for p in result["pairs"] if p not in with_it} == {"ANSWERED"}
+
+
+def test_bw_names_a_shaped_node(mesh: Mesh, clean):
+    n4 = mesh.nodes[3]
+    nodeset = f"node[1-{len(mesh.nodes)}]"
+    mesh.shape(n4, "10mbit")
+    rc, result, err = run_mesh(mesh, nodeset, "--bw", name="shaped")
+    assert named(result) == {("endpoint", _endpoint(n4))}, (result["verdicts"], err)
+    (v,) = result["verdicts"]
+    assert v["level"] == "WARN" and v["why"].startswith("its pairs' RDMA WRITE bandwidth")
+    assert rc == 1
+    assert all(p["bw_gbps"] for p in result["pairs"])
+
+
+def test_a_black_holed_node_is_quarantined_and_the_mesh_bounded(mesh: Mesh, clean):
+    """Every RoCE packet to and from one node dropped, its port ACTIVE: its pairs are given
+    up after 3 losses, it is quarantined after two rounds, the rounds left skip it, and no
+    other node is blamed."""
+    n4 = mesh.nodes[3]
+    nodeset = f"node[1-{len(mesh.nodes)}]"
+    mesh.black_hole(n4)
+    rc, result, err = run_mesh(mesh, nodeset, name="black-hole")
+    assert named(result) == {("endpoint", _endpoint(n4))}, (result["verdicts"], err)
+    (v,) = result["verdicts"]
+    assert v["level"] == "FAIL" and "quarantined after rounds 1-2" in v["why"], v
+    assert rc == 2
+    with_it = [p for p in result["pairs"] if _endpoint(n4) in (p["src"], p["dst"])]
+    assert all(p["sent"] <= 3 for p in with_it)  # abandoned, never 20 timeouts
