@@ -29,7 +29,7 @@ from typing import Any
 from ibtool.errors import IbtoolError
 from ibtool.mesh import protocol
 from ibtool.mesh.schedule import Partners, Schedule
-from ibtool.model.mesh import PairState
+from ibtool.model.mesh import LOCAL_ROUTE, PairState
 from ibtool.model.names import natural_key
 from ibtool.model.records import LinkLayer
 
@@ -289,6 +289,7 @@ class Agent:
         self.ladders: dict[int, Any] = {}  # plan index -> the client's Ladder
         self.clocks: dict[int, Any] = {}  # plan index -> HwClock, where the HCA stamps
         self.workers: list[threading.Thread] = []
+        self.looped: dict[tuple[int, int], str | None] = {}  # pairs of two own ports
 
     def run(self, lines: Lines) -> int:
         mine = local_endpoints(self.host, chosen=self.chosen, gid_index=self.gid_index)
@@ -422,7 +423,29 @@ class Agent:
                 return f"not probed: {what} is down or has no agent"
         if i not in self.ladders:
             return "not probed: this end has no verbs context"
+        if d in self.own:
+            return self._looped(i, d)
         return None
+
+    def _looped(self, i: int, d: int) -> str | None:
+        """Two ports of this host: why not, when the kernel routes the partner's address
+        (this host's own) from this end's through lo, as it does for every local address
+        unless a rule sends the source to a table of its own (and accept_local lets the
+        packet in): RoCE packets between them would never leave the host, and the QP cannot
+        even find a neighbour for them (INIT->RTR fails)."""
+        key = (i, d)
+        if key not in self.looped:
+            try:
+                route = self.host.route(self.addresses[d], self.addresses[i])
+            except IbtoolError:
+                route = None
+            self.looped[key] = (
+                f"{LOCAL_ROUTE} {self.addresses[d]}, this host's own, through lo from "
+                f"{self.addresses[i]}"
+                if route is not None and route.type == "local"
+                else None
+            )
+        return self.looped[key]
 
     def _pair(self, i: int, d: int, results: list, lock: threading.Lock) -> None:
         row = probe(self.ladders[i], self.clocks.get(i), self.addresses[i], self.addresses[d],

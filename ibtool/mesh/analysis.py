@@ -35,6 +35,7 @@ from collections.abc import Iterable
 
 from ibtool.mesh.schedule import Partners, Schedule
 from ibtool.model.mesh import (
+    LOCAL_ROUTE,
     Baseline,
     Culprit,
     Endpoint,
@@ -128,7 +129,8 @@ def kind_of(t, i: int) -> str | None:
 class _Tally:
     """Each endpoint's live pairs (both ends up), and the bad ones by kind, per direction."""
 
-    def __init__(self, result: MeshResult, partners: Partners, live: list[bool]):
+    def __init__(self, result: MeshResult, partners: Partners, live: list[bool], aside: set[int]):
+        """`aside`: slots another verdict explains, counted neither way."""
         n = len(result.endpoints)
         t = result.pairs
         self.out_total = [0] * n
@@ -144,7 +146,7 @@ class _Tally:
             base = r * width
             for src in range(width):
                 d = dst[base + src]
-                if d < 0 or not (live[src] and live[d]):
+                if d < 0 or not (live[src] and live[d]) or base + src in aside:
                     continue
                 self.out_total[src] += 1
                 self.in_total[d] += 1
@@ -200,6 +202,8 @@ def analyse(result: MeshResult, schedule: Schedule) -> None:
         )
     result.verdicts += _odd_port_counts(result)
     result.verdicts += _drift(result)
+    looped, aside = _routed_through_lo(result)
+    result.verdicts += looped
     live = [e.up and e.node not in result.unreachable for e in eps]
     t = result.pairs
     for i, e in enumerate(eps):
@@ -220,7 +224,7 @@ def analyse(result: MeshResult, schedule: Schedule) -> None:
                 (i,),
                 e.rail,
             )
-    tally = _Tally(result, partners, live)
+    tally = _Tally(result, partners, live, aside)
     while True:
         best = None
         for e in range(n):
@@ -238,12 +242,52 @@ def analyse(result: MeshResult, schedule: Schedule) -> None:
     named.update(_retransmitting(result, partners, tally.live))
     result.verdicts += _bandwidth(result, named)
     result.verdicts += _fold(result, schedule, named)
-    result.verdicts += _paths(result, named, base, group_of)
+    result.verdicts += _paths(result, named, base, group_of, aside)
     bad = set()
     for v in result.verdicts:
         if v.culprit != Culprit.PATH:
             bad.update(v.endpoints)
     result.verdicts[:] = [_with_next(eps, v, bad) for v in result.verdicts]
+
+
+LOOPED = "its ports share a subnet and the kernel routes"
+
+
+def _routed_through_lo(result: MeshResult) -> tuple[list[Verdict], set[int]]:
+    """Pairs between two ports of one node that its agent did not probe because the kernel
+    routes the one's address, from the other's, through lo (LOCAL_ROUTE): the packets would
+    never leave the host, so nothing can be said of the ports or the network. One FAIL per
+    node with the fix; its pairs set aside (no endpoint or path is blamed for them)."""
+    t, eps = result.pairs, result.endpoints
+    by_node: dict[str, list[int]] = defaultdict(list)
+    for i, why in t.errors.items():
+        if why.startswith(LOCAL_ROUTE) and t.state[i] == PairState.SKIPPED and t.dst[i] >= 0:
+            by_node[eps[i % t.width].node].append(i)
+    out, aside = [], set()
+    for node, slots in sorted(by_node.items()):
+        aside.update(slots)
+        ends = sorted({i % t.width for i in slots} | {t.dst[i] for i in slots})
+        netdevs = ", ".join(eps[e].name for e in ends)
+        first = eps[slots[0] % t.width]
+        out.append(
+            Verdict(
+                Culprit.NODE,
+                Level.FAIL,
+                node,
+                f"{LOOPED} each one's address through lo ({netdevs}): RoCE between them "
+                f"never leaves the host, {len(slots)} pairs not probed",
+                tuple(ends),
+                next=(
+                    f"on {node}: give each port a routing table of its own: ip rule add from "
+                    f"{first.address} lookup 100 priority 100; ip route add <its subnet> dev "
+                    "<its netdev> table 100 (one table a port); sysctl -w "
+                    "net.ipv4.conf.all.accept_local=1",
+                    f"on {node}: ibtool doctor --dev {first.device}/{first.port} "
+                    f"{eps[t.dst[slots[0]]].address}",
+                ),
+            )
+        )
+    return out, aside
 
 
 def _odd_port_counts(result: MeshResult) -> list[Verdict]:
@@ -597,15 +641,16 @@ def _bad_among(result: MeshResult, rest: list[int]) -> list[int]:
     return sorted(found)
 
 
-def _paths(result, named, base, group_of) -> list[Verdict]:
+def _paths(result, named, base, group_of, aside: set[int]) -> list[Verdict]:
     """The bad pairs no named endpoint, node or rail explains, an unordered pair each."""
     t, eps = result.pairs, result.endpoints
     explained = set()
     for v in result.verdicts:
-        explained.update(v.endpoints)
+        if v.culprit != Culprit.NODE or not v.why.startswith(LOOPED):
+            explained.update(v.endpoints)
     by_pair: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i in t.slots():
-        if t.health[i] == Health.OK:
+        if t.health[i] == Health.OK or i in aside:
             continue
         s, d = i % t.width, t.dst[i]
         if s in explained or d in explained:

@@ -24,6 +24,11 @@ class PairState(enum.IntEnum):
     MISSING = 3  # the source's node never reported this round (it died or timed out)
 
 
+# The start of a pair's error when its agent did not probe it because the kernel routes the
+# partner's address, an address of the same host, through lo (analysis: one verdict a node)
+LOCAL_ROUTE = "not probed: the kernel routes"
+
+
 class Full(enum.IntEnum):
     """What became of a pair's pings of the path MTU's full payload (the pings of `size`
     bytes, 64 by default, pass a switch whose MTU is smaller than the ends'; these do not)."""

@@ -11,6 +11,7 @@ import json
 from ibtool.mesh.agent import GiveUp
 from ibtool.mesh.engines import EXIT, LINE, STDERR, Engine, Event
 from ibtool.mesh.schedule import Partners, Schedule
+from ibtool.model.mesh import LOCAL_ROUTE
 
 RTT = 3.0  # us, a healthy pair's median
 P90 = 3.6
@@ -54,6 +55,8 @@ class FakeCluster(Engine):
     - ecmp: (a, b) pairs one of whose --qps QPs' paths drops everything (the other QPs
       answered)
     - dscp: endpoints that drop packets of a traffic class other than 0 (a DSCP rule)
+    - looped: nodes whose ports share a subnet without a routing table each: the kernel
+      routes each one's address through lo, and their agent does not probe them
 
     Time is virtual (`clock`, for the coordinator): a round lasts as long as its slowest
     pair would, each answered ping costing 1/rate, each lost one the plan's timeout, a
@@ -65,8 +68,9 @@ class FakeCluster(Engine):
     def __init__(self, nodes: int, rails: int, *, down=(), slow=(), lossy=(), blocked=(),
                  silent=(), garbage=(), dies=None, count: int = 20, resends=(),
                  jitter: bool = False, black=(), ports=None, drift=None, small_mtu=(),
-                 shaped=None, ecmp=(), dscp=()):  # fmt: skip
+                 shaped=None, ecmp=(), dscp=(), looped=()):  # fmt: skip
         super().__init__()
+        self.looped = set(looped)
         self.small_mtu, self.shaped = set(small_mtu), dict(shaped or {})
         self.ecmp = {frozenset(p) for p in ecmp}
         self.dscp = set(dscp)
@@ -160,6 +164,9 @@ class FakeCluster(Engine):
             return [i, d, 2, 0, 0, None, None, None, False, why], 0.0
         if not (self.up[i] and self.up[d]):
             return [i, d, 2, 0, 0, None, None, None, False, "not probed: down"], 0.0
+        if self.node_of[i] == self.node_of[d] and self.node_of[i] in self.looped:
+            why = f"{LOCAL_ROUTE} {self.plan['endpoints'][d][2]}, this host's own, through lo"
+            return [i, d, 2, 0, 0, None, None, None, False, why], 0.0
         if frozenset((a, b)) in self.blocked:
             return [i, d, 1, 0, 0, None, None, None, False, "cannot reach: timed out"], timeout
         tclass = self.plan.get("path", {}).get("tclass", 0)

@@ -9,6 +9,7 @@ import json
 import sys
 from itertools import product
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -638,3 +639,45 @@ def test_bw_names_the_endpoint_below_its_rail_s_median():
 
     plain = round_timeout(Options())
     assert round_timeout(Options(bw=True, qps=4)) > plain > round_timeout(Options(full_payload=0))
+
+
+def test_two_ports_of_one_host_in_one_subnet_are_one_verdict_with_the_fix():
+    """--local --all-rails on a host whose rails share a subnet without a routing table each:
+    the kernel routes each port's address through lo, so the pairs between them never leave
+    the host. One FAIL for the node naming the cause and the fix, no path blamed."""
+    result, _ = _run(FakeCluster(1, 3, looped={"node0001"}), all_rails=True)
+    (v,) = result.verdicts
+    assert (v.culprit.value, v.level.name, v.subject) == ("node", "FAIL", "node0001")
+    assert v.why.startswith(
+        "its ports share a subnet and the kernel routes each one's address "
+        "through lo (node0001/rxe0/1, node0001/rxe1/1, node0001/rxe2/1): "
+        "RoCE between them never leaves the host, 6 pairs not probed"
+    )
+    assert "accept_local=1" in v.next[0] and v.next[1].startswith("on node0001: ibtool doctor")
+    assert result.exit_code() == 2
+    # in a cluster, the node's pairs with the others are probed and judged as usual
+    result, _ = _run(FakeCluster(4, 2, looped={"node0002"}), all_rails=True)
+    assert _named(result) == {("node", "FAIL", "node0002")}
+
+
+def test_an_agent_does_not_probe_two_of_its_ports_the_kernel_loops_through_lo(tmp_path):
+    from ibtool.mesh.agent import Agent
+    from ibtool.model.system import Route
+
+    asked = []
+
+    def route(dst, src=None):
+        asked.append((dst, src))
+        kind = "local" if dst == "10.99.0.2" else "unicast"
+        return Route(dst, "lo" if kind == "local" else "veth0", src, None, kind)
+
+    agent = Agent(SimpleNamespace(route=route), lambda m: None, lambda line: None)
+    agent.addresses = ["10.99.0.1", "10.99.0.2", "10.99.0.3"]
+    agent.up, agent.skip = [True] * 3, set()
+    agent.own, agent.ladders = {0: 0, 1: 1, 2: 2}, {0: 1, 1: 1, 2: 1}
+    assert agent._unusable(0, 1) == (
+        "not probed: the kernel routes 10.99.0.2, this host's own, through lo from 10.99.0.1"
+    )
+    assert agent._unusable(0, 2) is None
+    agent._unusable(0, 1)
+    assert asked == [("10.99.0.2", "10.99.0.1"), ("10.99.0.3", "10.99.0.1")]  # asked once
