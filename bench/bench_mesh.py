@@ -64,7 +64,8 @@ def simulate(sizes: list[int]) -> None:
         }
         cluster = FakeCluster(n, RAILS, **faults)
         t0 = time.perf_counter()
-        result = mesh(cluster, Options(), ["ibtool", "mesh", "--agent"], lambda line: None)
+        result = mesh(cluster, Options(), ["ibtool", "mesh", "--agent"], lambda line: None,
+                      clock=cluster.clock)  # fmt: skip
         took = time.perf_counter() - t0
         pairs = len(result.pairs)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -290,6 +290,7 @@ class Agent:
         self.clocks: dict[int, Any] = {}  # plan index -> HwClock, where the HCA stamps
         self.workers: list[threading.Thread] = []
         self.looped: dict[tuple[int, int], str | None] = {}  # pairs of two own ports
+        self.quiet_from: tuple[float, dict] | None = None  # (when, counters) at ready
 
     def run(self, lines: Lines) -> int:
         mine = local_endpoints(self.host, chosen=self.chosen, gid_index=self.gid_index)
@@ -377,6 +378,9 @@ class Agent:
             if why:
                 problems[str(k)] = why
         self.say({"t": "ready", "problems": problems, "mtu": mtus})
+        # from here to round 0 no agent pings (the coordinator waits for every one to be
+        # ready, then a quiet window): what the ports resend then is someone else's traffic
+        self.quiet_from = (time.monotonic(), {i: self._retransmissions(i) for i in self.ladders})
 
     def _round(self, r: int, inbox: queue.Queue | None = None) -> None:
         try:
@@ -390,6 +394,7 @@ class Agent:
         lock = threading.Lock()
         threads = []
         before = {i: self._retransmissions(i) for i in self.ladders}
+        quiet = self._quiet(before)
         for i in sorted(self.own):
             d = self.partners.of(r, i) if r < self.partners.rounds else -1
             if d < 0:
@@ -411,7 +416,24 @@ class Agent:
             now = self._retransmissions(i)
             if was is not None and now is not None and now >= was:
                 retrans[str(i)] = now - was
-        self.say({"t": "result", "r": r, "pairs": sorted(results), "retrans": retrans})
+        message = {"t": "result", "r": r, "pairs": sorted(results), "retrans": retrans}
+        if quiet:
+            message["quiet"] = quiet
+        self.say(message)
+
+    def _quiet(self, now: dict[int, int | None]) -> dict[str, list[int]]:
+        """Before the first round: each endpoint's retransmissions since this agent was
+        ready, and the milliseconds since; {} after it."""
+        if self.quiet_from is None:
+            return {}
+        t0, was = self.quiet_from
+        self.quiet_from = None
+        ms = min(int((time.monotonic() - t0) * 1000), 1 << 30)
+        return {
+            str(i): [now[i] - was[i], ms]
+            for i in now
+            if now[i] is not None and was.get(i) is not None and now[i] >= was[i]
+        }
 
     def _retransmissions(self, i: int) -> int | None:
         ep = self.mine[self.own[i]]

@@ -410,7 +410,9 @@ def _retransmitting(result: MeshResult, partners: Partners, live: list[bool]) ->
     which may hide in the RTTs of a slow fabric or a small mesh): an endpoint whose port
     retransmitted RETRANS_SHARE of the pings through it in more than half of its rounds, and
     in two at least. Its partners' ports retransmit too in the rounds they meet it (their
-    ACKs or replies to it were lost): those rounds are explained once it is named."""
+    ACKs or replies to it were lost): those rounds are explained once it is named. A busy
+    port (one that resent while no agent pinged, before round 0: a job's traffic) is judged
+    on what each round added beyond that rate."""
     t, eps = result.pairs, result.endpoints
     n, rounds = len(eps), partners.rounds
     if not len(t.retrans) or max(t.retrans) < 0:
@@ -434,6 +436,11 @@ def _retransmitting(result: MeshResult, partners: Partners, live: list[bool]) ->
                 continue
             active[e].add(r)
             got = t.retrans[t.slot(r, e)]
+            busy = eps[e].busy
+            if busy and r < len(result.round_seconds):
+                # a job on the port resends at its own rate all along: only what the
+                # round added beyond it is the mesh's
+                got = max(0, round(got - busy * result.round_seconds[r]))
             if got >= max(2, RETRANS_SHARE * through):
                 lossy[e].add(r)
                 counts[e] += got

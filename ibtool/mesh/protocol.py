@@ -11,7 +11,9 @@ is what every engine carries. An agent says:
           p90, p99, hw, error, extras]; extras (optional) what the pair measured beyond its
           pings: `full` [bytes, sent, answered] of the pings of the path MTU's full payload,
           `qps` [QPs, silent ones], `bw` Gb/s; `retrans`: each of its endpoints' RC
-          retransmissions in the round (its port's counters before and after)
+          retransmissions in the round (its port's counters before and after); `quiet`
+          (round 0 only): [retransmissions, milliseconds] from its ready to the round,
+          while no agent pinged (someone else's traffic: a job's)
   error   why it cannot take part (no RDMA device, no pyverbs, ...); it then exits
 
 and the coordinator, to every agent at once (srun and ClusterShell broadcast stdin):
@@ -167,6 +169,14 @@ def parse_agent(line: str | bytes) -> dict[str, Any]:
                  "result: retrans endpoint"): _int(v, 0, _BIG, "result: retransmissions")
             for k, v in retrans.items()
         }  # fmt: skip
+        quiet = msg.get("quiet", {})
+        if not isinstance(quiet, dict) or len(quiet) > MAX_ENDPOINTS:
+            raise AgentError("result: quiet not a mapping")
+        msg["quiet"] = {
+            _int(int(k) if isinstance(k, str) and k.isdigit() else -1, 0, _BIG - 1,
+                 "result: quiet endpoint"): _quiet(v)
+            for k, v in quiet.items()
+        }  # fmt: skip
     elif kind == "error":
         msg["message"] = _text(msg.get("message"), "error") or "no reason given"
         msg["hint"] = _text(msg.get("hint"), "error: hint")
@@ -237,6 +247,12 @@ def _pair(p: Any) -> tuple:
         err = printable(err, MAX_ERROR)
     extra = _extra(p[10]) if len(p) == 11 else None
     return (src, dst, _PAIR_STATES[state], sent, received, med, p90, p99, hw, err, extra)
+
+
+def _quiet(v: Any) -> list[int]:
+    if type(v) is not list or len(v) != 2:
+        raise AgentError("result: quiet not [retransmissions, milliseconds]")
+    return [_int(x, 0, _BIG, "result: quiet") for x in v]
 
 
 def _counts(v: Any, what: str, first_max: int) -> list[int]:

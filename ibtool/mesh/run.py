@@ -28,6 +28,9 @@ START_TIMEOUT = 120.0  # s for every agent's hello (ssh, Python, the RDMA ports 
 # can be chance (a partner's stall); two are the endpoint. Without it, a black-holed endpoint
 # (ACTIVE, every packet dropped) costs every round its pairs' timeouts: N - 1 rounds of them.
 QUARANTINE_ROUNDS = 2
+# s every port is left alone before round 0: what its retransmission counters move then is
+# another job's (a busy node), the rate the rounds' counts are judged beyond
+QUIET = 2.0
 READY_TIMEOUT = 120.0  # s for every agent's servers to listen (verbs opened)
 ROUND_SLACK = 30.0  # s a round may take beyond its pings' own worst case
 CLOSE_GRACE = 30.0  # s the agents have to stop their servers and exit after `end`
@@ -56,6 +59,7 @@ class Options:
     full_payload: int = 3  # pings of the path MTU's full payload a pair (0: none)
     qps: int = 1
     bw: bool = False
+    quiet: float = QUIET  # s between every agent ready and round 0, when no one pings
 
 
 @dataclass
@@ -95,6 +99,8 @@ class Coordinator:
         self.engine_done = False  # the engine itself ended (srun gone, ClusterShell's task)
         self.quarantined: dict[int, str] = {}  # endpoint -> why, from the round it was found
         self.stopped: str | None = None  # why the rounds stopped before the last one
+        # endpoint -> (retransmissions, ms) of its port in the quiet window before round 0
+        self.quiet: dict[int, tuple[int, int]] = {}
 
     # -- events ----------------------------------------------------------------------------
 
@@ -233,7 +239,11 @@ class Coordinator:
                 protocol.plan_message(endpoints, ids, schedule, settings, o.qp_timeout, o.abandon)
             )
             self._ready(live, endpoints)
+            self._quiet_window(live)
             self._rounds(live, endpoints, partners, table, result)
+            for e, (n, ms) in self.quiet.items():
+                rate = n * 1000.0 / ms if ms else 0.0
+                endpoints[e] = dataclasses.replace(endpoints[e], busy=rate)
         for e, why in self.quarantined.items():
             endpoints[e] = dataclasses.replace(endpoints[e], problem=why)
         result.stopped = self.stopped
@@ -309,6 +319,16 @@ class Coordinator:
             if not n.ready:
                 self._drop(n, "its ping servers did not start in time")
 
+    def _quiet_window(self, live: list[_Node]) -> None:
+        """QUIET seconds with every agent ready and none pinging; a word from one is out of
+        turn."""
+
+        def early(node: _Node, msg: dict) -> None:
+            self._drop(node, f"said {msg['t']} before round 0")
+
+        if self.o.quiet > 0 and not self.engine_done:
+            self._pump(self.clock() + self.o.quiet, early, lambda: False)
+
     def _rounds(self, live, endpoints, partners: Partners, table: PairTable, result) -> None:
         dead: set[int] = set()
         told: set[int] = set()
@@ -355,6 +375,9 @@ class Coordinator:
                 for i, n in msg["retrans"].items():
                     if i in mine:
                         table.retrans[table.slot(r, i)] = min(n, 2**31 - 1)
+                for i, quiet in msg["quiet"].items():
+                    if i in mine and i not in self.quiet:
+                        self.quiet[i] = (quiet[0], quiet[1])
                 reported.add(node.key)
 
             round_ends = self.clock() + round_timeout(o)

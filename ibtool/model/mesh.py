@@ -67,6 +67,9 @@ class Endpoint:
     rate: str | None = None
     fw: str | None = None
     mtu: int | None = None
+    # RC retransmissions a second its port made while no agent pinged (before round 0):
+    # another job's traffic; None where its agent did not say, 0.0 when quiet
+    busy: float | None = None
 
     @property
     def name(self) -> str:

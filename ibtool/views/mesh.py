@@ -411,6 +411,21 @@ def unreachable_line(result: MeshResult, most: int = 20) -> str | None:
     return f"unreachable (no agent): {shown}"
 
 
+def busy_line(result: MeshResult, most: int = 10) -> str | None:
+    """The endpoints whose ports resent while no agent pinged (a job's traffic)."""
+    busy = sorted(
+        ((e.busy, e.name) for e in result.endpoints if e.busy), key=lambda x: (-x[0], x[1])
+    )
+    if not busy:
+        return None
+    shown = ", ".join(f"{name} ({rate:.3g}/s)" for rate, name in busy[:most])
+    more = f" and {len(busy) - most} more" if len(busy) > most else ""
+    return (
+        f"busy (RC retransmissions before the rounds, when no agent pinged: another job's "
+        f"traffic; only what the rounds added is judged): {shown}{more}"
+    )
+
+
 SAMPLE = 1 << 20  # pairs' RTTs a quantile is taken over at most (a stride through the rest)
 
 
@@ -493,6 +508,9 @@ def render_text(result: MeshResult, width: int = 80, color: bool = False) -> lis
     gone = unreachable_line(result)
     if gone:
         lines.append(gone)
+    busy = busy_line(result)
+    if busy:
+        lines.append(busy)
     lines.append(summary(result))
     return lines
 
@@ -543,6 +561,7 @@ def endpoint_json(e) -> dict:
         "rate": e.rate,
         "fw": e.fw,
         "active_mtu": e.mtu,
+        "busy_retrans_per_s": None if e.busy is None else round(e.busy, 3),
     }
 
 

@@ -7,6 +7,7 @@ analysis run over it as they do over ClusterShell or srun.
 from __future__ import annotations
 
 import json
+import queue
 
 from ibtool.mesh.agent import GiveUp
 from ibtool.mesh.engines import EXIT, LINE, STDERR, Engine, Event
@@ -57,6 +58,8 @@ class FakeCluster(Engine):
     - dscp: endpoints that drop packets of a traffic class other than 0 (a DSCP rule)
     - looped: nodes whose ports share a subnet without a routing table each: the kernel
       routes each one's address through lo, and their agent does not probe them
+    - busy: {endpoint: per second} ports a job's traffic makes resend at that rate, in the
+      quiet window before round 0 and in every round alike (its link itself healthy)
 
     Time is virtual (`clock`, for the coordinator): a round lasts as long as its slowest
     pair would, each answered ping costing 1/rate, each lost one the plan's timeout, a
@@ -68,8 +71,10 @@ class FakeCluster(Engine):
     def __init__(self, nodes: int, rails: int, *, down=(), slow=(), lossy=(), blocked=(),
                  silent=(), garbage=(), dies=None, count: int = 20, resends=(),
                  jitter: bool = False, black=(), ports=None, drift=None, small_mtu=(),
-                 shaped=None, ecmp=(), dscp=(), looped=()):  # fmt: skip
+                 shaped=None, ecmp=(), dscp=(), looped=(), busy=None,
+                 quiet: bool = True):  # fmt: skip
         super().__init__()
+        self.busy, self.quiet = dict(busy or {}), quiet  # quiet: its agents say the window
         self.looped = set(looped)
         self.small_mtu, self.shaped = set(small_mtu), dict(shaped or {})
         self.ecmp = {frozenset(p) for p in ecmp}
@@ -117,6 +122,15 @@ class FakeCluster(Engine):
                 )  # fmt: skip
             hello = {"t": "hello", "v": 1, "id": self.ids[node], "node": node, "endpoints": eps}
             self.events.put(Event(node, LINE, json.dumps(hello)))
+
+    def get(self, timeout: float):
+        """The next event; with none, `timeout` seconds of virtual time pass (a coordinator
+        that waits, for its quiet window or a silent node, waits on this clock)."""
+        try:
+            return self.events.get_nowait()
+        except queue.Empty:
+            self.clock.now += max(0.0, timeout)
+            return None
 
     def send(self, line: str) -> None:
         self.sent.append(line[:200])
@@ -236,8 +250,14 @@ class FakeCluster(Engine):
                 if self.resends or self.jitter:
                     retrans[str(i)] = self._retrans(r, i)
             msg = {"t": "result", "r": r, "pairs": pairs}
+            if self.busy:
+                for i in self.own[node]:
+                    retrans[str(i)] = self._retrans(r, i)
             if retrans:
                 msg["retrans"] = retrans
+            if self.busy and self.quiet and r == 0:  # the quiet window: 2 s of the job alone
+                msg["quiet"] = {str(i): [int(self.busy.get(self.names[i], 0) * 2), 2000]
+                                for i in self.own[node]}  # fmt: skip
             line = json.dumps(msg, separators=(",", ":"))
             self.events.put(Event(node, LINE, line))
         self.clock.now += slowest + ROUND_OVERHEAD
@@ -245,6 +265,9 @@ class FakeCluster(Engine):
     def _retrans(self, r: int, i: int) -> int:
         partners = [p for p in (self.partners.of(r, i), self.partners.by(r, i)) if p >= 0]
         pings = self.count * len(partners)
+        if self.names[i] in self.busy:  # the job's, over the round's time
+            took = self.count / self.plan["rate"] + ROUND_OVERHEAD
+            return int(self.busy[self.names[i]] * took)
         if self.names[i] in self.resends:
             return pings // 5
         if any(self.names[p] in self.resends for p in partners):

@@ -31,7 +31,8 @@ def _eps(nodes: int, rails: int) -> list[Endpoint]:
 
 def _run(cluster: FakeCluster, **options) -> tuple:
     said: list[str] = []
-    result = mesh(cluster, Options(**options), ["ibtool", "mesh", "--agent"], said.append)
+    result = mesh(cluster, Options(**options), ["ibtool", "mesh", "--agent"], said.append,
+                  clock=cluster.clock)  # fmt: skip
     return result, said
 
 
@@ -681,3 +682,30 @@ def test_an_agent_does_not_probe_two_of_its_ports_the_kernel_loops_through_lo(tm
     assert agent._unusable(0, 2) is None
     agent._unusable(0, 1)
     assert asked == [("10.99.0.2", "10.99.0.1"), ("10.99.0.3", "10.99.0.1")]  # asked once
+
+
+def test_a_job_s_retransmissions_are_busy_not_a_lossy_link():
+    """A port a running job makes resend 50 times a second, before the rounds as in them:
+    no verdict, the endpoint listed as busy; a lossy link on a busy port is still named by
+    what the rounds add beyond the job's rate."""
+    from ibtool.views import mesh as view
+
+    job = "node0003/rxe0/1"
+    result, _ = _run(FakeCluster(6, 1, busy={job: 50.0}))
+    assert result.verdicts == [] and result.exit_code() == 0
+    by = {e.name: e for e in result.endpoints}
+    assert by[job].busy == 50.0 and by["node0001/rxe0/1"].busy == 0.0
+    assert view.busy_line(result) == (
+        "busy (RC retransmissions before the rounds, when no agent pinged: another job's "
+        f"traffic; only what the rounds added is judged): {job} (50/s)"
+    )
+    assert view.busy_line(result) in view.render_text(result)
+    doc = json.loads("".join(view.json_chunks(result)))
+    assert {e["name"]: e["busy_retrans_per_s"] for e in doc["endpoints"]}[job] == 50.0
+    # the same counts without the quiet window's word (an agent before it said none): the
+    # job's retransmissions are taken for a lossy link, as every mesh did before
+    result, _ = _run(FakeCluster(6, 1, busy={job: 50.0}, quiet=False))
+    assert _named(result) == {("endpoint", "WARN", job)}
+    lossy = FakeCluster(6, 1, busy={job: 50.0}, resends={"node0005/rxe0/1"}, jitter=True)
+    result, _ = _run(lossy)
+    assert _named(result) == {("endpoint", "WARN", "node0005/rxe0/1")}
