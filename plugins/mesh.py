@@ -97,9 +97,10 @@ def configure(parser) -> None:
     parser.add_argument(
         "--qp-timeout",
         type=number(int, 0, 31),
-        default=14,
+        default=18,
         metavar="N",
-        help="RC transport timeout of the pairs' QPs: 4.096 us * 2^N a try (default 14: 67 ms)",
+        help="RC transport timeout of the pairs' QPs: 4.096 us * 2^N a try (default 18: "
+        "1.07 s, a host's stalls are not loss)",
     )
     path = parser.add_argument_group(
         "the path probed", "what a job's QPs use, so that the mesh probes what the job will "

@@ -49,7 +49,12 @@ class Options:
     slow_factor: float = 10.0
     tcp_port: int = 18521
     start_timeout: float = START_TIMEOUT
-    qp_timeout: int = 14  # the QPs' local ACK timeout exponent (ladder.PathSpec.ack_timeout)
+    # The QPs' local ACK timeout exponent (ladder.PathSpec.ack_timeout): 18, 1.07 s a try. A
+    # job's QPs wait as long or longer (NCCL's IB_TIMEOUT is 20 today, 18 and 14 before:
+    # src/transport/net_ib.cc); 14, 67 ms, made every host stall longer than that (a busy
+    # or emulated node off its CPU) a resend counted as loss; a lost packet is still resent
+    # within a ping's 2 s, its retransmission counted and its round trip slow.
+    qp_timeout: int = 18
     deadline: float | None = None  # s for the whole mesh: no round starts after it
     abandon: int = 3  # losses in a row after which an agent gives a pair up
     sl: int = 0  # the pairs' QPs' path (--sl, --tclass, --pkey-index)

@@ -34,8 +34,7 @@ def _ibtool_processes() -> list[str]:
 
 def test_the_rails_of_this_host_ping_each_other(testbed, no_leaks):  # noqa: F811
     before = set(_ibtool_processes())  # another test's server may be running: not the mesh's
-    proc = ibtool("-j", "mesh", "--local", "--all-rails", "-c", "10", "--qp-timeout", "18",
-                  "--no-save", timeout=600)  # fmt: skip
+    proc = ibtool("-j", "mesh", "--local", "--all-rails", "-c", "10", "--no-save", timeout=600)
     assert proc.stdout, proc.stderr
     report = json.loads(proc.stdout)
     assert (proc.returncode, report["verdicts"]) == (0, []), proc.stderr
