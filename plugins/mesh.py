@@ -55,6 +55,13 @@ def configure(parser) -> None:
         help="leave these ports of each node out (a storage NIC, an uncabled port)",
     )
     parser.add_argument(
+        "--rail",
+        type=_rail_map,
+        metavar="DEV[/PORT]=N,...",
+        help="the rail of each port, as shell patterns (mlx5_0=0,mlx5_1=1); default: by "
+        "subnet where each rail is one, else a node's k-th port is rail k",
+    )
+    parser.add_argument(
         "--all-rails",
         action="store_true",
         help="pair every endpoint with every other, not rail k with rail k",
@@ -259,6 +266,7 @@ def run(inv: Invocation) -> int:
         full_payload=args.full_payload,
         qps=args.qps,
         bw=args.bw,
+        rail_map=args.rail or (),
     )
 
     def say(line: str) -> None:
@@ -270,6 +278,15 @@ def run(inv: Invocation) -> int:
     result = mesh(engine, options, argv, say)
     _outputs(inv, result)
     return result.exit_code()
+
+
+def _rail_map(text: str):
+    from ibtool.mesh.rails import parse_map
+
+    try:
+        return parse_map(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _ports(text: str) -> tuple[str, ...]:

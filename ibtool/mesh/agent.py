@@ -120,6 +120,10 @@ def local_endpoints(
             problem = f"no IP address on {p.netdev or 'its netdev'} to serve pings on"
         if p.device not in firmware:
             firmware[p.device] = _firmware(host, p.device)
+        prefix = None
+        if address and ":" not in address:  # its subnet, for rails keyed by it
+            ipv4 = addresses() if ipv4 is None else ipv4
+            prefix = next((n for _, a, n in ipv4 if a == address), None)
         out.append(
             {
                 "device": p.device,
@@ -132,6 +136,7 @@ def local_endpoints(
                 "problem": problem if state == "ACTIVE" else None,
                 "rate": p.rate.text if p.rate else None,
                 "fw": firmware[p.device],
+                "prefix": prefix,
             }
         )
     return out

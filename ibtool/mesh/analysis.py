@@ -309,11 +309,14 @@ def _odd_port_counts(result: MeshResult) -> list[Verdict]:
         k = len(members)
         if k == usual:
             continue
-        what = (
-            "a missing HCA or port moves its later ports onto other rails"
-            if k < usual
-            else "a port more (a storage NIC, another fabric?) is a rail of its own"
-        )
+        if result.settings.rails != "rank":  # its ports keep their rails
+            what = "a missing HCA or port" if k < usual else "a port more (a storage NIC?)"
+        else:
+            what = (
+                "a missing HCA or port moves its later ports onto other rails"
+                if k < usual
+                else "a port more (a storage NIC, another fabric?) is a rail of its own"
+            )
         out.append(
             Verdict(
                 Culprit.NODE,

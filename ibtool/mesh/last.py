@@ -315,6 +315,7 @@ def _parse(path: str, data) -> LastMesh:
         full_payload=_int(s.get("full_payload", 0), "settings.full_payload", 0, 1000),
         qps=_int(s.get("qps", 1), "settings.qps", 1, 64),
         bw=_bool(s.get("bw", False), "settings.bw"),
+        rails=_str(s.get("rails", "rank"), "settings.rails", 16),
     )
     endpoints = []
     for k, e in enumerate(_list(d.get("endpoints"), "endpoints", MAX_ENDPOINTS)):

@@ -207,6 +207,8 @@ def _hello_endpoint(e: Any) -> dict[str, Any]:
         # optional (agents before them said neither): what the drift across a rail compares
         "rate": _short(e.get("rate"), "hello: rate"),
         "fw": _short(e.get("fw"), "hello: firmware"),
+        # optional too: the prefix length of its address on its netdev (rails by subnet)
+        "prefix": None if e.get("prefix") is None else _int(e["prefix"], 0, 128, "hello: prefix"),
     }
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ibtool.errors import IbtoolError
-from ibtool.mesh import protocol
+from ibtool.mesh import protocol, rails
 from ibtool.mesh.analysis import analyse
 from ibtool.mesh.engines import EXIT, LINE, STDERR, Engine
 from ibtool.mesh.schedule import Partners, plan
@@ -65,6 +65,7 @@ class Options:
     qps: int = 1
     bw: bool = False
     quiet: float = QUIET  # s between every agent ready and round 0, when no one pings
+    rail_map: tuple[tuple[str, int], ...] = ()  # --rail: (DEV[/PORT] pattern, rail)
 
 
 @dataclass
@@ -228,6 +229,8 @@ class Coordinator:
 
         self._pump(self.clock() + o.start_timeout, hello, all_said)
         endpoints, ids = self._endpoints()
+        keyed = rails.assign(endpoints, self._prefixes, o.rail_map)
+        settings = dataclasses.replace(settings, rails=keyed)
         answered = sum(1 for n in self.nodes.values() if n.hello and not n.gone)
         self.say(f"mesh: {len(endpoints)} endpoints on {answered} of {expected} nodes")
         schedule = plan(endpoints, o.all_rails, o.rounds)
@@ -266,13 +269,15 @@ class Coordinator:
 
     def _endpoints(self) -> tuple[list[Endpoint], list[tuple[str, int]]]:
         """The mesh's endpoints, node by node in the engine's order, each node's ports in
-        its (device, port) order: rail k is a node's k-th port."""
+        its (device, port) order, each on the rail of its rank (rails.assign then keys them
+        by subnet or the operator's map)."""
         order = {name: i for i, name in enumerate(self.engine.nodes)}
         nodes = sorted(
             (n for n in self.nodes.values() if n.hello and not n.gone),
             key=lambda n: order.get(n.name, len(order)),
         )
         endpoints, ids = [], []
+        self._prefixes: list[int | None] = []
         seen: dict[str, str] = {}
         for node in nodes:
             for k, e in enumerate(node.hello["endpoints"]):
@@ -301,6 +306,7 @@ class Coordinator:
                     )  # fmt: skip
                 )
                 ids.append((node.agent, k))
+                self._prefixes.append(e.get("prefix"))
         return endpoints, ids
 
     def _ready(self, live: list[_Node], endpoints: list[Endpoint]) -> None:

@@ -279,6 +279,7 @@ class Settings:
     full_payload: int = 3  # pings of the path MTU's full payload a pair, after its own
     qps: int = 1  # QPs a pair's pings are spread over (each its own UDP source port)
     bw: bool = False  # an RDMA WRITE burst a pair, its bandwidth measured
+    rails: str = "rank"  # what the rails are keyed by: rank, subnet or map (mesh.rails)
 
 
 @dataclass

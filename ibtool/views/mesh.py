@@ -309,11 +309,12 @@ def _rails(result: MeshResult) -> str:
     rails = sorted({e.rail for e in result.endpoints})
     if not rails:
         return "no rails"
+    by = {"subnet": " (by subnet)", "map": " (by --rail)"}.get(result.settings.rails, "")
     if len(rails) == 1:
-        return f"rail {rails[0]}"
+        return f"rail {rails[0]}{by}"
     if rails == list(range(rails[0], rails[-1] + 1)):
-        return f"rails {rails[0]}-{rails[-1]}"
-    return "rails " + ",".join(map(str, rails))
+        return f"rails {rails[0]}-{rails[-1]}{by}"
+    return "rails " + ",".join(map(str, rails)) + by
 
 
 def _plural(n: int, word: str) -> str:
@@ -542,6 +543,7 @@ def settings_json(result: MeshResult) -> dict:
         "full_payload": s.full_payload,
         "qps": s.qps,
         "bw": s.bw,
+        "rails": s.rails,
     }
 
 

@@ -58,6 +58,10 @@ class FakeCluster(Engine):
     - dscp: endpoints that drop packets of a traffic class other than 0 (a DSCP rule)
     - looped: nodes whose ports share a subnet without a routing table each: the kernel
       routes each one's address through lo, and their agent does not probe them
+    - missing: {node: [k, ...]} a node without its rxe<k> (an HCA out): its other ports keep
+      their devices and addresses (10.<k>..., one subnet a rail)
+    - prefix: the prefix length every hello gives its address (16: rails by subnet); None,
+      as agents before it, says none
     - busy: {endpoint: per second} ports a job's traffic makes resend at that rate, in the
       quiet window before round 0 and in every round alike (its link itself healthy)
 
@@ -72,8 +76,10 @@ class FakeCluster(Engine):
                  silent=(), garbage=(), dies=None, count: int = 20, resends=(),
                  jitter: bool = False, black=(), ports=None, drift=None, small_mtu=(),
                  shaped=None, ecmp=(), dscp=(), looped=(), busy=None,
-                 quiet: bool = True):  # fmt: skip
+                 quiet: bool = True, missing=None, prefix=None):  # fmt: skip
         super().__init__()
+        self.missing, self.prefix = dict(missing or {}), prefix
+        self.devs: dict[str, list[int]] = {}  # node -> its devices' numbers, in hello order
         self.busy, self.quiet = dict(busy or {}), quiet  # quiet: its agents say the window
         self.looped = set(looped)
         self.small_mtu, self.shaped = set(small_mtu), dict(shaped or {})
@@ -111,13 +117,16 @@ class FakeCluster(Engine):
                 continue
             eps = []
             for k in range(self.ports.get(node, self.rails)):
+                if k in self.missing.get(node, ()):
+                    continue
+                self.devs.setdefault(node, []).append(k)
                 name = f"{node}/rxe{k}/1"
                 eps.append(
                     {"device": f"rxe{k}", "port": 1,
                      "state": "DOWN" if name in self.down else "ACTIVE",
                      "link_layer": "Ethernet", "address": self.address(i, k), "gid_index": 1,
                      "hw": False, "problem": None, "rate": "100 Gb/sec (4X EDR)",
-                     "fw": "16.35.2000",
+                     "fw": "16.35.2000", "prefix": self.prefix,
                      **self.drift.get(node, {}), **self.drift.get(name, {})}
                 )  # fmt: skip
             hello = {"t": "hello", "v": 1, "id": self.ids[node], "node": node, "endpoints": eps}
@@ -148,7 +157,7 @@ class FakeCluster(Engine):
         self.plan = plan
         eps = plan["endpoints"]
         by_id = {v: k for k, v in self.ids.items()}
-        self.names = [f"{by_id[aid]}/rxe{k}/1" for aid, k, _, _ in eps]
+        self.names = [f"{by_id[aid]}/rxe{self.devs[by_id[aid]][k]}/1" for aid, k, _, _ in eps]
         self.node_of = [by_id[aid] for aid, _, _, _ in eps]
         self.up = [e[3] for e in eps]
         s = plan["schedule"]

@@ -709,3 +709,59 @@ def test_a_job_s_retransmissions_are_busy_not_a_lossy_link():
     lossy = FakeCluster(6, 1, busy={job: 50.0}, resends={"node0005/rxe0/1"}, jitter=True)
     result, _ = _run(lossy)
     assert _named(result) == {("endpoint", "WARN", "node0005/rxe0/1")}
+
+
+def _rails_of(result) -> dict[str, int]:
+    return {e.name: e.rail for e in result.endpoints}
+
+
+def test_rails_by_subnet_keep_a_node_s_ports_on_their_planes_when_an_hca_is_out():
+    """node0002 without rxe1: by rank its rxe2 and rxe3 would ping the others' rxe1 and rxe2
+    (other subnets: every pair a FAIL on a real fabric); by subnet they stay on rails 2, 3."""
+    result, _ = _run(FakeCluster(6, 4, missing={"node0002": [1]}, prefix=16))
+    rails = _rails_of(result)
+    assert (rails["node0002/rxe2/1"], rails["node0002/rxe3/1"]) == (2, 3)
+    assert result.settings.rails == "subnet"
+    from ibtool.views import mesh as view
+
+    assert "rails 0-3 (by subnet)" in view.head(result)
+    (v,) = result.verdicts
+    assert v.subject == "node0002" and v.why == (
+        "3 RDMA ports where 5 of 6 nodes have 4: a missing HCA or port "
+        "(--dev or --exclude choose the ports meshed)"
+    )
+    # agents that say no prefix: rails by rank, as before
+    result, _ = _run(FakeCluster(6, 4, missing={"node0002": [1]}))
+    assert _rails_of(result)["node0002/rxe2/1"] == 1 and result.settings.rails == "rank"
+
+
+def test_an_operator_s_rail_map_wins():
+    from ibtool.mesh.rails import parse_map
+
+    rail = parse_map("rxe0=0,rxe1=1,rxe2=2,rxe3=3")
+    result, _ = _run(FakeCluster(4, 4, missing={"node0003": [0]}), rail_map=rail)
+    rails = _rails_of(result)
+    assert [rails[f"node0003/rxe{k}/1"] for k in (1, 2, 3)] == [1, 2, 3]
+    assert result.settings.rails == "map"
+    for bad in ("rxe0", "rxe0=x", "=1", ""):
+        with pytest.raises(ValueError):
+            parse_map(bad)
+
+
+def test_subnets_that_are_not_rails_leave_the_rank():
+    from ibtool.mesh.rails import assign
+
+    def ep(node, dev, rail, address):
+        return Endpoint(node, dev, 1, rail, address, "ACTIVE")
+
+    # two ports of one node in one subnet: the subnet is not a rail
+    eps = [ep("a", "m0", 0, "10.0.0.1"), ep("a", "m1", 1, "10.0.0.2"),
+           ep("b", "m0", 0, "10.0.0.3"), ep("b", "m1", 1, "10.1.0.3")]  # fmt: skip
+    assert assign(eps, [16, 16, 16, 16]) == "rank" and [e.rail for e in eps] == [0, 1, 0, 1]
+    # one subnet for all: nothing to key by
+    eps = [ep("a", "m0", 0, "10.0.0.1"), ep("b", "m0", 0, "10.0.0.2")]
+    assert assign(eps, [16, 16]) == "rank"
+    # a port with no address takes the rail most nodes' port of its rank is on
+    eps = [ep("a", "m0", 0, "10.0.0.1"), ep("a", "m1", 1, "10.1.0.1"),
+           ep("b", "m0", 0, "10.0.0.2"), ep("b", "m1", 1, "")]  # fmt: skip
+    assert assign(eps, [16, 16, 16, None]) == "subnet" and eps[3].rail == 1
