@@ -327,13 +327,15 @@ class Agent:
                     if isinstance(msg, BaseException):
                         raise msg
                     return 0
-                elif msg["t"] == "round":
+                elif msg["t"] in ("round", "retry"):
                     if running is not None:
                         running.join()  # the coordinator waits for each report: never here
-                    self.skip.update(msg.get("skip", []))
-                    running = threading.Thread(
-                        target=self._round, args=(msg["r"], inbox), daemon=True
-                    )
+                    if msg["t"] == "round":
+                        self.skip.update(msg.get("skip", []))
+                        work, args = self._round, (msg["r"], inbox)
+                    else:
+                        work, args = self._retry, (msg["pairs"], inbox)
+                    running = threading.Thread(target=work, args=args, daemon=True)
                     running.start()
         finally:
             self.close()
@@ -390,6 +392,42 @@ class Agent:
     def _round(self, r: int, inbox: queue.Queue | None = None) -> None:
         try:
             self._pings(r)
+        finally:
+            if inbox is not None:
+                inbox.put(_ROUND_DONE)
+
+    def _retry(self, pairs: list, inbox: queue.Queue | None = None) -> None:
+        """The pairs the coordinator asks again (those of this agent's endpoints that lost
+        pings): each source's one after the other, the sources side by side, as a round."""
+        try:
+            mine: dict[int, list[int]] = {}
+            for i, d in pairs:
+                if i in self.own and 0 <= d < len(self.up):
+                    mine.setdefault(i, []).append(d)
+            results: list[list] = []
+            lock = threading.Lock()
+
+            def run(i: int, partners: list[int]) -> None:
+                for d in partners:
+                    if self.stop.is_set():
+                        return
+                    why = self._unusable(i, d)
+                    if why:
+                        row = [i, d, int(PairState.SKIPPED), 0, 0, None, None, None, False, why]
+                        with lock:
+                            results.append(row)
+                        continue
+                    self._pair(i, d, results, lock)
+
+            threads = [threading.Thread(target=run, args=(i, ds), name=f"retry {i}")
+                       for i, ds in sorted(mine.items())]  # fmt: skip
+            self.workers = threads
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if not self.stop.is_set():
+                self.say({"t": "retried", "pairs": sorted(results)})
         finally:
             if inbox is not None:
                 inbox.put(_ROUND_DONE)

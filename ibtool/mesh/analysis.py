@@ -7,7 +7,9 @@
    p90 is more than `slow_factor` times the baseline median, and SLOW_FLOOR_US above it: a
    lossy link under RC shows as retransmissions, not losses), or OK; a pair whose pings
    were all answered but whose pings of the path MTU's full payload were not is FAILED (none
-   of those answered) or LOSSY, of its own kind (FULL): a smaller MTU on the path.
+   of those answered) or LOSSY, of its own kind (FULL): a smaller MTU on the path. A pair
+   whose lost pings a retry after the last round answered whole is judged on the pings it
+   did answer: one end stalled, the network did not lose them.
 3. Facts first: an endpoint whose port is not ACTIVE is named as such, with no inference.
 4. Then, repeatedly, the endpoint that explains the most bad pairs of one kind (loss, or
    slowness) is named, if more than half of its partners are bad that way in both
@@ -102,11 +104,14 @@ def judge(result: MeshResult, schedule: Schedule, base: dict[str, Baseline]) -> 
     for g, b in base.items():
         m = b.median_us
         limit[g] = math.inf if m is None else max(m * factor, m + SLOW_FLOOR_US)
+    transient = t.transient  # lost pings a retry answered whole: a stall, not judged
     for i in t.slots():
         state = t.state[i]
-        if state != PairState.PROBED or not t.received[i]:
+        if i in transient and state == PairState.PROBED and not t.received[i]:
+            h = Health.OK  # nothing answered the first time, everything the second
+        elif state != PairState.PROBED or not t.received[i]:
             h = Health.FAILED
-        elif t.received[i] < t.sent[i]:
+        elif t.received[i] < t.sent[i] and i not in transient:
             h = Health.LOSSY
         elif t.p90[i] > limit[group_of[i % t.width]]:  # NaN compares False: not slow
             h = Health.SLOW

@@ -14,6 +14,7 @@ is what every engine carries. An agent says:
           retransmissions in the round (its port's counters before and after); `quiet`
           (round 0 only): [retransmissions, milliseconds] from its ready to the round,
           while no agent pinged (someone else's traffic: a job's)
+  retried the pairs of a retry it was the client of, as a result's
   error   why it cannot take part (no RDMA device, no pyverbs, ...); it then exits
 
 and the coordinator, to every agent at once (srun and ClusterShell broadcast stdin):
@@ -21,6 +22,7 @@ and the coordinator, to every agent at once (srun and ClusterShell broadcast std
   plan    every endpoint (agent id, its index there, address, up), the schedule, the
           pings and the path (`path`: sl, tclass, pkey_index; `full`, `qps`, `bw`)
   round   run round R; `skip`: endpoints found dead since the plan
+  retry   after the last round, probe `pairs` ([src, dst]) again: those that lost pings
   end     stop the servers and exit (EOF on stdin says the same)
 
 An agent's lines come from another host and are untrusted: each is bounded (MAX_LINE), its
@@ -46,6 +48,7 @@ MAX_PLAN = 32 * 1024 * 1024  # the coordinator's plan: 8,192 endpoints is ~1 MiB
 MAX_ENDPOINTS = 64  # RDMA ports of one node
 MAX_ERROR = 200  # characters of an error an agent reports
 MAX_QPS = 16  # QPs a pair's pings are spread over (--qps)
+MAX_RETRIES = 1024  # pairs one retry names (the coordinator retries fewer)
 # --bw: a pair's burst, RDMA WRITE WITH IMMEDIATE ping-pongs of BW_SIZE bytes, one in flight:
 # each way one message's transfer, so 2 x BW_SIZE over the round trip is what the path
 # carries (below a streaming benchmark's peak; compared across endpoints, never against it)
@@ -177,6 +180,11 @@ def parse_agent(line: str | bytes) -> dict[str, Any]:
                  "result: quiet endpoint"): _quiet(v)
             for k, v in quiet.items()
         }  # fmt: skip
+    elif kind == "retried":
+        pairs = msg.get("pairs")
+        if not isinstance(pairs, list) or len(pairs) > MAX_RETRIES:
+            raise AgentError("retried: pairs not a list")
+        msg["pairs"] = [_pair(p) for p in pairs]
     elif kind == "error":
         msg["message"] = _text(msg.get("message"), "error") or "no reason given"
         msg["hint"] = _text(msg.get("hint"), "error: hint")
@@ -394,6 +402,15 @@ def parse_coordinator(line: str | bytes) -> dict[str, Any]:
             raise AgentError("round: skip")
         for s in skip:
             _int(s, 0, 1 << 24, "round: skip")
+    elif kind == "retry":
+        pairs = msg.get("pairs")
+        if not isinstance(pairs, list) or len(pairs) > MAX_RETRIES:
+            raise AgentError("retry: pairs not a list")
+        for p in pairs:
+            if not (isinstance(p, list) and len(p) == 2):
+                raise AgentError("retry: a pair not [src, dst]")
+            for x in p:
+                _int(x, 0, 1 << 24, "retry: endpoint")
     elif kind != "end":
         raise AgentError(f"unknown message {printable(kind, 20)!r}")
     return msg

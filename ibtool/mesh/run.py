@@ -31,6 +31,8 @@ QUARANTINE_ROUNDS = 2
 # s every port is left alone before round 0: what its retransmission counters move then is
 # another job's (a busy node), the rate the rounds' counts are judged beyond
 QUIET = 2.0
+RETRY_MAX = 64  # pairs retried after the last round, at most: more are no host's stalls
+RETRY_EACH = 4  # of them from one endpoint (its retries run one after the other)
 READY_TIMEOUT = 120.0  # s for every agent's servers to listen (verbs opened)
 ROUND_SLACK = 30.0  # s a round may take beyond its pings' own worst case
 CLOSE_GRACE = 30.0  # s the agents have to stop their servers and exit after `end`
@@ -66,6 +68,7 @@ class Options:
     bw: bool = False
     quiet: float = QUIET  # s between every agent ready and round 0, when no one pings
     rail_map: tuple[tuple[str, int], ...] = ()  # --rail: (DEV[/PORT] pattern, rail)
+    retry: bool = True  # the pairs that lost pings probed once more after the last round
 
 
 @dataclass
@@ -249,6 +252,7 @@ class Coordinator:
             self._ready(live, endpoints)
             self._quiet_window(live)
             self._rounds(live, endpoints, partners, table, result)
+            self._retry(live, table, result)
             for e, (n, ms) in self.quiet.items():
                 rate = n * 1000.0 / ms if ms else 0.0
                 endpoints[e] = dataclasses.replace(endpoints[e], busy=rate)
@@ -421,6 +425,72 @@ class Coordinator:
         if self.stopped is not None:
             self.say(f"mesh: {self.stopped}")
             self._unrun(r, partners.rounds, live, set(), partners, table)
+
+    def _retry(self, live: list[_Node], table: PairTable, result: MeshResult) -> None:
+        """The pairs that lost pings, probed once more after the last round (at most
+        RETRY_MAX, RETRY_EACH a source): an end that stalled longer than a ping's timeout (a
+        busy or emulated host off its CPU) loses pings once, a broken path or port every
+        time. A retry that answers every ping makes the loss a transient, not judged; one
+        that loses again adds its count to the pair's error. Not after --deadline stopped
+        the rounds, nor for quarantined or departed endpoints."""
+        if self.stopped is not None or self.engine_done or not self.o.retry:
+            return
+        t = table
+        dead = set(self.quarantined)
+        for n in live:
+            if n.gone:
+                dead.update(n.endpoints)
+        wanted: dict[tuple[int, int], int] = {}
+        per: dict[int, int] = {}
+        for i in t.slots():
+            if t.state[i] != PairState.PROBED or not t.sent[i] or t.received[i] >= t.sent[i]:
+                continue
+            s, d = i % t.width, t.dst[i]
+            if s in dead or d in dead or per.get(s, 0) >= RETRY_EACH:
+                continue
+            per[s] = per.get(s, 0) + 1
+            wanted.setdefault((s, d), i)
+        if not wanted or len(wanted) > RETRY_MAX:
+            return  # none, or so many that they are no host's stall
+        keys = {n.key for n in live if not n.gone and n.mine & {s for s, _ in wanted}}
+        self.say(f"mesh: retrying {len(wanted)} pairs that lost pings")
+        self.engine.send(protocol.dumps({"t": "retry", "pairs": [list(p) for p in wanted]}))
+        answered: set[str] = set()
+        whole = 0
+
+        def retried(node: _Node, msg: dict) -> None:
+            nonlocal whole
+            if msg["t"] != "retried":
+                self._drop(node, f"answered a retry with {msg['t']}")
+                return
+            for p in msg["pairs"]:
+                slot = wanted.get((p[0], p[1]))
+                if slot is None or p[0] not in node.mine:
+                    self._drop(node, f"retried a pair {p[0]} -> {p[1]} not asked of it")
+                    return
+            for p in msg["pairs"]:
+                slot = wanted[(p[0], p[1])]
+                sent, got = p[3], p[4]
+                was = t.errors.get(slot) or f"{t.received[slot]}/{t.sent[slot]} answered"
+                if p[2] == PairState.PROBED and sent and got == sent:
+                    whole += 1
+                    t.transient.add(slot)
+                    t.errors[slot] = printable(
+                        f"{was}; retried after the last round: {got}/{sent} answered (a "
+                        "stall, not the network)",
+                        2 * protocol.MAX_ERROR,
+                    )
+                else:
+                    again = p[9] or f"{got}/{sent} answered"
+                    t.errors[slot] = printable(
+                        f"{was}; retried after the last round: {again}", 2 * protocol.MAX_ERROR
+                    )
+            answered.add(node.key)
+
+        most = max(per.values())
+        self._pump(self.clock() + most * round_timeout(self.o), retried,
+                   lambda: len(answered | (self.gone & keys)) >= len(keys))  # fmt: skip
+        result.retried = (len(wanted), whole)
 
     def _unrun(self, first, last, live, reported, partners: Partners, table) -> None:
         """Rounds first..last-1's pairs that were never reported, unscheduled: the mesh ended

@@ -139,6 +139,10 @@ class PairTable:
         self.silent_qps: dict[int, tuple[int, int]] = {}
         # With --bw: each pair's RDMA WRITE bandwidth in Gb/s (NaN where not measured)
         self.bw: array | None = None
+        # Pairs that lost pings and were probed again after the last round, every ping of
+        # the retry answered: a stall of an end, not the network (the analysis judges them
+        # on their answered pings)
+        self.transient: set[int] = set()
 
     def extras(self, round_: int, src: int, extra: dict) -> None:
         """What a pair measured beyond its pings (the `x` of a result's pair, checked)."""
@@ -296,6 +300,7 @@ class MeshResult:
     elapsed: float = 0.0  # seconds of the whole mesh
     round_seconds: list[float] = field(default_factory=list)  # each round's duration
     stopped: str | None = None  # why the rounds stopped before the last (--deadline)
+    retried: tuple[int, int] = (0, 0)  # pairs that lost pings retried, of them answered whole
 
     @property
     def worst(self) -> Level | None:

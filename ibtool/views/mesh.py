@@ -512,6 +512,13 @@ def render_text(result: MeshResult, width: int = 80, color: bool = False) -> lis
     busy = busy_line(result)
     if busy:
         lines.append(busy)
+    tried, whole = result.retried
+    if tried:
+        lines.append(
+            f"retried: {_plural(tried, 'pair')} that lost pings, probed again after the last "
+            f"round: {whole} answered every ping (a stall of an end: not judged), "
+            f"{tried - whole} lost again"
+        )
     lines.append(summary(result))
     return lines
 
@@ -613,6 +620,7 @@ def json_chunks(result: MeshResult) -> Iterator[str]:
         "elapsed": round(result.elapsed, 3),
         "round_seconds": [round(x, 3) for x in result.round_seconds],
         "stopped": result.stopped,
+        "retried": {"pairs": result.retried[0], "answered": result.retried[1]},
         "exit_code": result.exit_code(),
     }
     yield dumps(head)[:-1] + ', "pairs": ['

@@ -62,6 +62,8 @@ class FakeCluster(Engine):
       their devices and addresses (10.<k>..., one subnet a rail)
     - prefix: the prefix length every hello gives its address (16: rails by subnet); None,
       as agents before it, says none
+    - flaky: (a, b) pairs that lose a quarter of their pings in the rounds (an end off its
+      CPU longer than a ping's timeout) and answer every one when retried
     - busy: {endpoint: per second} ports a job's traffic makes resend at that rate, in the
       quiet window before round 0 and in every round alike (its link itself healthy)
 
@@ -76,8 +78,10 @@ class FakeCluster(Engine):
                  silent=(), garbage=(), dies=None, count: int = 20, resends=(),
                  jitter: bool = False, black=(), ports=None, drift=None, small_mtu=(),
                  shaped=None, ecmp=(), dscp=(), looped=(), busy=None,
-                 quiet: bool = True, missing=None, prefix=None):  # fmt: skip
+                 quiet: bool = True, missing=None, prefix=None, flaky=()):  # fmt: skip
         super().__init__()
+        self.flaky = {frozenset(p) for p in flaky}
+        self.retried: list[tuple[int, int]] = []
         self.missing, self.prefix = dict(missing or {}), prefix
         self.devs: dict[str, list[int]] = {}  # node -> its devices' numbers, in hello order
         self.busy, self.quiet = dict(busy or {}), quiet  # quiet: its agents say the window
@@ -149,6 +153,8 @@ class FakeCluster(Engine):
         elif msg["t"] == "round":
             self.skip.update(msg["skip"])  # as the agent keeps them: for the rest of the mesh
             self._round(msg["r"], self.skip)
+        elif msg["t"] == "retry":
+            self._retry([tuple(p) for p in msg["pairs"]])
         elif msg["t"] == "end":
             for node in self.alive:
                 self.events.put(Event(node, EXIT, 0))
@@ -201,6 +207,10 @@ class FakeCluster(Engine):
                     break
             why = f"abandoned after {give_up.run} losses in a row: ping {sent}: no reply"
             return [i, d, 1, sent, 0, None, None, None, False, why], sent * timeout
+        if frozenset((a, b)) in self.flaky:
+            lost = count // 4
+            took = (count - lost) * interval + lost * timeout
+            return [i, d, 1, count, count - lost, RTT, P90, P99, False, "ping 3: no reply"], took
         if a in self.lossy or b in self.lossy:
             took = (count - count // 2) * interval + (count // 2) * timeout
             return [i, d, 1, count, count // 2, RTT, P90, P99, False, "ping: no reply"], took
@@ -270,6 +280,29 @@ class FakeCluster(Engine):
             line = json.dumps(msg, separators=(",", ":"))
             self.events.put(Event(node, LINE, line))
         self.clock.now += slowest + ROUND_OVERHEAD
+
+    def _retry(self, pairs: list[tuple[int, int]]) -> None:
+        """The pairs asked again: each probed as in a round, but a flaky pair (an end that
+        stalled once) answers every ping now."""
+        self.retried = pairs
+        longest = 0.0
+        for node in list(self.alive):
+            rows, took = [], {}
+            for i, d in pairs:
+                if self.node_of[i] != node:
+                    continue
+                if frozenset((self.names[i], self.names[d])) in self.flaky:
+                    row = [i, d, 1, self.count, self.count, RTT, P90, P99, False, None]
+                    spent = self.count / self.plan["rate"]
+                else:
+                    row, spent = self._pair(i, d)
+                rows.append(row[:10])
+                took[i] = took.get(i, 0.0) + spent
+            if rows:
+                line = json.dumps({"t": "retried", "pairs": rows}, separators=(",", ":"))
+                self.events.put(Event(node, LINE, line))
+                longest = max(longest, *took.values())
+        self.clock.now += longest + ROUND_OVERHEAD
 
     def _retrans(self, r: int, i: int) -> int:
         partners = [p for p in (self.partners.of(r, i), self.partners.by(r, i)) if p >= 0]

@@ -765,3 +765,48 @@ def test_subnets_that_are_not_rails_leave_the_rank():
     eps = [ep("a", "m0", 0, "10.0.0.1"), ep("a", "m1", 1, "10.1.0.1"),
            ep("b", "m0", 0, "10.0.0.2"), ep("b", "m1", 1, "")]  # fmt: skip
     assert assign(eps, [16, 16, 16, None]) == "subnet" and eps[3].rail == 1
+
+
+def test_a_pair_that_lost_pings_once_is_retried_and_a_stall_is_not_judged():
+    """An end off its CPU longer than a ping's timeout loses a few pings once: retried after
+    the last round, the pair answers every ping, and no verdict names anyone; without the
+    retry it was a path."""
+    from ibtool.views import mesh as view
+
+    a, b = "node0002/rxe0/1", "node0005/rxe0/1"
+    result, said = _run(FakeCluster(6, 1, flaky=[(a, b)]))
+    assert result.verdicts == [] and result.exit_code() == 0
+    assert result.retried == (2, 2) and "mesh: retrying 2 pairs that lost pings" in said
+    flaky = [p for p in result.pairs if p.received < p.sent]
+    assert len(flaky) == 2 and all(p.health.name == "OK" for p in flaky)
+    assert all(p.error == "ping 3: no reply; retried after the last round: 20/20 answered "
+               "(a stall, not the network)" for p in flaky)  # fmt: skip
+    assert (
+        "retried: 2 pairs that lost pings, probed again after the last round: 2 answered "
+        "every ping (a stall of an end: not judged), 0 lost again"
+    ) in view.render_text(result)
+    doc = json.loads("".join(view.json_chunks(result)))
+    assert doc["retried"] == {"pairs": 2, "answered": 2}
+    result, _ = _run(FakeCluster(6, 1, flaky=[(a, b)]), retry=False)
+    assert _named(result) == {("path", "FAIL", f"{a} <-> {b}")}
+
+
+def test_a_lossy_endpoint_loses_its_retries_too_and_stays_named():
+    bad = "node0003/rxe0/1"
+    cluster = FakeCluster(6, 1, lossy={bad})
+    result, _ = _run(cluster)
+    assert _named(result) == {("endpoint", "FAIL", bad)}
+    assert result.retried == (9, 0) and len(cluster.retried) == 9  # 4 of its own 5: RETRY_EACH
+    pairs = [p for p in result.pairs if p.received < p.sent]
+    assert sum("; retried after the last round: ping: no reply" in p.error for p in pairs) == 9
+
+
+def test_no_retry_when_more_pairs_lost_than_a_stall_explains():
+    from ibtool.mesh.run import RETRY_MAX
+
+    rail = {f"node{i:04d}/rxe0/1" for i in range(1, 41)}  # a rail's switch: 1,560 pairs
+    cluster = FakeCluster(40, 1, lossy=rail)
+    result, said = _run(cluster, rounds=3)
+    assert len([p for p in result.pairs if p.received < p.sent]) > RETRY_MAX
+    assert cluster.retried == [] and result.retried == (0, 0)
+    assert not any("retrying" in line for line in said)

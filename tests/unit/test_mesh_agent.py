@@ -34,7 +34,12 @@ def test_roce_endpoint_is_its_gid_address(tmp_path):
         "problem": None,
         "rate": "100 Gb/sec (4X EDR)",
         "fw": "22.36.1010",
+        "prefix": None,  # the host's addresses (here none) say it
     }
+    with_prefix = local_endpoints(
+        _host("mlx5_roce", tmp_path / "2"), lambda: [("enp3s0f0", "192.168.10.1", 24)]
+    )
+    assert with_prefix[0]["prefix"] == 24
     # what the coordinator accepts of it
     hello = {"t": "hello", "v": 1, "id": "0" * 16, "node": "n1", "endpoints": [ep]}
     assert protocol.parse_agent(json.dumps(hello))["endpoints"][0]["address"] == "192.168.10.1"
@@ -43,6 +48,7 @@ def test_roce_endpoint_is_its_gid_address(tmp_path):
 def test_infiniband_endpoints_take_their_ipoib_address(tmp_path):
     up, down = local_endpoints(_host("mlx5_ib_hca", tmp_path), lambda: [("ib0", "10.9.0.7", 16)])
     assert (up["link_layer"], up["address"], up["gid_index"]) == ("InfiniBand", "10.9.0.7", None)
+    assert up["prefix"] == 16
     assert (down["port"], down["state"], down["problem"]) == (2, "DOWN", None)
 
 
