@@ -11,6 +11,8 @@ from ibtool.plugin.commands import Invocation
 COMPAT = {"rc_pingpong": 18515, "rping": 7174}  # ibv_rc_pingpong's -p, rping's -p defaults
 NATIVE_PORT = 18520  # ibtool ping --server's
 STOCK_SIZE = 4096  # ibv_rc_pingpong's -s: its server answers only messages of its own size
+# include/linux/threads.h: pid_max is at most this (64-bit kernels), and every PID is below it
+PID_MAX_LIMIT = 4 * 1024 * 1024
 
 
 def configure(parser) -> None:
@@ -39,10 +41,14 @@ def configure(parser) -> None:
     parser.add_argument("--size", type=number(int, 1, 1 << 20), metavar="BYTES",
                         help="probe size (default 64; rc_pingpong: its -s, 4096)")  # fmt: skip
     parser.add_argument("--timeout", type=number(float, 0.1, 60.0), default=2.0, metavar="S",
-                        help="seconds for the peer's answer and for each probe's round "
+                        help="seconds the peer has to answer, from the question (asked first, "
+                        "answered while this side reads its own), and for each probe's round "
                         "trip (default 2)")  # fmt: skip
     parser.add_argument("--no-probe", action="store_true",
                         help="check only: no RDMA round trips")  # fmt: skip
+    parser.add_argument("--pid", type=number(int, 1, PID_MAX_LIMIT - 1), metavar="PID",
+                        help="judge this process's side (a job's): its memlock limit, rdma "
+                        "cgroup and CPUs, not doctor's own")  # fmt: skip
 
 
 def run(inv: Invocation) -> int:
@@ -60,6 +66,7 @@ def run(inv: Invocation) -> int:
         size=args.size or (STOCK_SIZE if args.compat == "rc_pingpong" else 64),
         timeout=args.timeout,
         probe=not args.no_probe and inv.host.live,
+        pid=args.pid,
     )
     report = diagnose(inv.host, args.dev, opts, inv.warn)
     if inv.json:

@@ -2,22 +2,32 @@
 peer's, and gives one Finding (PASS / WARN / FAIL / SKIP) with the evidence and the fix.
 
 The order is the order a path is built in, and roughly how often each cause turns up in the
-threads operators file (NCCL, UCX, perftest, rdma-core): the stack, the port, the GID, the
-rdma_cm mode, memlock, the MTU, routing and ARP on multi-NIC hosts, UDP 4791, the traffic
-class against DCB, the P_Key, PCIe, NUMA. A check never raises: what it cannot know is a SKIP
-saying why.
+threads operators file (NCCL, UCX, perftest, rdma-core): the stack, the port and its rate, the
+GID, the rdma_cm mode, memlock (and with --pid the process's rdma cgroup), the MTU, routing and
+ARP on multi-NIC hosts, UDP 4791, the traffic class against DCB, the P_Key, PCIe, NUMA. A
+check never raises: what it cannot know is a SKIP saying why.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ibtool.model.doctor import Facts, Finding, Verdict
 
+if TYPE_CHECKING:
+    from ibtool.doctor.link import LinkSettings
+    from ibtool.doctor.process import Process
+
 PASS, WARN, FAIL, SKIP = Verdict.PASS, Verdict.WARN, Verdict.FAIL, Verdict.SKIP
 PROBE_MEMORY = 1 << 20  # what doctor's probe pins: two buffers, a QP, a CQ (a generous bound)
+# What one RC connection holds against an rdma cgroup (kernel/cgroup/rdma.c): the opened device
+# (a user context) is one hca_handle; its PD, CQ, QP and MR are one hca_object each
+# (drivers/infiniband/core/rdma_core.c). Doctor's probe builds exactly these.
+PROBE_HANDLES, PROBE_OBJECTS = 1, 4
 PKEY_FULL = 0x8000
 PKEY_BASE = 0x7FFF
 
@@ -35,10 +45,19 @@ class Context:
     # other netdevs with an address in the GID netdev's subnet; None: not known (a capture)
     siblings: tuple[str, ...] | None = ()
     extra: dict = field(default_factory=dict)
+    no_facts_fix: str | None = None  # what to do about it, when not starting a server
+    # --pid: the process whose limits, cgroup and CPUs this end's facts are (None: doctor's own)
+    process: Process | None = None
+    link: LinkSettings | None = None  # this end's netdev's link modes (ethtool), when read
+    link_why: str | None = None  # why they were not
 
 
 def run_checks(local: Facts, peer: Facts | None, ctx: Context) -> list[Finding]:
-    return [check(local, peer, ctx) for check in CHECKS]
+    checks = CHECKS
+    if ctx.process is not None:  # the process's cgroup, after its memlock
+        at = CHECKS.index(check_memlock) + 1
+        checks = CHECKS[:at] + (check_cgroup,) + CHECKS[at:]
+    return [check(local, peer, ctx) for check in checks]
 
 
 def _both(local: Facts, peer: Facts | None, one: Callable[[Facts], tuple]) -> tuple:
@@ -176,6 +195,87 @@ def _alike(local: Facts, peer: Facts, evidence: str) -> tuple:
     return WARN, f"{evidence}: {'; '.join(said)}", "; ".join(fixes)
 
 
+_IB_MAXIMUM = (
+    "its maximum is not known here: InfiniBand keeps the widths and speeds a port supports in "
+    "its PortInfo, which only a MAD reads (iblinkinfo marks a link below what both its ends "
+    "support)"
+)
+
+
+def check_rate(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    """This end's rate against the most its port supports: on Ethernet (RoCE, iWARP) the
+    netdev's fastest supported link mode (ethtool), whose speed the port's rate translates;
+    on InfiniBand not knowable without a MAD, and said so. The peer's rate is the port
+    check's to compare."""
+    where = f"{local.device}/{local.port}"
+    if not local.rate:
+        return Finding("rate", SKIP, f"{where}: rate not known")
+    if local.state != "ACTIVE":
+        return Finding("rate", SKIP, f"{where} not ACTIVE: no rate to judge")
+    said = f"{where} at {local.rate}"
+    if not _ip(local):
+        return Finding("rate", SKIP, f"{said}; {_IB_MAXIMUM}")
+    link = ctx.link
+    if link is None:
+        why = ctx.link_why or f"{local.netdev or 'its netdev'}'s link modes not known"
+        return Finding("rate", SKIP, f"{said}; {why}")
+    return _judge_rate(said, local.rate, link)
+
+
+def _judge_rate(said: str, rate: str, link: LinkSettings) -> Finding:
+    from ibtool.doctor.link import mode_lanes, mode_speed, speed_text
+
+    netdev = link.netdev
+    if not link.supported:
+        if link.unknown_bits:
+            why = f"{netdev} supports only link modes newer than this ibtool knows: not judged"
+        elif link.speed is None:
+            if "1X SDR" in rate:
+                said += " (1X SDR is what the kernel shows for an unknown speed)"
+            why = (
+                f"{netdev} reports no speed and no supported link modes (a virtual NIC): "
+                "nothing to judge it against"
+            )
+        else:
+            why = (
+                f"{netdev} runs at {speed_text(link.speed)} and reports no supported link "
+                "modes (a bond or a virtual NIC): nothing to judge it against"
+            )
+        return Finding("rate", SKIP, f"{said}; {why}")
+    best = link.fastest
+    top = mode_speed(best)
+    if link.speed is None:
+        why = f"{netdev} reports no speed now (it supports up to {speed_text(top)}, {best})"
+        return Finding("rate", SKIP, f"{said}; {why}")
+    now = speed_text(link.speed)
+    if link.speed >= top:
+        if link.unknown_bits:
+            why = f"{netdev} at {now} also supports link modes newer than this ibtool knows"
+            return Finding("rate", SKIP, f"{said}; {why}: not judged")
+        return Finding("rate", PASS, f"{said}: {netdev} at {now}, the fastest it supports ({best})")
+    lanes = mode_lanes(best)
+    width = re.search(r"\((\d+)X", rate)
+    mode = best
+    if lanes and width and int(width.group(1)) < lanes:
+        mode += f": {lanes} lanes, {width.group(1)}X here"
+    evidence = f"{said}: {netdev} runs at {now}, below the {speed_text(top)} it supports ({mode})"
+    fix = (
+        "reseat or replace the cable (or its transceiver) and check the switch port (its speed "
+        f"setting, its cable): `ethtool {netdev}` shows what both ends advertise"
+    )
+    if link.partner:
+        theirs = link.partner_fastest
+        if mode_speed(theirs) <= link.speed:
+            evidence += f"; the link partner advertises no more ({theirs})"
+            fix = (
+                f"check the switch port first: it advertises no more than {theirs} (its speed "
+                f"setting, its port type); then the cable: `ethtool {netdev}`"
+            )
+        else:
+            evidence += f"; the link partner advertises {theirs}"
+    return Finding("rate", WARN, evidence, fix)
+
+
 # -- addressing ------------------------------------------------------------------------------
 
 
@@ -281,7 +381,11 @@ def _size(n: int) -> str:
 
 
 def check_memlock(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    proc = ctx.process
+
     def one(f: Facts):
+        if proc is not None and f is local:
+            return _process_memlock(f, proc)
         if f.memlock_soft is None:
             return SKIP, "memlock limit not known", None
         if f.memlock_soft == -1:
@@ -302,6 +406,111 @@ def check_memlock(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
         return WARN, f"{said}: MPI and NCCL jobs register more; RDMA stacks ask for unlimited", fix
 
     return _finding("memlock", _both(local, peer, one))
+
+
+def _process_memlock(f: Facts, proc: Process) -> tuple:
+    """--pid's memlock: the process's own limit (its hard one too when it differs: it may
+    raise its soft limit that far itself), and the fix for it and for its next start."""
+    who = proc.label
+    if f.memlock_soft is None:
+        return SKIP, f"{who}: memlock limit not known", None
+    if f.memlock_soft == -1:
+        return PASS, f"{who}: memlock unlimited", None
+    said = f"{who}: memlock {_size(f.memlock_soft)}"
+    if f.memlock_hard is not None and f.memlock_hard != f.memlock_soft:
+        hard = "unlimited" if f.memlock_hard == -1 else _size(f.memlock_hard)
+        said += f" (hard limit {hard})"
+    fix = (
+        f"prlimit --memlock=unlimited --pid {proc.pid} (now); for its next start: 'memlock "
+        "unlimited' in /etc/security/limits.d/, LimitMEMLOCK=infinity in the unit of the "
+        "service that starts it (slurmd's for Slurm jobs)"
+    )
+    if f.ipc_lock:
+        return PASS, f"{said}, not binding: it has CAP_IPC_LOCK", None
+    if f.memlock_soft < PROBE_MEMORY:
+        return FAIL, f"{said}: memory registration beyond it fails (ENOMEM)", fix
+    return WARN, f"{said}: MPI and NCCL jobs register more; RDMA stacks ask for unlimited", fix
+
+
+def check_cgroup(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    """--pid's rdma cgroup: the limits on the device of every cgroup from the process's up
+    (each one counts: kernel/cgroup/rdma.c, rdmacg_try_charge), against what one RC
+    connection holds (1 hca_handle, 4 hca_objects) and against what is in use."""
+    proc = ctx.process
+    if proc is None:
+        return Finding("cgroup", SKIP, "no --pid given")
+    cg = proc.cgroup
+    if cg is None:
+        return Finding("cgroup", SKIP, f"{proc.label}: cgroup not known ({proc.cgroup_why})")
+    where = f"{proc.label} in {cg.path}" + (" (cgroup v1)" if cg.version == 1 else "")
+    if cg.levels is None:
+        return Finding("cgroup", SKIP, f"{where}: {cg.why}")
+    bad = next((lv.bad for lv in cg.levels if lv.bad), None)
+    if bad is not None:
+        return Finding("cgroup", SKIP, f"{where}: {bad}: its rdma limits not known")
+    if not cg.levels:
+        said = cg.why or "no rdma.max on its cgroup path"
+        return Finding(
+            "cgroup", PASS, f"{where}: {said}, nothing limits its RDMA handles or objects"
+        )
+    dev = local.device
+    # (resource, its limit, the cgroup that sets it, how many are in use there)
+    limits: list[tuple[str, int, str, int | None]] = []
+    for lv in cg.levels:
+        maxima = lv.limits.get(dev)  # the kernel lists every registered device
+        used = lv.used.get(dev, (None, None))
+        for i, name in enumerate(RDMA_RESOURCES):
+            if maxima is not None and maxima[i] is not None:
+                limits.append((name, maxima[i], lv.cgroup, used[i]))
+    if not limits:
+        return Finding("cgroup", PASS, f"{where}: no rdma limit on {dev} (rdma.max: max on "
+                       "its path)")  # fmt: skip
+
+    def fix(at: str) -> str:
+        return (
+            f"echo '{dev} hca_handle=max hca_object=max' > {cg.directory(at)}/rdma.max (or "
+            "raise it where the job's manager sets it)"
+        )
+
+    def source(at: str) -> str:
+        return "its rdma.max" if at == cg.path else f"the rdma.max of {at}"
+
+    for name, limit, at, _ in limits:
+        if limit < NEEDED[name]:
+            return Finding(
+                "cgroup", FAIL, f"{where}: {source(at)} gives {dev} {name}={limit}: "
+                f"{_TOO_FEW[name]}", fix(at),
+            )  # fmt: skip
+    for name, limit, at, in_use in limits:
+        if in_use is not None and limit - in_use < NEEDED[name]:
+            there = "" if at == cg.path else f" in {at}"
+            return Finding(
+                "cgroup", WARN, f"{where}: {dev} {name} {in_use} of {limit} in use{there}, "
+                f"its limit: {_AT_LIMIT[name]} (EAGAIN)", fix(at),
+            )  # fmt: skip
+    said = []
+    for name in RDMA_RESOURCES:
+        mine = [x for x in limits if x[0] == name]
+        if mine:
+            _, limit, at, in_use = min(mine, key=lambda x: x[1])
+            extras = [] if at == cg.path else [f"set by {at}"]
+            if in_use is not None:
+                extras.append(f"{in_use} in use" + ("" if at == cg.path else " there"))
+            said.append(f"{name}={limit}" + (f" ({', '.join(extras)})" if extras else ""))
+    return Finding("cgroup", PASS, f"{where}: {dev} limited to {', '.join(said)}")
+
+
+RDMA_RESOURCES = ("hca_handle", "hca_object")
+NEEDED = {"hca_handle": PROBE_HANDLES, "hca_object": PROBE_OBJECTS}
+_TOO_FEW = {
+    "hca_handle": "it cannot open the device at all (ibv_open_device fails: EAGAIN)",
+    "hca_object": f"fewer than one RC connection holds ({PROBE_OBJECTS}: a PD, a CQ, a QP and "
+    "an MR), so creating them fails (EAGAIN)",
+}
+_AT_LIMIT = {
+    "hca_handle": "its next open of the device fails",
+    "hca_object": "its next RC connection fails",
+}
 
 
 # -- MTU -------------------------------------------------------------------------------------
@@ -596,6 +805,8 @@ def _cpus(text: str | None) -> set[int] | None:
 
 
 def check_numa(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
+    proc = ctx.process
+
     def one(f: Facts):
         if f.numa_node is None:
             return SKIP, f"{f.device} has no NUMA node", None
@@ -603,6 +814,8 @@ def check_numa(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
         said = f"{f.device} on NUMA node {f.numa_node}" + (
             f" (CPUs {f.local_cpus})" if f.local_cpus else ""
         )
+        if proc is not None and f is local:
+            return _process_numa(f, proc, said, near, allowed)
         if near is None or allowed is None:
             return PASS, said, None
         if not near & allowed:
@@ -618,6 +831,33 @@ def check_numa(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
     return _finding("numa", _both(local, peer, one))
 
 
+def _process_numa(f: Facts, proc: Process, said: str, near, allowed) -> tuple:
+    """--pid's NUMA line: the process's CPUs (its Cpus_allowed_list: its affinity within its
+    cpuset) against the adapter's node's."""
+    who = proc.label
+    if allowed is None:
+        return SKIP, f"{said}; the CPUs of {who} not known", None
+    if near is None:
+        return PASS, f"{said}; {who} runs on CPUs {f.allowed_cpus}", None
+    node = f.numa_node
+    if not near & allowed:
+        return (
+            WARN,
+            f"{said}; {who} runs on CPUs {f.allowed_cpus}, none of them on node {node}",
+            f"start it on node {node} (numactl --cpunodebind={node} --membind={node} COMMAND; "
+            f"a batch job: ask its scheduler for node {node}'s cores), or move it there: "
+            f"taskset -apc {f.local_cpus} {proc.pid} (within its cpuset)",
+        )
+    if allowed <= near:
+        return PASS, f"{said}; {who} runs on CPUs {f.allowed_cpus}, all on node {node}", None
+    return (
+        PASS,
+        f"{said}; {who} runs on CPUs {f.allowed_cpus}, some on node {node}: pin it there "
+        f"(numactl -N {node})",
+        None,
+    )
+
+
 def check_peer(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
     if ctx.peer is None:
         return Finding("peer", SKIP, "no peer given: this host's side only")
@@ -626,15 +866,15 @@ def check_peer(local: Facts, peer: Facts | None, ctx: Context) -> Finding:
                        "and the probe")  # fmt: skip
     if peer is None:
         return Finding("peer", WARN, f"{ctx.peer} told nothing: {ctx.no_facts}; this side only",
-                       f"run `ibtool ping --server` on {ctx.peer}")  # fmt: skip
+                       ctx.no_facts_fix or f"run `ibtool ping --server` on {ctx.peer}")  # fmt: skip
     who = peer.hostname or ctx.peer
     said = f"{who} {peer.device}/{peer.port}, kernel {peer.kernel}, ibtool {peer.ibtool}"
     return Finding("peer", PASS, said)
 
 
-CHECKS = (check_peer, check_stack, check_port, check_gid, check_roce_mode, check_memlock,
-          check_mtu, check_arp, check_route, check_udp, check_qos, check_pkey, check_pcie,
-          check_numa)  # fmt: skip
+CHECKS = (check_peer, check_stack, check_port, check_rate, check_gid, check_roce_mode,
+          check_memlock, check_mtu, check_arp, check_route, check_udp, check_qos, check_pkey,
+          check_pcie, check_numa)  # fmt: skip
 
 
 def worst(findings: Iterator[Finding]) -> Verdict:

@@ -66,9 +66,11 @@ def ipc_lock(root: str, pid: int | None = None) -> bool | None:
 
 
 def collect(host, device: str, port: int, gid_index: int | None = None,
-            pid: int | None = None) -> Facts:  # fmt: skip
+            pid: int | None = None, process=None) -> Facts:  # fmt: skip
     """The facts of `device`/`port` on `host`; `gid_index` the GID the data path uses (None:
-    the `gids --best` rule's); `pid` the process whose limits count (None: this one)."""
+    the `gids --best` rule's); `pid` the process whose limits count (None: this one);
+    `process` (ibtool.doctor.process.Process, `doctor --pid`): that process as read already,
+    whose limits and CPUs are taken instead, against its adapter's NUMA node's CPUs."""
     notes: list[str] = []
     where = f"{device}/{port}"
     values: dict[str, Any] = {
@@ -125,11 +127,16 @@ def collect(host, device: str, port: int, gid_index: int | None = None,
     roce = _read(notes, f"{where} rdma_cm defaults", lambda: host.roce_defaults(device, port))
     if roce is not None and roce.configured:
         values.update(roce_mode=roce.mode, roce_tos=roce.tos)
-    lock = _read(notes, "memlock limit", lambda: host.memlock(pid))
+    if process is None:
+        lock = _read(notes, "memlock limit", lambda: host.memlock(pid))
+        values["ipc_lock"] = ipc_lock(host.root, pid)
+    else:
+        lock = process.memlock
+        values["ipc_lock"] = process.ipc_lock
+        notes.extend(process.notes)
     if lock is not None and lock.known:
         values["memlock_soft"] = -1 if lock.soft is None else lock.soft
         values["memlock_hard"] = -1 if lock.hard is None else lock.hard
-    values["ipc_lock"] = ipc_lock(host.root, pid)
     if host.stack_captured():
         values["modules"] = tuple(m for m in MODULES if host.module_loaded(m)[0])
         uverbs = host.uverbs_devices().get(device)
@@ -152,7 +159,16 @@ def collect(host, device: str, port: int, gid_index: int | None = None,
     numa = _read(notes, f"{device} NUMA node", lambda: host.numa(device))
     if numa is not None:
         values.update(numa_node=numa.node, local_cpus=cpu_list(numa.local_cpus))
-    values["allowed_cpus"] = cpu_list(_read(notes, "CPU affinity", lambda: host.allowed_cpus(pid)))
+    if process is None:
+        cpus = _read(notes, "CPU affinity", lambda: host.allowed_cpus(pid))
+        values["allowed_cpus"] = cpu_list(cpus)
+    else:
+        values["allowed_cpus"] = cpu_list(process.cpus)
+        node = values.get("numa_node")
+        if node is not None:  # the node's CPUs, where sysfs lists them (the same set, online)
+            cpus = _read(notes, f"NUMA node {node} CPUs", lambda: node_cpus(host, node))
+            if cpus is not None:
+                values["local_cpus"] = cpu_list(cpus)
     if host.live:
         rules = _read(notes, "netfilter rules", lambda: host.udp_filters(4791))
         if rules is not None:
@@ -168,6 +184,17 @@ _PROVIDERS = {"mlx5_core": "mlx5", "mlx4_core": "mlx4", "rdma_rxe": "rxe", "rxe"
               "bnxt_re": "bnxt_re", "hfi1": "hfi1verbs", "ib_qib": "ipathverbs",
               "qedr": "qedr", "efa": "efa", "cxgb4": "cxgb4", "vmw_pvrdma": "vmw_pvrdma",
               "hns3": "hns", "erdma": "erdma", "mana": "mana", "ocrdma": "ocrdma"}  # fmt: skip
+
+
+def node_cpus(host, node: int) -> frozenset[int] | None:
+    """The CPUs of NUMA node `node`, its cpulist ("%*pbl": Documentation/ABI/stable/
+    sysfs-devices-node), read bounded under the host's root; None when it is not there."""
+    from ibtool.sources.sysfs.pci import parse_cpulist
+    from ibtool.sources.sysfs.rooted import RootedFiles
+
+    files = RootedFiles(host.root, host.warn)
+    path = files.path("sys/devices/system/node", f"node{node}", "cpulist")
+    return files.parsed(path, parse_cpulist, required=False)
 
 
 def _active_mtu(host, device: str, port: int) -> int | None:

@@ -3,11 +3,17 @@ kernel's routing shows, the checklist, and the probe at the end.
 
 Nothing here changes either host: the facts are read, the peer is asked on a connection that
 builds nothing, and the probe's QPs are destroyed before the run ends.
+
+The peer is asked first, and answers while this end reads its own facts: its server reads its
+facts anew for each query, which takes seconds on a slow host (an emulated one), and it has
+the whole --timeout from the question for it; this end waits for what is left of that.
 """
 
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from dataclasses import dataclass, field
 
 from ibtool.doctor.checks import Context, run_checks
@@ -29,6 +35,7 @@ class Options:
     size: int = 64
     timeout: float = 2.0
     probe: bool = True
+    pid: int | None = None  # the process whose limits, cgroup and CPUs count (None: doctor's)
 
 
 @dataclass
@@ -37,19 +44,23 @@ class Report:
     peer: Facts | None
     findings: list[Finding] = field(default_factory=list)
     peer_address: str | None = None
+    process: object | None = None  # ibtool.doctor.process.Process, with --pid
 
     @property
     def verdict(self) -> Verdict:
         return Verdict.worst(f.verdict for f in self.findings)
 
     def to_json(self) -> dict:
-        return {
+        data = {
             "status": self.verdict.value,
             "peer": self.peer_address,
             "checks": [f.to_json() for f in self.findings],
             "local": self.local.to_json(),
             "remote": self.peer.to_json() if self.peer is not None else None,
         }
+        if self.process is not None:
+            data["process"] = self.process.to_json()
+        return data
 
 
 def resolve(peer: str) -> str:
@@ -78,20 +89,66 @@ def pick_port(host, selector: str | None, route_dev: str | None) -> tuple[str, i
     return chosen.device, chosen.port
 
 
-def ask_peer(opts: Options) -> tuple[Facts | None, str | None]:
-    """The peer's facts, or None and why not."""
-    from ibtool.rdma.ping.facts import query_facts
+class PeerQuery:
+    """The question to the peer's server, asked when made and answered in a thread of its own
+    while this end reads its facts: the peer has the whole --timeout from the question (the
+    connection, its server reading its facts, the answer), and `answer()` waits for what is
+    left of it. Nothing is built on either side: the connection carries one query and one
+    answer (ibtool.rdma.ping.facts)."""
 
-    if opts.compat:
-        return None, f"a stock {opts.compat} peer has no facts to tell"
-    try:
-        data = query_facts(opts.peer, opts.tcp_port, opts.timeout)
-    except IbtoolError as e:
-        return None, e.message
-    try:
-        return Facts.from_wire(data), None
-    except ValueError as e:
-        return None, f"its facts are unusable: {e}"
+    def __init__(self, opts: Options):
+        self.opts = opts
+        self.asked = time.monotonic()
+        self.result: tuple[Facts | None, str | None, str | None] | None = None
+        self.thread: threading.Thread | None = None
+        if opts.compat:
+            self.result = (None, f"a stock {opts.compat} peer has no facts to tell", None)
+            return
+        self.thread = threading.Thread(target=self._ask, name="doctor-peer", daemon=True)
+        self.thread.start()
+
+    def _ask(self) -> None:
+        from ibtool.rdma.ping.facts import query_facts
+
+        opts = self.opts
+        try:
+            data = query_facts(opts.peer, opts.tcp_port, opts.timeout)
+        except IbtoolError as e:
+            self.result = (None, *self._why(e))
+            return
+        except Exception as e:  # a thread must tell its end, whatever it is
+            self.result = (None, f"{type(e).__name__}: {e}", None)
+            return
+        try:
+            self.result = (Facts.from_wire(data), None, None)
+        except ValueError as e:
+            self.result = (None, f"its facts are unusable: {e}", None)
+
+    def _why(self, e: IbtoolError) -> tuple[str, str | None]:
+        """Why no facts came, and the fix when it is not "start a server": a server that
+        took the whole --timeout without answering (it was reached: its connection is
+        not what failed, which would carry a hint) is slow, not missing."""
+        took = time.monotonic() - self.asked
+        if e.hint is None and took >= self.opts.timeout * 0.9 and "timed out" in e.message:
+            t = f"{self.opts.timeout:g}"
+            return (
+                f"{self.opts.peer}:{self.opts.tcp_port} took the question but answered nothing "
+                f"within --timeout ({t} s)",
+                f"give its server longer: --timeout {max(10, 4 * self.opts.timeout):g} (it reads "
+                "its facts anew for each query: seconds on a slow or emulated host)",
+            )
+        return e.message, None
+
+    def answer(self) -> tuple[Facts | None, str | None, str | None]:
+        """(facts, why not, what to do about it) once the peer answered or its time is up."""
+        if self.thread is not None:
+            # query_facts keeps to its deadline; the margin is for the thread's own end
+            left = self.asked + self.opts.timeout - time.monotonic()
+            self.thread.join(max(left, 0.0) + 1.0)
+        if self.result is None:
+            t = f"{self.opts.timeout:g}"
+            return None, f"no answer within --timeout ({t} s)", None
+        return self.result
 
 
 def _route(host, destination: str | None, source: str | None = None):
@@ -110,7 +167,11 @@ def _same_family(a: str | None, b: str | None) -> bool:
 
 
 def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
+    from ibtool.doctor import process as proc
+
+    opened = proc.open_process(host, opts.pid) if opts.pid is not None else None
     peer_ip = resolve(opts.peer) if opts.peer else None
+    query = PeerQuery(opts) if opts.peer else None  # answered while this end reads its own
     first_route = None
     if peer_ip is not None and host.live:
         try:
@@ -118,10 +179,12 @@ def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
         except (IbtoolError, OSError) as e:
             warn(f"route to {peer_ip}: {getattr(e, 'message', None) or e}")
     device, port = pick_port(host, selector, first_route.dev if first_route else None)
-    local = collect(host, device, port, opts.gid_index)
-    peer, no_facts = (None, None)
-    if opts.peer:
-        peer, no_facts = ask_peer(opts)
+    process = proc.read_process(host, opts.pid, *opened) if opened is not None else None
+    local = collect(host, device, port, opts.gid_index, process=process)
+    link, link_why = _link(host, local)
+    peer, no_facts, no_facts_fix = (None, None, None)
+    if query is not None:
+        peer, no_facts, no_facts_fix = query.answer()
     # The RDMA path goes to the peer's GID address, which may not be the one we asked.
     target = peer_ip
     if peer is not None and peer.gid_index is not None:
@@ -145,11 +208,32 @@ def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
             siblings = same_subnet(netdev, ipv4_addresses())
         except (OSError, ImportError, ValueError) as e:
             warn(f"IPv4 addresses not read: {e}")
-    ctx = Context(opts.peer, peer_ip, route, no_facts, opts.tclass, opts.compat, siblings)
-    report = Report(local, peer, run_checks(local, peer, ctx), opts.peer)
+    ctx = Context(opts.peer, peer_ip, route, no_facts, opts.tclass, opts.compat, siblings,
+                  no_facts_fix=no_facts_fix, process=process, link=link,
+                  link_why=link_why)  # fmt: skip
+    report = Report(local, peer, run_checks(local, peer, ctx), opts.peer, process)
     if opts.peer and opts.probe:
         report.findings.extend(_probe(local, peer, opts))
     return report
+
+
+def _link(host, local: Facts):
+    """The link modes of this end's netdev (Ethernet ports), or None and why not."""
+    from ibtool.doctor import link
+
+    netdev = local.netdev
+    if local.link_layer != "Ethernet" or local.state != "ACTIVE":
+        return None, None
+    if not netdev:
+        return None, "no netdev: its link modes not known"
+    if not host.live or host.root != "/":
+        return None, f"{netdev}'s supported link modes need the running kernel (ethtool)"
+    try:
+        return link.link_settings(netdev), None
+    except OSError as e:
+        return None, f"{netdev}'s link modes not known (ethtool: {e.strerror or e})"
+    except ValueError as e:
+        return None, f"{netdev}'s link modes not known ({e})"
 
 
 def _path_mtu(local: Facts, peer: Facts | None) -> int | None:

@@ -31,6 +31,9 @@ def test_mlx5_roce_trained_down_on_its_slot(tmp_path):
     assert got["numa"][0] == "PASS" and "NUMA node 0 (CPUs 0-15,32-47)" in got["numa"][1]
     assert got["pkey"] == ("PASS", "P_Key 0xffff (full) at index 0 of 1")
     assert got["route"][0] == got["udp4791"][0] == got["peer"][0] == "SKIP"
+    # a capture has no ethtool to ask what the netdev supports
+    assert got["rate"] == ("SKIP", "mlx5_0/1 at 100 Gb/sec (4X EDR); enp3s0f0's supported link "
+                                   "modes need the running kernel (ethtool)")  # fmt: skip
     local = r.json["local"]
     assert local["driver"] == "mlx5_core" and local["netdev_mtu"] == 9000
     assert local["pci"][0] == {"bdf": "0000:03:00.0", "speed": "8.0 GT/s PCIe", "width": 8,
@@ -45,6 +48,7 @@ def test_hfi1_opa_an_infiniband_port_skips_what_only_ip_has(tmp_path):
     for check in ("gid", "roce_mode", "arp", "route", "udp4791", "qos"):
         assert got[check][0] == "SKIP" and got[check][1].startswith("InfiniBand port"), check
     assert got["port"] == ("PASS", "hfi1_0/1 ACTIVE, LINK_UP, 100 Gb/sec (4X EDR)")
+    assert got["rate"][0] == "SKIP" and "its maximum is not known here" in got["rate"][1]
     assert got["pkey"] == ("PASS", "P_Key 0x8001 (full) at index 0 of 2")
     assert got["pcie"] == ("PASS", "0000:81:00.0 8.0 GT/s PCIe x16 (its maximum)")
     assert got["memlock"][0] == "PASS" and "8 MiB" in got["memlock"][1]
@@ -68,8 +72,8 @@ def test_the_text_checklist_is_one_line_a_check_and_a_status(tmp_path, tree):
     assert lines[0].startswith("doctor: ")
     assert lines[-1].startswith("status: ")
     checks = [x.split()[1] for x in lines[1:-1] if not x.startswith(" ")]
-    assert checks == ["peer", "stack", "port", "gid", "roce_mode", "memlock", "mtu", "arp",
-                      "route", "udp4791", "qos", "pkey", "pcie", "numa"]  # fmt: skip
+    assert checks == ["peer", "stack", "port", "rate", "gid", "roce_mode", "memlock", "mtu",
+                      "arp", "route", "udp4791", "qos", "pkey", "pcie", "numa"]  # fmt: skip
 
 
 def test_a_peer_under_root_is_a_usage_free_skip_of_what_needs_the_kernel(tmp_path):
