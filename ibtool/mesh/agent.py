@@ -51,6 +51,35 @@ def _ipv4() -> list[tuple[str, str, int]]:
         return []
 
 
+def side_address(env=os.environ) -> str | None:
+    """This node's management address, where the side channel of an InfiniBand port with no
+    IPoIB address goes (as ibv_rc_pingpong's TCP exchange does: the RDMA itself goes by LID):
+    the address ssh reached this node on (SSH_CONNECTION's third field), else the one this
+    node reaches srun's launching node from (SLURM_LAUNCH_NODE_IPADDR), else its host name's
+    address; None when none is known or it is a loopback one."""
+    found = None
+    said = env.get("SSH_CONNECTION", "").split()
+    if len(said) == 4:
+        found = said[2]
+    elif env.get("SLURM_LAUNCH_NODE_IPADDR"):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((env["SLURM_LAUNCH_NODE_IPADDR"], 9))  # no packet: a route lookup
+                found = s.getsockname()[0]
+        except (OSError, ValueError):
+            found = None
+    else:
+        try:
+            found = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            found = None
+    try:
+        ip = ipaddress.ip_address(found or "")
+    except ValueError:
+        return None
+    return None if ip.is_loopback or ip.is_unspecified or ip.is_link_local else str(ip)
+
+
 class PortChoice:
     """Which ports of this node are endpoints (`ibtool mesh --dev`, `--exclude`): DEV or
     DEV/PORT shell patterns (fnmatch), every port when no --dev is given."""
@@ -78,13 +107,17 @@ def local_endpoints(
     addresses: Callable[[], list] = _ipv4,
     chosen: PortChoice | None = None,
     gid_index: int | None = None,
+    side: Callable[[], str | None] = side_address,
 ) -> list[dict[str, Any]]:
     """Every RDMA port of this host, in (device, port) order as a person counts (mlx5_2
     before mlx5_10, as the kernel numbers them): its rank is its rail. A RoCE
     port's address is its GID's (`gid_index`'s, else the --best rule's); an InfiniBand
     port's, its IPoIB netdev's first IPv4 address (`addresses`: every (netdev, address,
-    prefix) of the host)."""
+    prefix) of the host), else, with no IPoIB address, the node's management address
+    (`side`), on a TCP port of its own ("tcp_port": the mesh's + 1 + its rank among them):
+    the RDMA goes by LID all the same."""
     out = []
+    sides = 0
     ipv4: list | None = None
     firmware: dict[str, str | None] = {}
     for p in sorted(host.ports(), key=lambda p: (natural_key(p.device), p.port)):
@@ -116,6 +149,12 @@ def local_endpoints(
                 "an IPv4 or a global IPv6 address"
             )
             address = None
+        tcp_port = None
+        if address is None and problem is None and link == "InfiniBand":
+            address = side()
+            if address is not None:
+                sides += 1
+                tcp_port = sides  # the mesh's port + this (the coordinator knows the base)
         if address is None and problem is None:
             problem = f"no IP address on {p.netdev or 'its netdev'} to serve pings on"
         if p.device not in firmware:
@@ -136,7 +175,8 @@ def local_endpoints(
                 "problem": problem if state == "ACTIVE" else None,
                 "rate": p.rate.text if p.rate else None,
                 "fw": firmware[p.device],
-                "prefix": prefix,
+                "prefix": None if tcp_port else prefix,
+                **({"side": tcp_port} if tcp_port else {}),
             }
         )
     return out
@@ -198,14 +238,14 @@ class Server:
     endpoint; in one process they would take turns at the interpreter's lock, and every
     round trip would carry those turns (milliseconds, not microseconds)."""
 
-    def __init__(self, ep: dict, plan: dict, addresses: list[str], warn):
+    def __init__(self, ep: dict, plan: dict, addresses: list[str], warn, port: int | None = None):
         # In a round an endpoint serves one partner (two with --all-rails' odd groups), with
         # its --qps connections and the full-payload and --bw ones: room for them, and more
         qps = plan.get("qps", 1)
         path = plan.get("path", {})
         argv = [sys.executable, "-m", "ibtool", "ping", "--server",
                 "--dev", f"{ep['device']}/{ep['port']}", "--bind", ep["address"],
-                "--port", str(plan["tcp_port"]), "--no-facts",
+                "--port", str(port or plan["tcp_port"]), "--no-facts",
                 "--max-sessions", str(max(8, 2 * (qps + 2))),
                 "--qp-timeout", str(plan.get("qp_timeout", 14)),
                 "--max-per-source", str(max(4, qps + 2)), "--idle-timeout", "600",
@@ -346,6 +386,7 @@ class Agent:
         eps = plan["endpoints"]
         self.plan, self.mine = plan, mine
         self.addresses = [e[2] for e in eps]
+        self.ports = [e[4] if len(e) == 5 else plan["tcp_port"] for e in eps]
         self.up = [bool(e[3]) for e in eps]
         self.skip: set[int] = set()
         sched = plan["schedule"]
@@ -373,7 +414,7 @@ class Agent:
             if mtu:
                 mtus[str(k)] = mtu
             try:
-                server = Server(ep, self.plan, self.addresses, self.warn)
+                server = Server(ep, self.plan, self.addresses, self.warn, self.ports[i])
             except OSError as e:
                 problems[str(k)] = f"cannot start its ping server: {e.strerror or e}"
                 continue
@@ -488,7 +529,9 @@ class Agent:
                 return f"not probed: {what} is down or has no agent"
         if i not in self.ladders:
             return "not probed: this end has no verbs context"
-        if d in self.own:
+        if d in self.own and all(
+            self.mine[self.own[e]]["link_layer"] == "Ethernet" for e in (i, d)
+        ):  # two RoCE ports of this host (InfiniBand goes by LID, not by the kernel's routes)
             return self._looped(i, d)
         return None
 
@@ -514,7 +557,7 @@ class Agent:
 
     def _pair(self, i: int, d: int, results: list, lock: threading.Lock) -> None:
         row = probe(self.ladders[i], self.clocks.get(i), self.addresses[i], self.addresses[d],
-                    self.plan, self.stop)  # fmt: skip
+                    self.plan, self.stop, self.ports[d])  # fmt: skip
         with lock:
             results.append([i, d, *row])
 
@@ -614,8 +657,9 @@ class _Series:
     share run whole before the next, every QP kept until the end so that no two share a
     number."""
 
-    def __init__(self, ladder, source: str, target: str, plan: dict, path, stop):
+    def __init__(self, ladder, source: str, target: str, plan: dict, path, stop, port=None):
         self.ladder, self.source, self.target = ladder, source, target
+        self.port = port or plan["tcp_port"]  # the target's server's
         self.plan, self.path, self.stop = plan, path, stop
         self.sent = self.received = 0
         self.rtts: list[float] = []
@@ -635,7 +679,7 @@ class _Series:
                 if not share or self.stop.is_set():
                     break
                 try:
-                    client = Client(self.ladder, self.target, self.plan["tcp_port"], size,
+                    client = Client(self.ladder, self.target, self.port, size,
                                     mode, timeout, self.path, hw=hw, source=self.source,
                                     connect_timeout=timeout)  # fmt: skip
                 except IbtoolError as e:
@@ -699,7 +743,9 @@ class _Series:
         return sum(1 for n in self.answered if not n)
 
 
-def probe(ladder, hw, source: str, target: str, plan: dict, stop: threading.Event) -> list:
+def probe(
+    ladder, hw, source: str, target: str, plan: dict, stop: threading.Event, port=None
+) -> list:
     """One pair: `count` pings from `source` to the server at `target`, at most `rate` a
     second, over `qps` QPs, until `stop` is set; then, if every one was answered, `full`
     pings of the path MTU's full payload, and with `bw` an RDMA WRITE burst.
@@ -712,7 +758,7 @@ def probe(ladder, hw, source: str, target: str, plan: dict, stop: threading.Even
                     pkey_index=p.get("pkey_index", 0),
                     ack_timeout=plan.get("qp_timeout", 14))  # fmt: skip
     qps = plan.get("qps", 1)
-    main = _Series(ladder, source, target, plan, path, stop)
+    main = _Series(ladder, source, target, plan, path, stop, port)
     main.run(plan["size"], wire.MODES[plan["mode"]], plan["count"], 1.0 / plan["rate"], hw, qps)
     extra: dict[str, Any] = {}
     errors = main.errors
@@ -727,7 +773,7 @@ def probe(ladder, hw, source: str, target: str, plan: dict, stop: threading.Even
     whole = main.sent and main.received == main.sent and not stop.is_set()
     mtu = MTU_BYTES.get(getattr(ladder.port_attr, "active_mtu", None))
     if whole and plan.get("full", 0) and mtu:
-        full = _Series(ladder, source, target, plan, path, stop)
+        full = _Series(ladder, source, target, plan, path, stop, port)
         full.run(mtu, wire.Mode.SEND, plan["full"], 0.0)
         if full.sent:
             extra["full"] = [mtu, full.sent, full.received]
@@ -737,7 +783,7 @@ def probe(ladder, hw, source: str, target: str, plan: dict, stop: threading.Even
                     f"an MTU of {mtu}) answered: {full.errors[-1] if full.errors else 'lost'}"
                 )
     if whole and plan.get("bw") and not stop.is_set():
-        burst = _Series(ladder, source, target, plan, path, stop)
+        burst = _Series(ladder, source, target, plan, path, stop, port)
         burst.run(protocol.BW_SIZE, wire.Mode.WRITE_IMM, protocol.BW_PINGS, 0.0)
         if burst.received == burst.sent == protocol.BW_PINGS:
             rtt = quantile(sorted(burst.rtts[1:]), 0.5)

@@ -731,7 +731,8 @@ def _next_for(eps: list[Endpoint], e: int, avoid: set[int]) -> tuple[str, ...]:
 
 def _next_pair(eps: list[Endpoint], a: int, b: int) -> tuple[str, ...]:
     ea, eb = eps[a], eps[b]
+    port = f" --port {eb.tcp_port}" if eb.tcp_port else ""  # a side address: its own port
     return (
-        f"on {eb.node}: ibtool ping --server --dev {eb.device}/{eb.port}",
-        f"on {ea.node}: ibtool doctor --dev {ea.device}/{ea.port} {eb.address}",
+        f"on {eb.node}: ibtool ping --server --dev {eb.device}/{eb.port}{port}",
+        f"on {ea.node}: ibtool doctor --dev {ea.device}/{ea.port}{port} {eb.address}",
     )

@@ -19,7 +19,8 @@ is what every engine carries. An agent says:
 
 and the coordinator, to every agent at once (srun and ClusterShell broadcast stdin):
 
-  plan    every endpoint (agent id, its index there, address, up), the schedule, the
+  plan    every endpoint (agent id, its index there, address, up, and its server's TCP
+          port where it is not the mesh's: a side address), the schedule, the
           pings and the path (`path`: sl, tclass, pkey_index; `full`, `qps`, `bw`)
   round   run round R; `skip`: endpoints found dead since the plan
   retry   after the last round, probe `pairs` ([src, dst]) again: those that lost pings
@@ -217,6 +218,9 @@ def _hello_endpoint(e: Any) -> dict[str, Any]:
         "fw": _short(e.get("fw"), "hello: firmware"),
         # optional too: the prefix length of its address on its netdev (rails by subnet)
         "prefix": None if e.get("prefix") is None else _int(e["prefix"], 0, 128, "hello: prefix"),
+        # an InfiniBand port without IPoIB: its address is the node's management one, its
+        # server on the mesh's TCP port + this
+        "side": None if e.get("side") is None else _int(e["side"], 1, MAX_ENDPOINTS, "hello: side"),
     }
 
 
@@ -319,7 +323,10 @@ def plan_message(
         {
             "t": "plan",
             "v": VERSION,
-            "endpoints": [[aid, k, e.address or "", e.up] for (aid, k), e in zip(ids, endpoints)],
+            "endpoints": [
+                [aid, k, e.address or "", e.up, *([e.tcp_port] if e.tcp_port else [])]
+                for (aid, k), e in zip(ids, endpoints)
+            ],
             "schedule": schedule.to_wire(),
             "count": settings.count,
             "size": settings.size,
@@ -353,9 +360,11 @@ def parse_coordinator(line: str | bytes) -> dict[str, Any]:
         if not isinstance(eps, list):
             raise AgentError("plan: no endpoints")
         for e in eps:
-            if not (isinstance(e, list) and len(e) == 4 and isinstance(e[0], str)):
-                raise AgentError("plan: an endpoint not [id, index, address, up]")
+            if not (isinstance(e, list) and len(e) in (4, 5) and isinstance(e[0], str)):
+                raise AgentError("plan: an endpoint not [id, index, address, up(, port)]")
             _int(e[1], 0, MAX_ENDPOINTS - 1, "plan: index")
+            if len(e) == 5:
+                _int(e[4], 1, 65535, "plan: endpoint's port")
             if e[2]:
                 _address(e[2])
         sched = msg.get("schedule")

@@ -282,15 +282,19 @@ class Coordinator:
         )
         endpoints, ids = [], []
         self._prefixes: list[int | None] = []
-        seen: dict[str, str] = {}
+        seen: dict[tuple[str, int | None], str] = {}
         for node in nodes:
             for k, e in enumerate(node.hello["endpoints"]):
                 problem = e["problem"]
                 address = e["address"] or ""
-                if address and address in seen:
-                    problem = f"its address {address} is also {seen[address]}'s"
+                port = self.o.tcp_port + e["side"] if e.get("side") else None
+                if port is not None and port > 65535:
+                    port, problem = None, "no TCP port left for its side channel"
+                where = (address, port)
+                if address and where in seen:
+                    problem = f"its address {address} is also {seen[where]}'s"
                 elif address:
-                    seen[address] = f"{node.name}/{e['device']}/{e['port']}"
+                    seen[where] = f"{node.name}/{e['device']}/{e['port']}"
                 node.endpoints.append(len(endpoints))
                 node.mine.add(len(endpoints))
                 endpoints.append(
@@ -307,6 +311,7 @@ class Coordinator:
                         problem,
                         e.get("rate"),
                         e.get("fw"),
+                        tcp_port=port,
                     )  # fmt: skip
                 )
                 ids.append((node.agent, k))

@@ -571,6 +571,7 @@ def endpoint_json(e) -> dict:
         "fw": e.fw,
         "active_mtu": e.mtu,
         "busy_retrans_per_s": None if e.busy is None else round(e.busy, 3),
+        "tcp_port": e.tcp_port,
     }
 
 

@@ -163,8 +163,8 @@ class FakeCluster(Engine):
         self.plan = plan
         eps = plan["endpoints"]
         by_id = {v: k for k, v in self.ids.items()}
-        self.names = [f"{by_id[aid]}/rxe{self.devs[by_id[aid]][k]}/1" for aid, k, _, _ in eps]
-        self.node_of = [by_id[aid] for aid, _, _, _ in eps]
+        self.names = [f"{by_id[e[0]]}/rxe{self.devs[by_id[e[0]]][e[1]]}/1" for e in eps]
+        self.node_of = [by_id[e[0]] for e in eps]
         self.up = [e[3] for e in eps]
         s = plan["schedule"]
         schedule = Schedule(

@@ -676,6 +676,7 @@ def test_an_agent_does_not_probe_two_of_its_ports_the_kernel_loops_through_lo(tm
     agent.addresses = ["10.99.0.1", "10.99.0.2", "10.99.0.3"]
     agent.up, agent.skip = [True] * 3, set()
     agent.own, agent.ladders = {0: 0, 1: 1, 2: 2}, {0: 1, 1: 1, 2: 1}
+    agent.mine = [{"link_layer": "Ethernet"}] * 3
     assert agent._unusable(0, 1) == (
         "not probed: the kernel routes 10.99.0.2, this host's own, through lo from 10.99.0.1"
     )
@@ -810,3 +811,30 @@ def test_no_retry_when_more_pairs_lost_than_a_stall_explains():
     assert len([p for p in result.pairs if p.received < p.sent]) > RETRY_MAX
     assert cluster.retried == [] and result.retried == (0, 0)
     assert not any("retrying" in line for line in said)
+
+
+def test_side_channel_endpoints_share_an_address_on_ports_of_their_own():
+    """Two InfiniBand ports of each node without IPoIB: both on the node's management address,
+    the mesh's TCP port + 1 and + 2, no duplicate-address problem; the plan carries the
+    ports, and a verdict's next commands name them."""
+    cluster = FakeCluster(4, 2, drift={f"node{i:04d}": {"side": None} for i in range(1, 5)})
+    for i, node in enumerate(cluster.nodes):
+        for k in range(2):
+            cluster.drift[f"{node}/rxe{k}/1"] = {
+                "address": f"10.78.0.{i + 1}",
+                "side": k + 1,
+                "link_layer": "InfiniBand",
+                "prefix": None,
+            }
+    cluster.down = {"node0002/rxe1/1"}
+    result, _ = _run(cluster, tcp_port=18521)
+    ports = {e.name: (e.address, e.tcp_port, e.problem) for e in result.endpoints}
+    assert ports["node0001/rxe0/1"] == ("10.78.0.1", 18522, None)
+    assert ports["node0001/rxe1/1"] == ("10.78.0.1", 18523, None)
+    assert [e[4] for e in cluster.plan["endpoints"]][:2] == [18522, 18523]
+    (v,) = result.verdicts
+    assert v.subject == "node0002/rxe1/1"
+    assert v.next == (
+        "on node0001: ibtool ping --server --dev rxe1/1 --port 18523",
+        "on node0002: ibtool doctor --dev rxe1/1 --port 18523 10.78.0.1",
+    )

@@ -122,7 +122,7 @@ def test_an_end_or_eof_mid_round_stops_the_pings_in_flight(tmp_path, monkeypatch
 
     started, stopped = threading.Event(), []
 
-    def probe(ladder, hw, source, target, plan, stop):
+    def probe(ladder, hw, source, target, plan, stop, port=None):
         started.set()
         stop.wait(60)  # a long pair: 100,000 pings at 20 a second
         stopped.append(stop.is_set())
@@ -131,6 +131,7 @@ def test_an_end_or_eof_mid_round_stops_the_pings_in_flight(tmp_path, monkeypatch
     def setup(self, plan, mine):
         self.plan, self.mine = plan, mine
         self.addresses, self.up, self.skip = ["10.0.0.1", "10.0.0.2"], [True, True], set()
+        self.ports = [18521, 18521]
         self.partners = Partners(Schedule({"rail 0": (0, 1)}, {"rail 0": (1,)}), 2)
         self.own = {0: 0}
         self.ladders = {0: object()}
@@ -320,3 +321,26 @@ def test_a_pair_s_extras_are_checked(extra):
     pair = [0, 1, 1, 20, 20, 1.0, 1.0, 1.0, False, None, extra]
     with pytest.raises(protocol.AgentError):
         protocol.parse_agent(json.dumps({"t": "result", "r": 0, "pairs": [pair]}))
+
+
+def test_an_infiniband_port_without_ipoib_talks_over_the_management_address(tmp_path):
+    """As ibv_rc_pingpong: the TCP exchange over any address that reaches the node, the RDMA
+    by LID. Each such port of a node gets a TCP port of its own on that one address."""
+    from ibtool.mesh.agent import side_address
+
+    up, down = local_endpoints(_host("mlx5_ib_hca", tmp_path), lambda: [],
+                               side=lambda: "10.78.0.3")  # fmt: skip
+    assert (up["address"], up["side"], up["problem"], up["prefix"]) == ("10.78.0.3", 1, None, None)
+    hello = {"t": "hello", "v": 1, "id": "0" * 16, "node": "n1", "endpoints": [up, down]}
+    assert protocol.parse_agent(json.dumps(hello))["endpoints"][0]["side"] == 1
+    # with an IPoIB address, that one, as before
+    ipoib = [("ib0", "10.9.0.7", 16)]
+    (up, _) = local_endpoints(_host("mlx5_ib_hca", tmp_path / "2"), lambda: ipoib,
+                              side=lambda: "10.78.0.3")  # fmt: skip
+    assert (up["address"], "side" in up) == ("10.9.0.7", False)
+    # no side address known: the port's problem says why
+    (up, _) = local_endpoints(_host("mlx5_ib_hca", tmp_path / "3"), lambda: [], side=lambda: None)
+    assert up["address"] is None and up["problem"].startswith("no IP address on ib0")
+    assert side_address({"SSH_CONNECTION": "10.78.0.1 40000 10.78.0.3 22"}) == "10.78.0.3"
+    assert side_address({"SSH_CONNECTION": "::1 40000 ::1 22"}) is None  # loopback: no use
+    assert side_address({"SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1"}) is None
