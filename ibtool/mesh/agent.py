@@ -119,7 +119,8 @@ def local_endpoints(
     out = []
     sides = 0
     ipv4: list | None = None
-    firmware: dict[str, str | None] = {}
+    facts: dict[str, tuple[str | None, str | None]] = {}  # device -> (firmware, driver)
+    kernel = host.kernel_release()
     for p in sorted(host.ports(), key=lambda p: (natural_key(p.device), p.port)):
         if chosen is not None and not chosen(p.device, p.port):
             continue
@@ -157,8 +158,9 @@ def local_endpoints(
                 tcp_port = sides  # the mesh's port + this (the coordinator knows the base)
         if address is None and problem is None:
             problem = f"no IP address on {p.netdev or 'its netdev'} to serve pings on"
-        if p.device not in firmware:
-            firmware[p.device] = _firmware(host, p.device)
+        if p.device not in facts:
+            facts[p.device] = _device_facts(host, p.device)
+        pfc, trust = _dcb(host, p.netdev) if link == "Ethernet" else (None, None)
         prefix = None
         if address and ":" not in address:  # its subnet, for rails keyed by it
             ipv4 = addresses() if ipv4 is None else ipv4
@@ -174,7 +176,11 @@ def local_endpoints(
                 "hw": False,
                 "problem": problem if state == "ACTIVE" else None,
                 "rate": p.rate.text if p.rate else None,
-                "fw": firmware[p.device],
+                "fw": facts[p.device][0],
+                "driver": facts[p.device][1],
+                "kernel": kernel,
+                **({"pfc": pfc} if pfc is not None else {}),
+                **({"trust": trust} if trust is not None else {}),
                 "prefix": None if tcp_port else prefix,
                 **({"side": tcp_port} if tcp_port else {}),
             }
@@ -182,13 +188,29 @@ def local_endpoints(
     return out
 
 
-def _firmware(host, device: str) -> str | None:
-    """The device's firmware version, None where it cannot be read (a warning said why)."""
+def _device_facts(host, device: str) -> tuple[str | None, str | None]:
+    """The device's firmware version and driver, None where they cannot be read (a warning
+    said why)."""
     try:
         (found,) = host.devices(device)
     except (IbtoolError, ValueError):
-        return None
-    return found.fw_ver
+        return None, None
+    return found.fw_ver, found.driver
+
+
+def _dcb(host, netdev: str | None) -> tuple[str | None, str | None]:
+    """A RoCE netdev's PFC priorities ("3", "3,4", "none") and what it trusts ("dscp",
+    "pcp,dscp"), None where the kernel or the driver does not say (veth, rxe's netdevs)."""
+    if not netdev:
+        return None, None
+    try:
+        dcb = host.dcb(netdev)
+    except (IbtoolError, OSError):
+        return None, None
+    if dcb is None:
+        return None, None
+    pfc = ",".join(str(p) for p in sorted(dcb.pfc_enabled)) or "none"
+    return pfc, None if dcb.trust is None else ",".join(dcb.trust)
 
 
 class Lines:

@@ -343,6 +343,10 @@ DRIFT = (
     ("mtu", "active MTU"),
     ("rate", "rate"),
     ("fw", "firmware"),
+    ("driver", "driver"),
+    ("kernel", "kernel"),
+    ("pfc", "PFC priorities"),
+    ("trust", "DCB trust"),
 )
 DRIFT_MIN = 3  # endpoints of a group before a value can be "what the others have"
 

@@ -216,6 +216,10 @@ def _hello_endpoint(e: Any) -> dict[str, Any]:
         # optional (agents before them said neither): what the drift across a rail compares
         "rate": _short(e.get("rate"), "hello: rate"),
         "fw": _short(e.get("fw"), "hello: firmware"),
+        "driver": _short(e.get("driver"), "hello: driver"),
+        "kernel": _short(e.get("kernel"), "hello: kernel"),
+        "pfc": _short(e.get("pfc"), "hello: pfc"),
+        "trust": _short(e.get("trust"), "hello: trust"),
         # optional too: the prefix length of its address on its netdev (rails by subnet)
         "prefix": None if e.get("prefix") is None else _int(e["prefix"], 0, 128, "hello: prefix"),
         # an InfiniBand port without IPoIB: its address is the node's management one, its

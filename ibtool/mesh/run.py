@@ -312,6 +312,10 @@ class Coordinator:
                         e.get("rate"),
                         e.get("fw"),
                         tcp_port=port,
+                        driver=e.get("driver"),
+                        kernel=e.get("kernel"),
+                        pfc=e.get("pfc"),
+                        trust=e.get("trust"),
                     )  # fmt: skip
                 )
                 ids.append((node.agent, k))

@@ -70,6 +70,12 @@ class Endpoint:
     # RC retransmissions a second its port made while no agent pinged (before round 0):
     # another job's traffic; None where its agent did not say, 0.0 when quiet
     busy: float | None = None
+    # more of what should be alike across a rail: its device's kernel driver, its node's
+    # kernel release, and on RoCE its netdev's PFC priorities and DCB trust, where readable
+    driver: str | None = None
+    kernel: str | None = None
+    pfc: str | None = None
+    trust: str | None = None
     # its server's TCP port where it is not the mesh's (an InfiniBand port without IPoIB:
     # `address` is then its node's management address, shared by its other such ports)
     tcp_port: int | None = None

@@ -572,6 +572,10 @@ def endpoint_json(e) -> dict:
         "active_mtu": e.mtu,
         "busy_retrans_per_s": None if e.busy is None else round(e.busy, 3),
         "tcp_port": e.tcp_port,
+        "driver": e.driver,
+        "kernel": e.kernel,
+        "pfc": e.pfc,
+        "trust": e.trust,
     }
 
 

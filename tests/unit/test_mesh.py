@@ -280,6 +280,16 @@ def test_drift_across_a_rail_names_the_odd_one_with_what_the_others_have():
     )
     assert result.exit_code() == 1
     assert _run(FakeCluster(6, 2))[0].verdicts == []
+    # the kernel, the driver, and on RoCE PFC and DCB trust where the netdev says them
+    cluster = FakeCluster(5, 1, drift={
+        **{f"node{i:04d}": {"kernel": "6.1.0-28-amd64", "pfc": "3", "trust": "dscp",
+                            "driver": "mlx5_core"} for i in range(1, 6)},
+        "node0002/rxe0/1": {"kernel": "6.1.0-21-amd64", "pfc": "none"},
+    })  # fmt: skip
+    (v,) = _run(cluster)[0].verdicts
+    assert (v.subject, v.why) == ("node0002/rxe0/1", (
+        "kernel 6.1.0-21-amd64 where 4 of 5 on rail 0 have 6.1.0-28-amd64; "
+        "PFC priorities none where 4 of 5 on rail 0 have 3"))  # fmt: skip
 
 
 def test_a_lossy_link_under_rc_is_named_by_its_retransmissions():

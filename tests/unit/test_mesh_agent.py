@@ -22,7 +22,8 @@ def _host(name: str, tmp_path, warnings: list | None = None) -> Host:
 
 
 def test_roce_endpoint_is_its_gid_address(tmp_path):
-    (ep,) = local_endpoints(_host("mlx5_roce", tmp_path), lambda: [])
+    host = _host("mlx5_roce", tmp_path)
+    (ep,) = local_endpoints(host, lambda: [])
     assert ep == {
         "device": "mlx5_0",
         "port": 1,
@@ -34,6 +35,8 @@ def test_roce_endpoint_is_its_gid_address(tmp_path):
         "problem": None,
         "rate": "100 Gb/sec (4X EDR)",
         "fw": "22.36.1010",
+        "driver": "mlx5_core",
+        "kernel": host.kernel_release(),
         "prefix": None,  # the host's addresses (here none) say it
     }
     with_prefix = local_endpoints(
