@@ -95,15 +95,26 @@ def _group_of(schedule: Schedule, width: int) -> list[str]:
     return group_of
 
 
-def judge(result: MeshResult, schedule: Schedule, base: dict[str, Baseline]) -> None:
-    """Fill in every pair's health (result.pairs.health)."""
-    t = result.pairs
+def _limits(result: MeshResult, base: dict[str, Baseline]) -> dict[str, float]:
     factor = result.settings.slow_factor
-    group_of = _group_of(schedule, len(result.endpoints))
     limit = {}
     for g, b in base.items():
         m = b.median_us
         limit[g] = math.inf if m is None else max(m * factor, m + SLOW_FLOOR_US)
+    return limit
+
+
+def slow_limits(result: MeshResult, schedule: Schedule) -> dict[str, float]:
+    """Each group's p90 above which a pair is SLOW, on the pairs as they are now (the
+    coordinator's retry asks before the analysis)."""
+    return _limits(result, baselines(result, schedule))
+
+
+def judge(result: MeshResult, schedule: Schedule, base: dict[str, Baseline]) -> None:
+    """Fill in every pair's health (result.pairs.health)."""
+    t = result.pairs
+    group_of = _group_of(schedule, len(result.endpoints))
+    limit = _limits(result, base)
     transient = t.transient  # lost pings a retry answered whole: a stall, not judged
     for i in t.slots():
         state = t.state[i]
@@ -113,7 +124,7 @@ def judge(result: MeshResult, schedule: Schedule, base: dict[str, Baseline]) -> 
             h = Health.FAILED
         elif t.received[i] < t.sent[i] and i not in transient:
             h = Health.LOSSY
-        elif t.p90[i] > limit[group_of[i % t.width]]:  # NaN compares False: not slow
+        elif t.p90[i] > limit[group_of[i % t.width]] and i not in transient:  # NaN: False
             h = Health.SLOW
         else:
             h = Health.OK
@@ -429,6 +440,8 @@ def _retransmitting(result: MeshResult, partners: Partners, live: list[bool]) ->
     n, rounds = len(eps), partners.rounds
     if not len(t.retrans) or max(t.retrans) < 0:
         return {}  # no node told its counters
+    if result.settings.bw:
+        return {}  # the bursts fill queues: a port resends then on a healthy link
     active: list[set[int]] = [set() for _ in range(n)]
     lossy: list[set[int]] = [set() for _ in range(n)]
     counts = [0] * n

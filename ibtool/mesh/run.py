@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 
 from ibtool.errors import IbtoolError
 from ibtool.mesh import protocol, rails
-from ibtool.mesh.analysis import analyse
+from ibtool.mesh.analysis import analyse, slow_limits
 from ibtool.mesh.engines import EXIT, LINE, STDERR, Engine
 from ibtool.mesh.schedule import Partners, plan
 from ibtool.model.mesh import Endpoint, MeshResult, Pair, PairState, PairTable, Settings
 from ibtool.model.names import printable
+from ibtool.views.mesh import us
 
 START_TIMEOUT = 120.0  # s for every agent's hello (ssh, Python, the RDMA ports read)
 # Rounds in a row in which every pair with an endpoint was lost while its partners were fine
@@ -82,6 +83,13 @@ class _Node:
     stderr: list[str] = field(default_factory=list)
     endpoints: list[int] = field(default_factory=list)
     mine: set[int] = field(default_factory=set)  # the same, for lookups
+
+
+def _rounds_said(rounds: list[int]) -> str:
+    """[1, 2] as "1-2", [1, 3] as "1 and 3"."""
+    if rounds == list(range(rounds[0], rounds[-1] + 1)):
+        return f"{rounds[0]}-{rounds[-1]}"
+    return ", ".join(map(str, rounds[:-1])) + f" and {rounds[-1]}"
 
 
 def round_timeout(o: Options) -> float:
@@ -252,7 +260,7 @@ class Coordinator:
             self._ready(live, endpoints)
             self._quiet_window(live)
             self._rounds(live, endpoints, partners, table, result)
-            self._retry(live, table, result)
+            self._retry(live, table, result, schedule)
             for e, (n, ms) in self.quiet.items():
                 rate = n * 1000.0 / ms if ms else 0.0
                 endpoints[e] = dataclasses.replace(endpoints[e], busy=rate)
@@ -358,7 +366,8 @@ class Coordinator:
         told: set[int] = set()
         keys = {n.key for n in live}
         o = self.o
-        failing = [0] * len(endpoints)  # rounds in a row each endpoint failed whole
+        # the rounds (1-based) each endpoint failed whole since a pair with it was answered
+        failing: list[list[int]] = [[] for _ in endpoints]
         ends_at = None if o.deadline is None else self.clock() + o.deadline
         r = 0
         for r in range(partners.rounds):
@@ -435,16 +444,23 @@ class Coordinator:
             self.say(f"mesh: {self.stopped}")
             self._unrun(r, partners.rounds, live, set(), partners, table)
 
-    def _retry(self, live: list[_Node], table: PairTable, result: MeshResult) -> None:
-        """The pairs that lost pings, probed once more after the last round (at most
-        RETRY_MAX, RETRY_EACH a source): an end that stalled longer than a ping's timeout (a
-        busy or emulated host off its CPU) loses pings once, a broken path or port every
-        time. A retry that answers every ping makes the loss a transient, not judged; one
-        that loses again adds its count to the pair's error. Not after --deadline stopped
-        the rounds, nor for quarantined or departed endpoints."""
+    def _retry(self, live: list[_Node], table: PairTable, result: MeshResult, schedule) -> None:
+        """The pairs that lost pings or were slow (as the analysis will judge them: p90 over
+        its group's limit), probed once more after the last round (at most RETRY_MAX,
+        RETRY_EACH a source): an end that stalled (a busy or emulated host off its CPU) loses
+        or delays pings once, a broken path or port every time. A retry that answers every
+        ping, within the limit, makes the first a transient, not judged; one that fails again
+        adds its count to the pair's error. Not after --deadline stopped the rounds, nor for
+        quarantined or departed endpoints."""
         if self.stopped is not None or self.engine_done or not self.o.retry:
             return
         t = table
+        limit = slow_limits(result, schedule)
+        group_of = {e: g for g, members in schedule.groups.items() for e in members}
+
+        def slow(i: int) -> bool:  # NaN compares False: not slow
+            return t.p90[i] > limit[group_of[i % t.width]]
+
         dead = set(self.quarantined)
         for n in live:
             if n.gone:
@@ -452,7 +468,9 @@ class Coordinator:
         wanted: dict[tuple[int, int], int] = {}
         per: dict[int, int] = {}
         for i in t.slots():
-            if t.state[i] != PairState.PROBED or not t.sent[i] or t.received[i] >= t.sent[i]:
+            if t.state[i] != PairState.PROBED or not t.sent[i]:
+                continue
+            if t.received[i] >= t.sent[i] and not slow(i):
                 continue
             s, d = i % t.width, t.dst[i]
             if s in dead or d in dead or per.get(s, 0) >= RETRY_EACH:
@@ -462,7 +480,7 @@ class Coordinator:
         if not wanted or len(wanted) > RETRY_MAX:
             return  # none, or so many that they are no host's stall
         keys = {n.key for n in live if not n.gone and n.mine & {s for s, _ in wanted}}
-        self.say(f"mesh: retrying {len(wanted)} pairs that lost pings")
+        self.say(f"mesh: retrying {len(wanted)} pairs that lost pings or were slow")
         self.engine.send(protocol.dumps({"t": "retry", "pairs": [list(p) for p in wanted]}))
         answered: set[str] = set()
         whole = 0
@@ -479,18 +497,21 @@ class Coordinator:
                     return
             for p in msg["pairs"]:
                 slot = wanted[(p[0], p[1])]
-                sent, got = p[3], p[4]
-                was = t.errors.get(slot) or f"{t.received[slot]}/{t.sent[slot]} answered"
-                if p[2] == PairState.PROBED and sent and got == sent:
+                sent, got, p90 = p[3], p[4], p[6]
+                was = t.errors.get(slot) or f"{t.received[slot]}/{t.sent[slot]} answered" + (
+                    f", p90 {us(t.p90[slot])}" if slow(slot) else ""
+                )
+                fast = p90 is not None and p90 <= limit[group_of[p[0]]]
+                if p[2] == PairState.PROBED and sent and got == sent and fast:
                     whole += 1
                     t.transient.add(slot)
                     t.errors[slot] = printable(
-                        f"{was}; retried after the last round: {got}/{sent} answered (a "
-                        "stall, not the network)",
+                        f"{was}; retried after the last round: {got}/{sent} answered, p90 "
+                        f"{us(p90)} (a stall, not the network)",
                         2 * protocol.MAX_ERROR,
                     )
                 else:
-                    again = p[9] or f"{got}/{sent} answered"
+                    again = p[9] or f"{got}/{sent} answered, p90 {us(p90)}"
                     t.errors[slot] = printable(
                         f"{was}; retried after the last round: {again}", 2 * protocol.MAX_ERROR
                     )
@@ -523,8 +544,11 @@ class Coordinator:
                 return
 
     def _quarantine(self, r, endpoints, partners: Partners, table, failing, dead) -> None:
-        """Endpoints whose every pair of round r was lost while both partners were fine with
-        their other partner that round; QUARANTINE_ROUNDS such rounds in a row take one out."""
+        """Endpoints whose every pair of round r was lost while a partner was fine with its
+        other partner that round; QUARANTINE_ROUNDS such rounds take one out, unless a pair
+        with it was answered in between. A round that says nothing either way (its partners'
+        other pairs were with it too: in a small group, the middle shift) neither counts nor
+        clears."""
         t = table
 
         def lost(slot: int) -> bool:
@@ -537,20 +561,25 @@ class Coordinator:
             if e in dead:
                 continue
             d, s = partners.of(r, e), partners.by(r, e)
-            whole = d >= 0 and s >= 0 and lost(t.slot(r, e)) and lost(t.slot(r, s))
+            mine = ([t.slot(r, e)] if d >= 0 else []) + ([t.slot(r, s)] if s >= 0 else [])
+            if any(answered(x) for x in mine):
+                failing[e] = []
+                continue
+            if len(mine) < 2 or not all(lost(x) for x in mine):
+                continue
             # the partners are fine elsewhere: d's own pair, and the pair s served
-            if whole:
-                dd, ss = partners.of(r, d), partners.by(r, s)
-                whole = (dd >= 0 and dd != e and answered(t.slot(r, d))) or (
-                    ss >= 0 and ss != e and answered(t.slot(r, ss))
-                )
-            failing[e] = failing[e] + 1 if whole else 0
-            if failing[e] >= QUARANTINE_ROUNDS:
+            dd, ss = partners.of(r, d), partners.by(r, s)
+            if not (
+                (dd >= 0 and dd != e and answered(t.slot(r, d)))
+                or (ss >= 0 and ss != e and answered(t.slot(r, ss)))
+            ):
+                continue
+            failing[e].append(r + 1)
+            if len(failing[e]) >= QUARANTINE_ROUNDS:
                 said = t.errors.get(t.slot(r, e)) or t.errors.get(t.slot(r, s)) or "no reply"
-                first = r + 2 - QUARANTINE_ROUNDS
                 self.quarantined[e] = (
-                    f"quarantined after rounds {first}-{r + 1}: every pair with it lost while "
-                    f"its partners were answered by others ({said})"
+                    f"quarantined after rounds {_rounds_said(failing[e])}: every pair with it "
+                    f"lost while its partners were answered by others ({said})"
                 )
                 self.say(f"{endpoints[e].name}: {self.quarantined[e]}")
                 dead.add(e)

@@ -192,7 +192,7 @@ def test_a_smaller_mtu_on_one_node_s_link_fails_its_full_payload_pings(mesh: Mes
 def test_bw_names_a_shaped_node(mesh: Mesh, clean):
     n4 = mesh.nodes[3]
     nodeset = f"node[1-{len(mesh.nodes)}]"
-    mesh.shape(n4, "10mbit")
+    mesh.shape(n4, "4mbit")  # a quarter of what rxe carries under TCG, about 16 Mb/s
     rc, result, err = run_mesh(mesh, nodeset, "--bw", name="shaped")
     assert named(result) == {("endpoint", _endpoint(n4))}, (result["verdicts"], err)
     (v,) = result["verdicts"]
@@ -211,7 +211,8 @@ def test_a_black_holed_node_is_quarantined_and_the_mesh_bounded(mesh: Mesh, clea
     rc, result, err = run_mesh(mesh, nodeset, name="black-hole")
     assert named(result) == {("endpoint", _endpoint(n4))}, (result["verdicts"], err)
     (v,) = result["verdicts"]
-    assert v["level"] == "FAIL" and "quarantined after rounds 1-2" in v["why"], v
+    # in a group of four the middle shift says nothing of it: rounds 1 and 3 do
+    assert v["level"] == "FAIL" and "quarantined after rounds 1 and 3" in v["why"], v
     assert rc == 2
     with_it = [p for p in result["pairs"] if _endpoint(n4) in (p["src"], p["dst"])]
     assert all(p["sent"] <= 3 for p in with_it)  # abandoned, never 20 timeouts

@@ -78,8 +78,10 @@ class FakeCluster(Engine):
                  silent=(), garbage=(), dies=None, count: int = 20, resends=(),
                  jitter: bool = False, black=(), ports=None, drift=None, small_mtu=(),
                  shaped=None, ecmp=(), dscp=(), looped=(), busy=None,
-                 quiet: bool = True, missing=None, prefix=None, flaky=()):  # fmt: skip
+                 quiet: bool = True, missing=None, prefix=None, flaky=(),
+                 stalled: bool = False):  # fmt: skip
         super().__init__()
+        self.stalled = stalled  # the flaky pairs' replies are late (40 ms), not lost
         self.flaky = {frozenset(p) for p in flaky}
         self.retried: list[tuple[int, int]] = []
         self.missing, self.prefix = dict(missing or {}), prefix
@@ -207,6 +209,8 @@ class FakeCluster(Engine):
                     break
             why = f"abandoned after {give_up.run} losses in a row: ping {sent}: no reply"
             return [i, d, 1, sent, 0, None, None, None, False, why], sent * timeout
+        if frozenset((a, b)) in self.flaky and self.stalled:  # late replies, none lost
+            return [i, d, 1, count, count, RTT, 40000.0, 41000.0, False, None], count * interval
         if frozenset((a, b)) in self.flaky:
             lost = count // 4
             took = (count - lost) * interval + lost * timeout

@@ -787,11 +787,13 @@ def test_a_pair_that_lost_pings_once_is_retried_and_a_stall_is_not_judged():
     a, b = "node0002/rxe0/1", "node0005/rxe0/1"
     result, said = _run(FakeCluster(6, 1, flaky=[(a, b)]))
     assert result.verdicts == [] and result.exit_code() == 0
-    assert result.retried == (2, 2) and "mesh: retrying 2 pairs that lost pings" in said
+    assert (
+        result.retried == (2, 2) and "mesh: retrying 2 pairs that lost pings or were slow" in said
+    )
     flaky = [p for p in result.pairs if p.received < p.sent]
     assert len(flaky) == 2 and all(p.health.name == "OK" for p in flaky)
-    assert all(p.error == "ping 3: no reply; retried after the last round: 20/20 answered "
-               "(a stall, not the network)" for p in flaky)  # fmt: skip
+    assert all(p.error == "ping 3: no reply; retried after the last round: 20/20 answered, "
+               "p90 3.6 us (a stall, not the network)" for p in flaky)  # fmt: skip
     assert (
         "retried: 2 pairs that lost pings, probed again after the last round: 2 answered "
         "every ping (a stall of an end: not judged), 0 lost again"
@@ -848,3 +850,36 @@ def test_side_channel_endpoints_share_an_address_on_ports_of_their_own():
         "on node0001: ibtool ping --server --dev rxe1/1 --port 18523",
         "on node0002: ibtool doctor --dev rxe1/1 --port 18523 10.78.0.1",
     )
+
+
+def test_a_black_hole_in_a_group_of_four_is_quarantined_across_the_middle_shift():
+    """In a group of 4 the middle shift pairs a node's partners with it both ways: that round
+    says nothing of it, and must not clear what rounds 1 and 3 said (the testbed's mesh)."""
+    black = "node0004/rxe0/1"
+    result, said = _run(FakeCluster(4, 1, black={black}))
+    (v,) = result.verdicts
+    assert v.subject == black and v.why.startswith("quarantined after rounds 1 and 3: every pair")
+    assert result.retried == (0, 0)  # a quarantined endpoint's pairs are not retried
+
+
+def test_with_bw_the_bursts_retransmissions_are_not_a_lossy_link():
+    """The testbed's bursts made every port resend by the hundred: a healthy mesh with --bw
+    names no one for it."""
+    result, _ = _run(FakeCluster(6, 1, resends={"node0002/rxe0/1"}, jitter=True), bw=True)
+    assert result.verdicts == []
+    result, _ = _run(FakeCluster(6, 1, resends={"node0002/rxe0/1"}, jitter=True))
+    assert _named(result) == {("endpoint", "WARN", "node0002/rxe0/1")}
+
+
+def test_a_pair_slow_once_is_retried_and_a_late_reply_is_host_delay():
+    """A stalled host's late replies: one pair's p90 at 40 ms, its retry at 3.6 us: no
+    verdict (the testbed's black-hole mesh named such a pair a slow path)."""
+    a, b = "node0002/rxe0/1", "node0001/rxe0/1"
+    cluster = FakeCluster(6, 1, flaky=[(a, b)], stalled=True)
+    result, _ = _run(cluster)
+    assert result.verdicts == [] and result.retried == (2, 2)
+    slow = [p for p in result.pairs if p.error]
+    assert all(p.error == "20/20 answered, p90 40.0 ms; retried after the last round: 20/20 "
+               "answered, p90 3.6 us (a stall, not the network)" for p in slow)  # fmt: skip
+    result, _ = _run(FakeCluster(6, 1, flaky=[(a, b)], stalled=True), retry=False)
+    assert _named(result) == {("path", "WARN", f"{b} <-> {a}")}
