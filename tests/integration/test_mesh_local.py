@@ -59,3 +59,31 @@ def test_rails_pair_by_rank_and_a_lone_rail_pings_nobody(testbed, no_leaks):  # 
     assert (proc.returncode, report["pairs"], report["verdicts"]) == (3, [], []), proc.stderr
     assert report["exit_code"] == 3  # the text's summary line: tests/unit/test_mesh.py
     assert set(_ibtool_processes()) - before == set()
+
+
+def test_two_ports_in_one_subnet_without_policy_routing_are_one_verdict(testbed, no_leaks):  # noqa: F811
+    """rxe0 (192.168.77.1 on veth0) and rxe1 (192.168.77.2 on veth1) share a subnet: without
+    the testbed's rule sending this host's own traffic to table 77 (before the local table),
+    the kernel routes each address to the other through lo, and RoCE between them never
+    leaves the host. The mesh does not probe those pairs: one FAIL for this node naming the
+    cause and the fix, no path blamed."""
+    from tests.integration.faults import sh
+
+    sh("ip", "rule", "del", "pref", "50")
+    try:
+        proc = ibtool("-j", "mesh", "--local", "--all-rails", "-c", "3", "--no-save",
+                      timeout=600)  # fmt: skip
+    finally:
+        sh("ip", "rule", "add", "pref", "50", "iif", "lo", "lookup", "77")
+    report = json.loads(proc.stdout)
+    node = [v for v in report["verdicts"] if v["culprit"] == "node"]
+    assert len(node) == 1, (report["verdicts"], proc.stderr)
+    assert node[0]["why"].startswith("its ports share a subnet and the kernel routes each one's "
+                                     "address through lo"), node[0]  # fmt: skip
+    assert "accept_local=1" in node[0]["next"][0]
+    assert not [v for v in report["verdicts"] if v["culprit"] == "path"]
+    looped = [p for p in report["pairs"] if (p["error"] or "").startswith(
+        "not probed: the kernel routes")]  # fmt: skip
+    assert {(p["src"].split("/")[1], p["dst"].split("/")[1]) for p in looped} >= {
+        ("rxe0", "rxe1"), ("rxe1", "rxe0")}  # fmt: skip
+    assert proc.returncode == 2
