@@ -515,9 +515,9 @@ def render_text(result: MeshResult, width: int = 80, color: bool = False) -> lis
     tried, whole = result.retried
     if tried:
         lines.append(
-            f"retried: {_plural(tried, 'pair')} that lost pings, probed again after the last "
-            f"round: {whole} answered every ping (a stall of an end: not judged), "
-            f"{tried - whole} lost again"
+            f"retried: {_plural(tried, 'pair')} that lost pings or were slow, probed again "
+            f"after the last round: {whole} answered every ping in time (a stall of an end: "
+            f"not judged), {tried - whole} failed again"
         )
     lines.append(summary(result))
     return lines

@@ -795,8 +795,8 @@ def test_a_pair_that_lost_pings_once_is_retried_and_a_stall_is_not_judged():
     assert all(p.error == "ping 3: no reply; retried after the last round: 20/20 answered, "
                "p90 3.6 us (a stall, not the network)" for p in flaky)  # fmt: skip
     assert (
-        "retried: 2 pairs that lost pings, probed again after the last round: 2 answered "
-        "every ping (a stall of an end: not judged), 0 lost again"
+        "retried: 2 pairs that lost pings or were slow, probed again after the last round: "
+        "2 answered every ping in time (a stall of an end: not judged), 0 failed again"
     ) in view.render_text(result)
     doc = json.loads("".join(view.json_chunks(result)))
     assert doc["retried"] == {"pairs": 2, "answered": 2}
