@@ -347,3 +347,12 @@ def test_an_infiniband_port_without_ipoib_talks_over_the_management_address(tmp_
     assert side_address({"SSH_CONNECTION": "10.78.0.1 40000 10.78.0.3 22"}) == "10.78.0.3"
     assert side_address({"SSH_CONNECTION": "::1 40000 ::1 22"}) is None  # loopback: no use
     assert side_address({"SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1"}) is None
+
+
+def test_a_burst_slower_than_the_timeout_is_a_bound_not_nothing(monkeypatch):
+    """A shaped port (the testbed's tbf at 4 Mb/s) takes longer than --timeout for a megabyte:
+    the pair's bandwidth is below 2 MiB over the timeout, so the port is named by it."""
+    clients = _Clients(lose=lambda qp, size, seq: size == 1 << 20 and seq > 1)
+    row = _probe(monkeypatch, clients, bw=True, timeout=5.0)
+    assert row[8]["bw"] == round(2 * (1 << 20) * 8 / 5e6 / 1e3, 6)
+    assert row[7].startswith("bandwidth burst: ") and row[7].endswith("(below 0.00336 Gb/s)")
