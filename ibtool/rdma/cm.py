@@ -29,6 +29,9 @@ pyverbs facts this module is shaped by (rdma-core pyverbs/cmid.pyx, device.pyx, 
   active side then gets RDMA_CM_EVENT_CONNECT_RESPONSE instead of ESTABLISHED and completes
   with rdma_establish (CMID.establish). pyverbs shows no QP object for the id's own QP, so a
   loop that posts prepared work requests (WRITE WITH IMM, say) needs an external one.
+- No pyverbs (33 to 65) shows where a connection request comes from: a child id has no peer
+  address (CMID.query_addrinfo, rdma-core 62, answers only for an id resolved with
+  rdma_resolve_addrinfo). request_source() reads it from the kernel (see there).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import time
 from typing import NamedTuple
 
 from ibtool.errors import IbtoolError, UsageError
-from ibtool.model.records import LinkLayer
+from ibtool.model.records import CmState, LinkLayer, PortSpace
 from ibtool.rdma import wire
 from ibtool.rdma.completions import CompletionError, CompletionTimeout
 from ibtool.rdma.ladder import DEFAULT_PATH, PathSpec
@@ -59,6 +62,8 @@ IBV_QP_AV, IBV_QP_PATH_MTU = 1 << 7, 1 << 8  # enum ibv_qp_attr_mask (libibverbs
 # ibv_wc_opcode (libibverbs/verbs.h)
 IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_RDMA_READ, IBV_WC_RECV = 0, 1, 2, 128
 EVENT_CHECK_EVERY = 1024  # empty CQ polls between looks at the CM events (and the clock)
+NETLINK_TIMEOUT = 2.0  # s for the kernel's list of rdma_cm ids (it answers at once)
+TICK = 1.0  # s between a waiting listener's calls of its tick (Listener.request)
 
 
 class Disconnected(wire.ConnectionLost):
@@ -123,7 +128,22 @@ class EventChannel:
                 ud = self.cm.cmid.UDParam(event)
         finally:
             event.ack_cm_event()
+        if child is not None:
+            try:
+                _adopt(child)
+            except BaseException:
+                reject_request(child)
+                raise
         return Event(kind, name, child, data, ud)
+
+
+def _adopt(child) -> None:
+    """Context and PD objects of the child id's own (see the module's docstring): closing it
+    then clears these, not its listener's. They wrap librdmacm's device context and PD:
+    nothing is allocated."""
+    pv = pyverbs()
+    pv.device.Context(cmid=child)
+    pv.pd.PD(child)
 
 
 def checked(fn, what: str):
@@ -159,6 +179,10 @@ class Connection(_Holder):
         self.disconnected = False
         self.private_data = b""  # the peer's, from its connection request
         self.busy = b""  # private data of the REJ that turns down another client meanwhile
+        # What turns down another client's request meanwhile (its child id); None: a REJ with
+        # `busy`, if set, and the id destroyed.
+        self.on_request = None
+        self.source: Source | None = None  # where the request came from (passive side)
 
     @property
     def ctx(self):
@@ -285,17 +309,40 @@ class Connection(_Holder):
         with contextlib.suppress(self.pv.Error):
             self.cmid.disconnect()
 
+    def refuse(self, private_data: bytes) -> None:
+        """Reject the connection request with `private_data` in the REJ (rdma_reject, pyverbs
+        38 and later; before, destroying the id rejects it, without data), then destroy
+        everything this connection holds."""
+        if private_data:
+            with contextlib.suppress(Exception):
+                self.cmid.reject(private_data)
+        self.close()
+
+    def turn_down(self, child) -> None:
+        """Another client's connection request while this connection is in use."""
+        if self.on_request is not None:
+            self.on_request(child)
+            return
+        if self.busy:  # one client at a time: our reason in the REJ
+            with contextlib.suppress(Exception):
+                child.reject(self.busy)
+        reject_request(child)
+
     def expect_event(self, wanted: str, timeout: float, what: str, peer: str) -> None:
         """The next CM event must be `wanted` (an rdma_cm_event_type name) within `timeout`
         seconds; another, or none, is an error naming `what` and `peer`. A connection request
-        meanwhile is rejected."""
-        got = self.channel.next(timeout)
-        if got is None:
-            raise CmTimeout(f"{what}: no answer from {peer} within {timeout:.0f} s")
-        if got.child is not None:
-            reject_request(got.child)
+        meanwhile is turned down (turn_down), and the wait goes on: a flood of requests cannot
+        break the one in progress."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.channel.next(max(0.0, deadline - time.monotonic()))
+            if got is None:
+                raise CmTimeout(f"{what}: no answer from {peer} within {timeout:.0f} s")
+            if got.child is None:
+                break
+            self.turn_down(got.child)
         if got.kind != getattr(self.cm.e.rdma_cm_event_type, wanted):
-            raise _event_error(got.name, what, peer)
+            raise _event_error(got.name, what, peer, got.private_data)
 
     def wait(self, opcode: int, deadline: float | None, what: str):
         """The next completion of `opcode` (others, a signaled send's, are passed over),
@@ -324,11 +371,7 @@ class Connection(_Holder):
             got = self.channel.next(0)
             kind, name, child = got.kind, got.name, got.child
             if child is not None:
-                # One client at a time: another's request is turned down, with our reason.
-                if self.busy:
-                    with contextlib.suppress(Exception):
-                        child.reject(self.busy)
-                reject_request(child)
+                self.turn_down(child)  # one client at a time
                 continue
             types = self.cm.e.rdma_cm_event_type
             if kind == types.RDMA_CM_EVENT_DISCONNECTED:
@@ -374,8 +417,14 @@ def reject_request(child) -> None:
         child.close()
 
 
-def _event_error(name: str, what: str, peer: str) -> IbtoolError:
+def _event_error(name: str, what: str, peer: str, private_data: bytes = b"") -> IbtoolError:
     if name.endswith("REJECTED"):
+        try:  # an ibtool server's REJ says why
+            reason = wire.decode_cm(private_data, wire.CmMessage.REFUSE, 0)
+        except wire.ProtocolError:
+            pass
+        else:
+            return IbtoolError(f"{what}: the server at {peer} refused this client: {told(reason)}")
         return IbtoolError(
             f"{what}: {peer} rejected the connection ({name})",
             f"is an rping server listening at {peer}? start `rping -s -a ADDR -p PORT` or "
@@ -387,6 +436,11 @@ def _event_error(name: str, what: str, peer: str) -> IbtoolError:
             "is the peer up, and its RDMA port ACTIVE (rdma link)?",
         )
     return IbtoolError(f"{what}: {name}")
+
+
+def told(reason: str) -> str:
+    """A server's reason as a client says it: "refused: " is in the sentence already."""
+    return reason[len("refused: ") :] if reason.startswith("refused: ") else reason
 
 
 def addr_info(cm, what: str, port_space=None, **kw):
@@ -490,8 +544,8 @@ class Listener(_Holder):
 
     def __init__(self, bind: str, port: int):
         self.cm = cm = rdmacm()
-        self.bind, self.where = bind, peer_name(bind, port)
-        address = _numeric(bind, port)
+        self.bind, self.where, self.port = bind, peer_name(bind, port), port
+        self.address = address = _numeric(bind, port)
         self._stack = contextlib.ExitStack()
         try:
             self.channel = EventChannel(cm)
@@ -534,32 +588,41 @@ class Listener(_Holder):
                 ) from None
             raise IbtoolError(f"cannot listen on {self.where}: {e}") from None
 
-    def next_request(self, send_wr: int, recv_wr: int) -> Connection:
-        """Wait for a client's connection request; its Connection with CQ and QP built (the
-        caller registers its MRs, posts its receives, then calls accept())."""
-        return _with_qp(self.request(), send_wr, recv_wr)
+    def next_request(self, send_wr: int, recv_wr: int, admit=None, tick=None) -> Connection:
+        """Wait for a client's connection request that `admit` lets in (see request()); its
+        Connection with CQ and QP built (the caller registers its MRs, posts its receives,
+        then calls accept())."""
+        return _with_qp(self.request(admit, tick), send_wr, recv_wr)
 
-    def request(self) -> Connection:
+    def request(self, admit=None, tick=None) -> Connection:
         """Wait for a client's connection request: its Connection, no QP yet, the client's
-        private data in `private_data`."""
+        private data in `private_data`. `admit(conn)`, if given, is asked first, before
+        anything is built for it: None lets the request in, bytes turn it down (a REJ with
+        them as private data; its id destroyed), and the next one is waited for. `tick()`,
+        if given, is called about once a second meanwhile."""
         while True:
-            got = self.channel.next(None)
+            got = self.channel.next(None if tick is None else TICK)
+            if tick is not None:
+                tick()
             if got is None or got.child is None:
                 continue  # nothing else is expected on a listening id
             child = got.child
             stack = contextlib.ExitStack()
             stack.callback(reject_request, child)  # until accepted, closing it rejects the request
             try:
-                pv = pyverbs()
-                # Context and PD objects of the child's own (see the module's docstring).
-                pv.device.Context(cmid=child)
-                pv.pd.PD(child)
                 conn = Connection(self.cm, self.channel, child, stack)
                 conn.private_data = got.private_data
-                return conn
+                refusal = None if admit is None else admit(conn)
             except BaseException:
                 stack.close()
                 raise
+            if refusal is None:
+                return conn
+            conn.refuse(refusal)
+
+    def source(self, cmid) -> Source:
+        """Where the connection request of `cmid` (a child id) comes from: request_source()."""
+        return request_source(cmid, self.address, self.port)
 
     def accept(self, conn: Connection) -> None:
         param = self.cm.cmid.ConnParam(resources=1, depth=1, retry=7, rnr_retry=7)
@@ -588,3 +651,167 @@ def _numeric(bind: str, port: int) -> str:
             "give the IP address of the IPoIB or RoCE netdev to serve on",
         )
     return address
+
+
+# -- where a connection request comes from -----------------------------------------------------
+
+
+class Source(NamedTuple):
+    """Where a connection request comes from: `address` (an IP address, as text) and `port`
+    (None where only the address is known), or address None and `unknown`, why nobody can
+    tell."""
+
+    address: str | None
+    port: int | None = None
+    unknown: str = ""
+
+    def __str__(self) -> str:
+        if self.address is None:
+            return "an unknown address"
+        return self.address if self.port is None else peer_name(self.address, self.port)
+
+
+def request_source(cmid, address: str, port: int) -> Source:
+    """The source of the connection request whose id is `cmid` (a CONNECT_REQUEST's child),
+    made to the listener on `address` and `port`.
+
+    pyverbs shows no peer address (the module's docstring), the kernel does: its rdma_cm ids
+    in the RDMA netlink resource dump (RDMA_NLDEV_CMD_RES_CM_ID_GET, what `rdma res show
+    cm_id` prints; include/uapi/rdma/rdma_netlink.h), each with RDMA_NLDEV_ATTR_RES_SRC_ADDR
+    and _DST_ADDR. The request's is found by what both sides know (pending_request). On RoCE
+    the request's path says it too: its GID is the client's IP address (path_address); the
+    two must agree, and the path's serves where the kernel's list cannot (no RDMA netlink, a
+    kernel before 5.10)."""
+    context = getattr(cmid, "context", None)
+    device = getattr(cmid, "dev_name", None) or getattr(context, "name", None)
+    try:
+        kernel = pending_request(kernel_cm_ids(device), address, port, own_tasks())
+    except IbtoolError as e:
+        kernel = Source(None, None, f"RDMA netlink: {e.message}")
+    path = path_address(cmid)
+    if path is None:
+        return kernel
+    if kernel.address is None:
+        return Source(path)
+    if _ip(kernel.address) != _ip(path):
+        return Source(
+            None,
+            None,
+            f"the kernel's rdma_cm id says {kernel.address}, the request's path comes from "
+            f"GID {path}",
+        )
+    return kernel
+
+
+def kernel_cm_ids(device: str | None) -> list:
+    """The kernel's rdma_cm ids (CmIdResource) of `device`, of every device if None: a
+    RES_CM_ID_GET dump of each (there is no all-devices dump); an IbtoolError if the kernel
+    cannot say (no RDMA netlink, a kernel before 4.17)."""
+    from ibtool.sources.netlink import NldevClient, records
+
+    with NldevClient(timeout=NETLINK_TIMEOUT) as nl:
+        indexes = [
+            r.get("RDMA_NLDEV_ATTR_DEV_INDEX")
+            for r in nl.devices()
+            if device is None or r.get("RDMA_NLDEV_ATTR_DEV_NAME") == device
+        ]
+        found = []
+        for index in indexes:
+            if index is not None:
+                found += records.resources("cm_id", nl.resource_dump("cm_id", index))
+    return found
+
+
+def pending_request(entries, address: str, port: int, owners) -> Source:
+    """Among the kernel's rdma_cm ids (`entries`), the connection request being handled: an
+    id of the TCP port space in state CONNECT on the listener's `address` and `port` (its
+    source address, rdma_cm's name for our side), of this process (its pid in `owners`: a
+    request's id takes its listener's owner, Linux 5.10 and later), not yet accepted (no
+    local QP number: rdma_accept gives the id one). Several may wait (the events of the others
+    are still queued): the requests are made ids, and numbered (RES_CM_IDN, Linux 5.1 and
+    later), in the order their events come, and every earlier one was accepted or destroyed
+    before the next event was read, so the handled one is the oldest. Its destination
+    address is the client's; a Source with `unknown` said where none is found."""
+    listener = _ip(address)
+    waiting = [
+        r
+        for r in entries
+        if r.state == CmState.CONNECT
+        and r.ps == PortSpace.TCP
+        and not r.lqpn
+        and _address_port(r.src_addr) == (listener, port)
+        and r.owner.pid in owners
+    ]
+    if not waiting:
+        return Source(
+            None,
+            None,
+            "the kernel lists no connection request of this process to "
+            f"{peer_name(address, port)} (RDMA_NLDEV_CMD_RES_CM_ID_GET; Linux 5.10 and later "
+            "name a request's id after its listener's process)",
+        )
+    if len(waiting) > 1 and any(r.cm_idn is None for r in waiting):
+        return Source(
+            None,
+            None,
+            f"{len(waiting)} connection requests wait, and the kernel numbers no rdma_cm id "
+            "(RES_CM_IDN: Linux 5.1 and later)",
+        )
+    request = min(waiting, key=lambda r: r.cm_idn or 0)
+    client = _address_port(request.dst_addr)
+    if client is None:
+        return Source(None, None, "the kernel's id of the request has no IP address (AF_IB?)")
+    return Source(str(client[0]), client[1])
+
+
+def own_tasks() -> set[int]:
+    """The ids of this process and its threads, as RDMA_NLDEV_ATTR_RES_PID names an owner."""
+    tasks = {os.getpid()}
+    with contextlib.suppress(OSError):
+        tasks.update(int(t) for t in os.listdir("/proc/self/task") if t.isdigit())
+    return tasks
+
+
+def path_address(cmid) -> str | None:
+    """The IP address a RoCE connection request came from: the GID of the client's end of
+    its path (rdma_init_qp_attr's RTR attributes: the request's), which on RoCE is the IP
+    address the client's rdma_cm chose (IPv4 mapped: ::ffff:a.b.c.d), as the packets carry
+    it. None on InfiniBand (a port GID, no IP address), on iWARP (no such path), with a
+    pyverbs before rdma-core 34 (no CMID.port_num) or where it cannot be read."""
+    port = getattr(cmid, "port_num", None)
+    if not port:
+        return None
+    pv = pyverbs()
+    try:
+        if cmid.context.query_port(port).link_layer != LinkLayer.ETHERNET:
+            return None
+        attr, _ = cmid.init_qp_attr(pv.e.ibv_qp_state.IBV_QPS_RTR)
+        ah = attr.ah_attr
+        if not ah.is_global:
+            return None
+        gid = ipaddress.IPv6Address(str(ah.dgid))
+    except (pv.Error, ValueError, AttributeError):
+        return None
+    if gid.is_unspecified:
+        return None
+    return str(gid.ipv4_mapped or gid)
+
+
+def _ip(text: str):
+    """An address as ipaddress compares it: a scope (%eth0) dropped, an IPv4-mapped IPv6
+    address as the IPv4 one."""
+    address = ipaddress.ip_address(text.split("%", 1)[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _address_port(text: str | None):
+    """(address, port) of records.sockaddr's "ADDRESS:PORT"; None for none."""
+    if not text:
+        return None
+    host, _, port = text.rpartition(":")
+    try:
+        return _ip(host), int(port)
+    except ValueError:
+        return None

@@ -290,14 +290,6 @@ def settle(args) -> None:
         raise UsageError(
             f"{given[0]} is a server option", "give it to `ibtool ping --server`, or leave it out"
         )
-    bounds = [f for f in given if f != "--idle-timeout"]
-    if bounds and (args.cm or args.compat == "rping"):
-        over = "--cm" if args.cm else "--compat rping"
-        raise UsageError(
-            f"{bounds[0]} with {over}: the rdma_cm servers serve one client at a time",
-            "pyverbs gives no rdma_cm peer's address to match --allow or count per source; "
-            "the TCP servers (no --cm, or --compat rc_pingpong) take the limits",
-        )
     if args.no_facts and (not args.server or args.compat or args.cm):
         raise UsageError(
             "--no-facts is an option of ibtool's own TCP server",

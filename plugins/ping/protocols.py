@@ -84,10 +84,12 @@ def _rping(inv: Invocation) -> int:
 
     args = inv.args
     if args.server:
-        serve = rping.serve
-        idle = server_limits(args).idle_timeout
+        serve, limits = rping.serve, server_limits(args)
         return _run_server(
-            inv, lambda log: serve(args.bind, args.port, log, args.max_clients, idle)
+            inv,
+            lambda log: serve(
+                args.bind, args.port, log, args.max_clients, limits.idle_timeout, limits
+            ),
         )
 
     def open_client(stack):
@@ -106,10 +108,10 @@ def _cm(inv: Invocation) -> int:
 
     args = inv.args
     if args.server:
-        serve = cmping.serve
-        where, idle = (args.bind, args.port), server_limits(args).idle_timeout
+        serve, limits = cmping.serve, server_limits(args)
+        where, idle = (args.bind, args.port), limits.idle_timeout
         return _run_server(
-            inv, lambda log: serve(*where, log, args.max_clients, path_spec(args), idle)
+            inv, lambda log: serve(*where, log, args.max_clients, path_spec(args), idle, limits)
         )
 
     def open_client(stack):

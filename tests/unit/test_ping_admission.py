@@ -579,24 +579,29 @@ def test_an_idle_rping_client_is_dropped_after_the_idle_timeout(monkeypatch):
 # -- the command line ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "argv, said",
-    [
-        (["127.0.0.1", "--max-sessions", "3"], "--max-sessions is a server option"),
-        (
-            ["--server", "--cm", "--bind", "192.0.2.1", "--allow", "10.0.0.0/8"],
-            "--allow with --cm: the rdma_cm servers serve one client at a time",
-        ),
-        (
-            ["--server", "--compat", "rping", "--bind", "192.0.2.1", "--max-per-source", "2"],
-            "--max-per-source with --compat rping: the rdma_cm servers serve one client at a time",
-        ),
-    ],  # fmt: skip
-)
-def test_limits_where_they_do_not_apply_are_usage_errors(roce, live_roce, argv, said):
-    r = live_roce("ping", *argv)
+def test_limits_given_to_a_client_are_usage_errors(roce, live_roce):
+    r = live_roce("ping", "127.0.0.1", "--max-sessions", "3")
     assert (r.code, r.out) == (ExitCode.USAGE, "")
-    assert r.err.startswith(f"ibtool: error: {said} (hint: "), r.err
+    assert r.err.startswith("ibtool: error: --max-sessions is a server option (hint: "), r.err
+
+
+@pytest.mark.parametrize("over", [["--cm"], ["--compat", "rping"]])
+def test_the_limits_given_reach_the_rdma_cm_servers(roce, live_roce, monkeypatch, over):
+    from ibtool.rdma.ping import cmping, rping
+
+    got = {}
+    monkeypatch.setattr(cmping, "serve", lambda *a: got.update(args=a))
+    monkeypatch.setattr(rping, "serve", lambda *a: got.update(args=a))
+    r = live_roce(
+        "ping", "--server", *over, "--bind", "192.0.2.1", "--allow", "10.0.0.0/8",
+        "--max-per-source", "2", "--max-rate", "0.5", "--idle-timeout", "30",
+    )  # fmt: skip
+    assert r.code == ExitCode.OK, r.err
+    limits, idle = got["args"][-1], got["args"][-2]
+    assert limits == Limits(
+        max_per_source=2, max_rate=0.5, idle_timeout=30.0, allow=nets("10.0.0.0/8")
+    )
+    assert idle == 30.0
 
 
 @pytest.mark.parametrize(

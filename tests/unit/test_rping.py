@@ -93,12 +93,18 @@ class Peer:
     """A Connection whose completions are the peer's scripted messages: each receive completion
     delivers the next (bytes) of `messages`; RDMA READ and WRITE complete at once."""
 
+    cmid = private_data = None
+
     def __init__(self, messages: list[bytes]):
         self.messages, self.device, self.posted = list(messages), "rxe0/1", []
-        self.recv_mr = None
+        self.recv_mr, self.kept = None, []
+
+    def keep(self, close) -> None:
+        self.kept.append(close)
 
     def close(self) -> None:
-        pass
+        while self.kept:
+            self.kept.pop()()
 
     def path_used(self):
         return None  # as with a pyverbs without CMID.query_qp
@@ -107,6 +113,7 @@ class Peer:
         return self
 
     def __exit__(self, *exc):
+        self.close()
         return False
 
     def mr(self, size: int, access: int):
@@ -146,8 +153,12 @@ class Listener:
     def __exit__(self, *exc):
         return False
 
-    def next_request(self, send_wr, recv_wr):
+    def next_request(self, send_wr, recv_wr, admit=None, tick=None):
+        assert admit is None or admit(self.peer) is None, "the stand-in peer is let in"
         return self.peer
+
+    def source(self, cmid):
+        return cm.Source("192.168.77.2", 40000)
 
     def accept(self, conn):
         pass

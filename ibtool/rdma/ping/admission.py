@@ -17,6 +17,11 @@ is bounded here, each by a server option (ibtool-ping(8), LIMITS):
 - how often one client may rebuild its QP: one QP per client at a time, and its reconnect
   requests through a token bucket of their own (RECONNECT_RATE a second, RECONNECT_BURST).
 
+The rdma_cm servers (cmping.py, rping.py) ask the same of each connection request, by the
+address the kernel tells (cm.request_source); where nobody can tell it (unknown()), a request
+is refused under --allow, as nothing can be matched, and held to the total limits only
+without it.
+
 A refusal is logged once per source and reason per INTERVAL (60 s); the repeats are counted
 and said in one line when the interval is over ("refused 10.0.0.5: 37 more connections over
 --max-per-source 4 in the last 60 s"): a flood costs two lines a minute, never one per
@@ -259,6 +264,51 @@ class Admission:
         self._per_source[source] = held + 1
         return Ticket(source)
 
+    def unknown(self, why: str) -> Ticket:
+        """Admit a connection whose source address cannot be told (`why`), or raise Refused
+        (logged): under --allow always, as nothing can be matched against it; without, over
+        --max-sessions only (its memory is reserved as any other's)."""
+        with self._lock:
+            if self.limits.allow:
+                refused = Refused(
+                    "--allow cannot be matched",
+                    "refused: this server takes only the networks of its --allow, and cannot "
+                    "tell this client's address",
+                )
+            elif self.sessions >= self.limits.max_sessions:
+                refused = self._full()
+            else:
+                refused = None
+        if refused is None:
+            self.refusals.note(
+                ("?", "unknown"),
+                f"a connection from an unknown address ({why}): only --max-sessions and "
+                "--max-memory apply to it",
+                lambda n: (
+                    f"{n} more connection{'s' if n > 1 else ''} from unknown addresses in the "
+                    f"last {self.refusals.interval:g} s"
+                ),
+            )
+            return Ticket(None)
+        self.refused(None, refused.reason, why)
+        raise refused
+
+    def refused(self, source, reason: str, why: str = "") -> None:
+        """Log a refused connection of `source` (None: an address nobody could tell, `why`),
+        once a source, reason and interval (RefusalLog)."""
+        if source is not None:
+            self.refusals.refused(source, reason)
+            return
+        self.refusals.note(
+            ("?", reason),
+            f"refused a connection from an unknown address: {reason}"
+            + (f" ({why})" if why else ""),
+            lambda n: (
+                f"refused {n} more connection{'s' if n > 1 else ''} from unknown addresses "
+                f"in the last {self.refusals.interval:g} s ({reason})"
+            ),
+        )
+
     def _full(self) -> Refused:
         n = self.limits.max_sessions
         return Refused(
@@ -288,7 +338,7 @@ class Admission:
                     self.sessions += 1
                     ticket.rebuilds = TokenBucket(RECONNECT_RATE, RECONNECT_BURST, self.clock())
         if refused is not None:
-            self.refusals.refused(ticket.source, refused.reason)
+            self.refused(ticket.source, refused.reason)
             raise refused
 
     def release(self, ticket: Ticket) -> None:
@@ -299,9 +349,10 @@ class Admission:
             if ticket.session:
                 ticket.session = False
                 self.sessions -= 1
-            held = self._per_source.pop(ticket.source, 0) - 1
-            if held > 0:
-                self._per_source[ticket.source] = held
+            if ticket.source is not None:
+                held = self._per_source.pop(ticket.source, 0) - 1
+                if held > 0:
+                    self._per_source[ticket.source] = held
             ticket.source = None  # released: a second call finds nothing to give back
 
     def held(self, source) -> int:
@@ -331,7 +382,7 @@ class Admission:
                 self.memory += nbytes - ticket.memory
                 ticket.memory = nbytes
                 return
-        self.refusals.refused(ticket.source, refused.reason)
+        self.refused(ticket.source, refused.reason)
         raise refused
 
     def free(self, ticket: Ticket) -> None:

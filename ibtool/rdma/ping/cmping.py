@@ -12,21 +12,28 @@ echo.answer_pings.
     server: REJ  [REFUSE reason]                  when the request is not one it can serve
 
 The server serves one client at a time; a client leaves with rdma_disconnect (DREQ), which the
-server sees as RDMA_CM_EVENT_DISCONNECTED.
+server sees as RDMA_CM_EVENT_DISCONNECTED. Each request passes the server's limits first
+(Gate: admission.py's, by the address the kernel tells), before anything is built for it;
+this module's Gate serves `--compat rping`'s server (rping.py) too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from collections.abc import Callable
 
 from ibtool.errors import IbtoolError, UnsupportedError
 from ibtool.rdma import cm, wire
 from ibtool.rdma.hwclock import HwClock
 from ibtool.rdma.ladder import DEFAULT_PATH, PathSpec
 from ibtool.rdma.ping import client
+from ibtool.rdma.ping.admission import Admission, Limits, Refused, source_of
 from ibtool.rdma.ping.echo import answer_pings
 from ibtool.rdma.ping.serial import serve_clients
 from ibtool.rdma.ping.session import MAX_PING_SIZE, Log, Session, SessionEnded
+
+BUSY = "while another client is served (one at a time)"  # a refusal's reason in the log
 
 
 class CmRefused(IbtoolError):
@@ -184,7 +191,7 @@ class Client(client.Client):
                 "start `ibtool ping --server --cm --bind ADDR` there, or give the --port it "
                 "listens on",
             )
-        return CmRefused(f"the ping server at {self.server} refused this client: {reason}")
+        return CmRefused(f"the ping server at {self.server} refused this client: {cm.told(reason)}")
 
     def ping(self, seq: int) -> float:
         # Between pings, not in the timed part: the server's disconnect ends the run with its
@@ -199,6 +206,90 @@ class Client(client.Client):
         return super().ping(seq)
 
 
+# -- the limits of an rdma_cm server ----------------------------------------------------------
+
+
+class Gate:
+    """What an rdma_cm server (this one, rping.py's) lets in, by the limits of admission.py:
+    each connection request's source (cm.Listener.source: the kernel's word) and its memory
+    (`memory(conn)`: the bytes it would register), before anything is built for it. A
+    request turned down gets a REJ with the reason (an ibtool client prints it) and its id is
+    destroyed; the log says it once a source, reason and minute (admission.RefusalLog). A
+    request while a client is served passes the same checks, then is turned down as busy."""
+
+    def __init__(self, listener: cm.Listener, limits: Limits | None, log: Log,
+                 memory: Callable[[cm.Connection], int]):  # fmt: skip
+        limits = limits or Limits()
+        if limits.per_client_memory > MAX_PING_SIZE:
+            limits = dataclasses.replace(limits, per_client_memory=MAX_PING_SIZE)
+        self.listener, self.memory = listener, memory
+        self.admission = Admission(limits, log)
+
+    def admit(self, conn: cm.Connection) -> bytes | None:
+        """cm.Listener.request's `admit`: None lets `conn` in (its slot and memory given back
+        when it closes), else the REJ's private data."""
+        conn.source = source = self.listener.source(conn.cmid)
+        try:
+            ticket = self._ticket(source)
+        except Refused as e:
+            return _refusal(e)
+        try:
+            self.admission.session(ticket)
+            self.admission.reserve(ticket, self.memory(conn))
+        except Refused as e:
+            self.admission.release(ticket)
+            return _refusal(e)
+        conn.keep(lambda: self.admission.release(ticket))  # after its MRs are deregistered
+        conn.on_request = lambda child: self.turn_down(child, conn.busy)
+        return None
+
+    def _ticket(self, source: cm.Source):
+        if source.address is None:
+            return self.admission.unknown(source.unknown)
+        return self.admission.connection(source.address)
+
+    def turn_down(self, child, busy: bytes = b"") -> None:
+        """A request (its child id) while a client is served: refused by the limits, with
+        their reason, or else as busy; its id destroyed either way."""
+        source = self.listener.source(child)
+        try:
+            if source.address is not None or self.admission.limits.allow:
+                self.admission.release(self._ticket(source))
+        except Refused as e:
+            data = _refusal(e)
+        else:
+            self.admission.refused(_address(source), BUSY, source.unknown)
+            data = busy or wire.encode_cm(
+                wire.CmMessage.REFUSE, "busy: serving another client, one at a time"
+            )
+        with contextlib.suppress(Exception):
+            child.reject(data)
+        cm.reject_request(child)
+
+    def tick(self) -> None:
+        """Say the repeats of the refusals whose minute is over."""
+        self.admission.refusals.flush()
+
+
+def _refusal(e: Refused) -> bytes:
+    return wire.encode_cm(wire.CmMessage.REFUSE, e.tell or f"refused: connection {e.reason}")
+
+
+def _address(source: cm.Source):
+    """The address of `source` as admission.py keys it; None where it is unknown."""
+    return None if source.address is None else source_of(source.address)
+
+
+def _asked_memory(conn: cm.Connection) -> int:
+    """The bytes a request's Session would register: its ping size (0 for a request that is
+    no ibtool's: _serve_client refuses it, nothing registered)."""
+    try:
+        offer = wire.decode_cm(conn.private_data, wire.CmMessage.REQUEST, MAX_PING_SIZE)
+    except wire.ProtocolError:
+        return 0
+    return max(offer.size, 1)
+
+
 # -- server ------------------------------------------------------------------------------------
 
 
@@ -209,11 +300,12 @@ def serve(
     max_clients: int | None = None,
     path: PathSpec = DEFAULT_PATH,
     idle: float | None = None,
+    limits: Limits | None = None,
 ) -> None:
     """Serve clients one after another until interrupted (or `max_clients` were served), the
     answers on the service level, traffic class and MTU cap of `path` (cm.connect_qp); a
     client that sends no ping for `idle` seconds (--idle-timeout) is dropped, so that one
-    idle client cannot hold the server."""
+    idle client cannot hold the server. Each request passes `limits` first (Gate)."""
     rdmacm = cm.rdmacm()
     _require_private_data(rdmacm)
     with cm.Listener(bind, port) as listener:
@@ -223,9 +315,10 @@ def serve(
                 f"in /proc/self/fd (no {cm.RDMA_CM_DEVICE})",
                 "ping over TCP instead (leave --cm out)",
             )
+        gate = Gate(listener, limits, log, _asked_memory)
         log(f"listening on {listener.where} (rdma_cm), {listener.device}")
         serve_clients(
-            listener.request,
+            lambda: listener.request(gate.admit, gate.tick),
             max_clients,
             log,
             lambda conn, who: _serve_client(listener, conn, log, who, path, idle),
@@ -245,6 +338,7 @@ def _serve_client(
     except wire.ProtocolError as e:
         _refuse(conn, e.message)
         raise
+    conn.busy = wire.encode_cm(wire.CmMessage.REFUSE, f"busy: serving {who}, one at a time")
     session = Session(conn, offer.size, offer.mode)
     conn.keep(session.close)
     used = conn.connect_qp(session.qp, path)
@@ -255,7 +349,6 @@ def _serve_client(
     param = _param(conn, session.qp, data)
     conn.checked(lambda: conn.cmid.accept(param), "accept the connection")
     conn.await_established("accept", who)
-    conn.busy = wire.encode_cm(wire.CmMessage.REFUSE, f"busy: serving {who}, one at a time")
     mode = offer.mode.name.lower().replace("_", "-")  # as --mode spells it
     log(f"{who} connected on {conn.device}: mode {mode} size {offer.size}, {used.describe()}")
     answered = 0

@@ -27,6 +27,8 @@ from ibtool.rdma.ladder import (
     ACCESS_REMOTE_WRITE,
     PathSpec,
 )
+from ibtool.rdma.ping.admission import Limits
+from ibtool.rdma.ping.cmping import Gate
 from ibtool.rdma.ping.serial import serve_clients
 
 DEFAULT_PORT = 7174  # rping.c: cb->port = htobe16(7174)
@@ -38,6 +40,7 @@ MIN_SIZE, MAX_SIZE = 26, 64 * 1024 - 1
 SQ_DEPTH, RQ_DEPTH = 16, 2  # rping.c: RPING_SQ_DEPTH, max_recv_wr
 STEP_TIMEOUT = 30.0  # server: an RDMA READ or WRITE, or the sink advertisement after the read
 BUFFER_ACCESS = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_WRITE
+SERVER_MEMORY = MAX_SIZE + 2 * ADVERT.size  # what the server registers for a client
 Log = Callable[[str], None]
 
 
@@ -167,15 +170,22 @@ class Client:
 
 
 def serve(
-    bind: str, port: int, log: Log, max_clients: int | None = None, idle: float | None = None
+    bind: str,
+    port: int,
+    log: Log,
+    max_clients: int | None = None,
+    idle: float | None = None,
+    limits: Limits | None = None,
 ) -> None:
     """Serve rping clients one after another until interrupted (or `max_clients` were served),
     as `rping -s -a ADDR -p PORT` does for one; a client that sends no ping for `idle`
-    seconds (--idle-timeout) is dropped, so that one idle client cannot hold the server."""
+    seconds (--idle-timeout) is dropped, so that one idle client cannot hold the server.
+    Each request passes `limits` first (cmping.Gate), before its QP is built."""
     with cm.Listener(bind, port) as listener:
+        gate = Gate(listener, limits, log, lambda conn: SERVER_MEMORY)
         log(f"listening on {listener.where} (rdma_cm, rping), {listener.device}")
         serve_clients(
-            lambda: listener.next_request(SQ_DEPTH, RQ_DEPTH),
+            lambda: listener.next_request(SQ_DEPTH, RQ_DEPTH, gate.admit, gate.tick),
             max_clients,
             log,
             lambda conn, who: _serve_client(listener, conn, log, who, idle),
@@ -185,6 +195,7 @@ def serve(
 def _serve_client(
     listener: cm.Listener, conn: cm.Connection, log: Log, who: str, idle: float | None = None
 ) -> int:
+    conn.busy = wire.encode_cm(wire.CmMessage.REFUSE, f"busy: serving {who}, one at a time")
     buf = conn.mr(MAX_SIZE, BUFFER_ACCESS)  # rping's rdma_buf, here as large as any -S
     recv = conn.mr(ADVERT.size, ACCESS_LOCAL_WRITE)
     go_ahead = conn.mr(ADVERT.size, 0)  # zeros, as rping's never-filled send_buf
