@@ -175,6 +175,7 @@ def test_what_each_value_completes_with(parser):
         "loopback #0": "devport",
         "mesh --dev": "devport",
         "mesh --exclude": "devport",
+        "mesh --rail": "devport",  # the DEV of DEV=N
         "mesh --mode": "choices",
         "mesh --plot": "file",
         "mesh --textfile": "file",
