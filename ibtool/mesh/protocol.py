@@ -143,44 +143,22 @@ def parse_agent(line: str | bytes) -> dict[str, Any]:
         msg["endpoints"] = [_hello_endpoint(e) for e in eps]
         msg["node"] = _name(msg.get("node"), "hello: node")
     elif kind == "ready":
-        problems = msg.get("problems", {})
-        if not isinstance(problems, dict) or len(problems) > MAX_ENDPOINTS:
-            raise AgentError("ready: problems not a mapping")
-        msg["problems"] = {
-            _int(int(k) if isinstance(k, str) and k.isdigit() else -1, 0, MAX_ENDPOINTS - 1,
-                 "ready: endpoint"): _text(v, "ready: problem") or "unusable"
-            for k, v in problems.items()
-        }  # fmt: skip
-        mtus = msg.get("mtu", {})
-        if not isinstance(mtus, dict) or len(mtus) > MAX_ENDPOINTS:
-            raise AgentError("ready: mtu not a mapping")
-        msg["mtu"] = {
-            _int(int(k) if isinstance(k, str) and k.isdigit() else -1, 0, MAX_ENDPOINTS - 1,
-                 "ready: endpoint"): _mtu(v)
-            for k, v in mtus.items()
-        }  # fmt: skip
+        msg["problems"] = _by_endpoint(
+            msg.get("problems", {}), "ready: problems", MAX_ENDPOINTS,
+            lambda v: _text(v, "ready: problem") or "unusable",
+        )  # fmt: skip
+        msg["mtu"] = _by_endpoint(msg.get("mtu", {}), "ready: mtu", MAX_ENDPOINTS, _mtu)
     elif kind == "result":
         msg["r"] = _int(msg.get("r"), 0, 1 << 20, "result: round")
         pairs = msg.get("pairs")
         if not isinstance(pairs, list) or len(pairs) > MAX_ENDPOINTS:
             raise AgentError("result: pairs not a list")
         msg["pairs"] = [_pair(p) for p in pairs]
-        retrans = msg.get("retrans", {})
-        if not isinstance(retrans, dict) or len(retrans) > MAX_ENDPOINTS:
-            raise AgentError("result: retrans not a mapping")
-        msg["retrans"] = {
-            _int(int(k) if isinstance(k, str) and k.isdigit() else -1, 0, _BIG - 1,
-                 "result: retrans endpoint"): _int(v, 0, _BIG, "result: retransmissions")
-            for k, v in retrans.items()
-        }  # fmt: skip
-        quiet = msg.get("quiet", {})
-        if not isinstance(quiet, dict) or len(quiet) > MAX_ENDPOINTS:
-            raise AgentError("result: quiet not a mapping")
-        msg["quiet"] = {
-            _int(int(k) if isinstance(k, str) and k.isdigit() else -1, 0, _BIG - 1,
-                 "result: quiet endpoint"): _quiet(v)
-            for k, v in quiet.items()
-        }  # fmt: skip
+        msg["retrans"] = _by_endpoint(
+            msg.get("retrans", {}), "result: retrans", _BIG,
+            lambda v: _int(v, 0, _BIG, "result: retransmissions"),
+        )  # fmt: skip
+        msg["quiet"] = _by_endpoint(msg.get("quiet", {}), "result: quiet", _BIG, _quiet)
     elif kind == "retried":
         pairs = msg.get("pairs")
         if not isinstance(pairs, list) or len(pairs) > MAX_RETRIES:
@@ -265,6 +243,18 @@ def _pair(p: Any) -> tuple:
         err = printable(err, MAX_ERROR)
     extra = _extra(p[10]) if len(p) == 11 else None
     return (src, dst, _PAIR_STATES[state], sent, received, med, p90, p99, hw, err, extra)
+
+
+def _by_endpoint(m: Any, what: str, bound: int, value: Any) -> dict[int, Any]:
+    """A mapping of at most MAX_ENDPOINTS endpoint indices ("3": the JSON key, below
+    `bound`) to what `value` makes of each."""
+    if not isinstance(m, dict) or len(m) > MAX_ENDPOINTS:
+        raise AgentError(f"{what} not a mapping")
+    return {
+        _int(int(k) if isinstance(k, str) and k.isdigit() else -1, 0, bound - 1,
+             f"{what}: endpoint"): value(v)
+        for k, v in m.items()
+    }  # fmt: skip
 
 
 def _quiet(v: Any) -> list[int]:

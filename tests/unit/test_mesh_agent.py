@@ -356,3 +356,45 @@ def test_a_burst_slower_than_the_timeout_is_a_bound_not_nothing(monkeypatch):
     row = _probe(monkeypatch, clients, bw=True, timeout=5.0)
     assert row[8]["bw"] == round(2 * (1 << 20) * 8 / 5e6 / 1e3, 6)
     assert row[7].startswith("bandwidth burst: ") and row[7].endswith("(below 0.00336 Gb/s)")
+
+
+@pytest.mark.parametrize("bad", [
+    {"quiet": {"0": [1]}}, {"quiet": {"0": [-1, 2000]}}, {"quiet": {"x": [1, 2]}},
+    {"quiet": {str(k): [0, 1] for k in range(65)}}, {"quiet": [[0, 1]]},
+    {"retrans": {"0": True}},
+])  # fmt: skip
+def test_a_result_s_quiet_window_and_counters_are_checked(bad):
+    with pytest.raises(protocol.AgentError):
+        protocol.parse_agent(json.dumps({"t": "result", "r": 0, "pairs": [], **bad}))
+
+
+@pytest.mark.parametrize("field", [{"prefix": 129}, {"prefix": "24"}, {"side": 0},
+                                   {"side": 65}, {"kernel": 7}])  # fmt: skip
+def test_a_hello_s_new_facts_are_checked(field):
+    ep = {"device": "mlx5_0", "port": 1, "state": "ACTIVE", "link_layer": "InfiniBand",
+          "address": "10.0.0.1", "gid_index": None, "hw": False, "problem": None,
+          **field}  # fmt: skip
+    with pytest.raises(protocol.AgentError):
+        protocol.parse_agent(json.dumps({"t": "hello", "v": 1, "id": "0" * 16, "node": "n",
+                                         "endpoints": [ep]}))  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", [{"t": "retried", "pairs": "x"},
+                                 {"t": "retried", "pairs": [[0, 1]]},
+                                 {"t": "retried", "pairs": [[0] * 10] * 1025}])  # fmt: skip
+def test_a_retried_message_is_checked(bad):
+    with pytest.raises(protocol.AgentError):
+        protocol.parse_agent(json.dumps(bad))
+
+
+@pytest.mark.parametrize("bad", [{"path": {"sl": 16}}, {"path": {"tclass": 256}},
+                                 {"path": []}, {"qps": 17}, {"bw": 1}, {"full": -1},
+                                 {"endpoints": [["a" * 16, 0, "10.0.0.1", True, 70000]]},
+                                 ])  # fmt: skip
+def test_a_plan_s_path_and_probes_are_checked(bad):
+    plan = {"t": "plan", "v": 1, "endpoints": [["a" * 16, 0, "10.0.0.1", True]],
+            "schedule": {"groups": {"0": [0]}, "shifts": {"0": []}}, "count": 20, "size": 64,
+            "tcp_port": 18521, "mode": "send", "rate": 100, "timeout": 2}  # fmt: skip
+    protocol.parse_coordinator(json.dumps(plan))
+    with pytest.raises(protocol.AgentError):
+        protocol.parse_coordinator(json.dumps({**plan, **bad}))
