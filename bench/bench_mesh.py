@@ -14,6 +14,15 @@
         black-holed endpoint (ACTIVE, every packet to it dropped), and their ratio: what the
         abandoned pairs and the quarantine hold it to. Also the CPU the coordinator spent.
 
+    .venv/bin/python bench/bench_mesh.py fanout [AGENTS...]
+        What the fan-out costs this process. First the plans: the bytes each agent is sent,
+        and all of them, at NODES x 8 rails every round and --rounds 64 (the simulated
+        cluster), against the one plan every agent got before they joined over TCP. Then
+        AGENTS (default 50 100 200) real processes through ClusterShell's exec worker
+        (tests/unit/mesh_agent_double.py: the protocol and the join, no RDMA), the
+        coordinator under `prlimit --nofile=256`: the window it took, the most descriptors
+        it held at once, and the wall time to a whole mesh of 2 rounds.
+
     tests/testbed/testbed mesh -- .venv/bin/python bench/bench_mesh.py testbed [REPEAT]
         In the mesh testbed's first node: `ibtool mesh` through ClusterShell over 2, 3, ... N
         nodes (the whole mesh, Python start-up on every node included), against the pile it
@@ -94,6 +103,70 @@ def blackhole(n: int) -> None:
               f"{cpu:>7.1f}  {said or 'none'}", flush=True)  # fmt: skip
 
 
+def plans(sizes: list[int]) -> None:
+    from ibtool.mesh import protocol
+    from ibtool.mesh.schedule import plan as schedule_of
+    from tests.unit.mesh_fake import FakeCluster
+
+    print(f"{'nodes':>6} {'rounds':>7} {'one plan':>10} {'agent max':>10} {'all agents':>11} "
+          f"{'ratio':>6}")  # fmt: skip
+    for n in sizes:
+        for rounds in (None, 64):
+            cluster = FakeCluster(n, RAILS)
+            result = mesh(cluster, Options(rounds=rounds), ["ibtool"], lambda line: None,
+                          clock=cluster.clock)  # fmt: skip
+            seen: dict[str, int] = {}
+            ids = []
+            for e in result.endpoints:  # (agent id, the endpoint's index in its node's hello)
+                ids.append((cluster.ids[e.node], seen.get(e.node, 0)))
+                seen[e.node] = seen.get(e.node, 0) + 1
+            whole = protocol.plan_message(
+                result.endpoints, ids, schedule_of(result.endpoints, False, rounds),
+                result.settings,
+            )  # fmt: skip
+            before = len(whole) * n  # every agent the whole plan
+            print(f"{n:>6} {rounds or 'all':>7} {len(whole):>10} {cluster.plan_max:>10} "
+                  f"{cluster.plan_bytes:>11} {before / cluster.plan_bytes:>6.1f}",
+                  flush=True)  # fmt: skip
+
+
+FANOUT = """
+import os, resource, sys, threading, time
+sys.path.insert(0, {root!r})
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+from ibtool.mesh.engines import ClusterShellEngine
+from ibtool.mesh.run import Options, mesh
+most = [0]
+def count():
+    while True:
+        most[0] = max(most[0], len(os.listdir("/proc/self/fd")))
+        time.sleep(0.01)
+threading.Thread(target=count, daemon=True).start()
+engine = ClusterShellEngine("n[1-{n}]", remote=False)
+t0 = time.monotonic()
+result = mesh(engine, Options(count=5, rounds=2, quiet=0.0), [sys.executable, {double!r}, "%h"],
+              lambda line: None, listen=("127.0.0.1", 0))
+print(engine.window, most[0], len(result.endpoints), len(result.verdicts),
+      round(time.monotonic() - t0, 1))
+"""
+
+
+def fanout(sizes: list[int]) -> None:
+    plans([64, 256, 1024])
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    double = os.path.join(root, "tests", "unit", "mesh_agent_double.py")
+    print(f"\n{'agents':>6} {'nofile':>6} {'window':>6} {'most fds':>8} {'meshed':>6} "
+          f"{'verdicts':>8} {'wall s':>6}")  # fmt: skip
+    for n in sizes:
+        proc = _run([sys.executable, "-c", FANOUT.format(root=root, double=double, n=n)])
+        if proc.returncode:
+            print(f"{n:>6} failed: {proc.stderr.strip().splitlines()[-1:]}")
+            continue
+        window, most, meshed, verdicts, wall = proc.stdout.split()
+        print(f"{n:>6} {256:>6} {window:>6} {most:>8} {meshed:>6} {verdicts:>8} {wall:>6}",
+              flush=True)  # fmt: skip
+
+
 def _run(argv: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
@@ -160,7 +233,10 @@ if __name__ == "__main__":
         blackhole(int(sys.argv[2]) if len(sys.argv) > 2 else 1024)
     elif what == "testbed":
         testbed(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+    elif what == "fanout":
+        fanout([int(a) for a in sys.argv[2:]] or [50, 100, 200])
     else:
         raise SystemExit(
-            "usage: bench_mesh.py simulate [NODES...] | blackhole [NODES] | testbed [REPEAT]"
+            "usage: bench_mesh.py simulate [NODES...] | blackhole [NODES] | fanout [AGENTS...] "
+            "| testbed [REPEAT]"
         )

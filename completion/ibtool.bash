@@ -46,7 +46,7 @@ _ibtool_options() {
         gids) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --type --netdev --ip --port --best) ;;
         health) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --config --state --no-state --lock-wait --check --skip --datapath --textfile --slurm-drain -v --verbose --list --print-nhc) ;;
         loopback) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --ops --size --iters --gid-index --pkey-index --timeout --depth --sl --qkey) ;;
-        mesh) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --srun --local --agent --dev --exclude --rail --all-rails -c --count --size --mode --rate --timeout --qp-timeout --tclass --sl --gid-index --pkey-index --full-payload --qps --bw --rounds --deadline --abandon --slow --tcp-port --ibtool --start-timeout --textfile --plot --no-save) ;;
+        mesh) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --srun --local --agent --connect --detach --dev --exclude --rail --all-rails -c --count --size --mode --rate --timeout --qp-timeout --tclass --sl --gid-index --pkey-index --full-payload --qps --bw --rounds --deadline --abandon --slow --tcp-port --fanout --listen --ibtool --start-timeout --textfile --plot --no-save) ;;
         monitor) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --interval --count --timeout) ;;
         ping) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --server --compat --cm --sl --tclass --mtu -q --quiet --qp-timeout --hw-timestamps --bind --port --dev --gid-index --pkey-index --mode -c --count -i --interval -s --size -w --deadline -W --timeout --max-sessions --max-per-source --idle-timeout --max-rate --max-memory --allow --no-facts) ;;
         plugins) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
@@ -96,7 +96,7 @@ _ibtool_value() {
         'loopback --snapshot-limit'|'loopback --ops'|'loopback --size'|'loopback --iters'|'loopback --gid-index'|'loopback --pkey-index'|'loopback --timeout'|'loopback --depth'|'loopback --sl'|'loopback --qkey') _ibtool_kind=none ;;
         'mesh --root') _ibtool_kind=dir ;;
         'mesh --snapshot'|'mesh --textfile'|'mesh --plot') _ibtool_kind=file ;;
-        'mesh --snapshot-limit'|'mesh -c'|'mesh --count'|'mesh --size'|'mesh --rate'|'mesh --timeout'|'mesh --qp-timeout'|'mesh --tclass'|'mesh --sl'|'mesh --gid-index'|'mesh --pkey-index'|'mesh --full-payload'|'mesh --qps'|'mesh --rounds'|'mesh --deadline'|'mesh --abandon'|'mesh --slow'|'mesh --tcp-port'|'mesh --ibtool'|'mesh --start-timeout') _ibtool_kind=none ;;
+        'mesh --snapshot-limit'|'mesh --connect'|'mesh -c'|'mesh --count'|'mesh --size'|'mesh --rate'|'mesh --timeout'|'mesh --qp-timeout'|'mesh --tclass'|'mesh --sl'|'mesh --gid-index'|'mesh --pkey-index'|'mesh --full-payload'|'mesh --qps'|'mesh --rounds'|'mesh --deadline'|'mesh --abandon'|'mesh --slow'|'mesh --tcp-port'|'mesh --fanout'|'mesh --listen'|'mesh --ibtool'|'mesh --start-timeout') _ibtool_kind=none ;;
         'mesh --dev'|'mesh --exclude'|'mesh --rail') _ibtool_kind=devport ;;
         'mesh --mode') _ibtool_kind=choices _ibtool_r=(send write-imm) ;;
         'monitor --root') _ibtool_kind=dir ;;

@@ -37,6 +37,8 @@ KINDS: dict[tuple[str, str], str | None] = {
     ("ping", "--port"): None,  # the server's TCP port
     ("doctor", "--port"): None,  # the TCP port of the peer's ping server
     ("mesh", "--tcp-port"): None,
+    ("mesh", "--listen"): None,  # ADDR[:PORT] the agents join
+    ("mesh", "--connect"): None,  # an agent's: the coordinator's ADDR:PORT
     ("exporter", "--listen"): None,  # ADDR:PORT to serve HTTP on
     ("ping", "--bind"): None,  # an address of this host
     ("gids", "--netdev"): None,  # a netdev, not an RDMA device

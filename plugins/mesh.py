@@ -40,7 +40,18 @@ def configure(parser) -> None:
     how.add_argument(
         "--agent",
         action="store_true",
-        help="what the mesh runs on each node (over stdin/stdout; not by hand)",
+        help="what the mesh runs on each node (not by hand)",
+    )
+    parser.add_argument(
+        "--connect",
+        type=_listen,
+        metavar="[ADDR]:PORT",
+        help="an agent's: the coordinator it joins (ADDR: where its ssh or srun came from)",
+    )
+    parser.add_argument(
+        "--detach",
+        action="store_true",
+        help="an agent's: leave its ssh once joined",
     )
     parser.add_argument(
         "--dev",
@@ -200,6 +211,20 @@ def configure(parser) -> None:
         help=f"the agents' ping servers' TCP port (default {TCP_PORT})",
     )
     parser.add_argument(
+        "--fanout",
+        type=number(int, 1, 100000),
+        default=64,
+        metavar="N",
+        help="ssh starting agents at a time, as clush's (default 64)",
+    )
+    parser.add_argument(
+        "--listen",
+        type=_listen,
+        metavar="ADDR[:PORT]",
+        help="where the agents join this host: an address they reach (default: every "
+        "address, a free port; each node joins where its ssh came from)",
+    )
+    parser.add_argument(
         "--ibtool",
         default="ibtool",
         metavar="CMD",
@@ -239,8 +264,9 @@ def run(inv: Invocation) -> int:
         from ibtool.mesh import agent
 
         return agent.main(
-            inv.host, chosen=agent.PortChoice(args.dev, args.exclude), gid_index=args.gid_index
-        )
+            inv.host, chosen=agent.PortChoice(args.dev, args.exclude), gid_index=args.gid_index,
+            connect=args.connect, detach=args.detach,
+        )  # fmt: skip
     _check_outputs(args)  # before the mesh: a wrong path is known in a second, not after it
     engine, argv = _engine(inv)
     from ibtool.mesh.run import Options, mesh
@@ -275,7 +301,7 @@ def run(inv: Invocation) -> int:
         )
         sys.stderr.flush()
 
-    result = mesh(engine, options, argv, say)
+    result = mesh(engine, options, argv, say, listen=args.listen or ("", 0))
     _outputs(inv, result)
     return result.exit_code()
 
@@ -285,6 +311,15 @@ def _rail_map(text: str):
 
     try:
         return parse_map(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _listen(text: str) -> tuple[str, int]:
+    from ibtool.mesh.channel import parse_listen
+
+    try:
+        return parse_listen(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -329,7 +364,7 @@ def _engine(inv: Invocation):
             "ibtool mesh needs the nodes: NODESET, --srun in an allocation, or --local",
             "ibtool mesh 'node[01-16]', or ibtool mesh --local for this host's ports",
         )
-    return engines.ClusterShellEngine(args.nodeset), remote + agent
+    return engines.ClusterShellEngine(args.nodeset, fanout=args.fanout), remote + agent
 
 
 def _outputs(inv: Invocation, result) -> None:

@@ -3,14 +3,17 @@
 It says which endpoints its node has (every RDMA port), serves pings on each ACTIVE one
 (ibtool ping's native server, bound to the endpoint's address, admitting only the mesh's
 addresses), and in each round pings its partner from each endpoint (ibtool ping's client,
-from the endpoint's address), one partner at a time. It talks to the coordinator over its
-standard input and output (protocol.py) and ends with them: on `end`, on EOF (the
-coordinator, its ssh or its srun is gone), after IDLE seconds of silence, or on a signal,
-every server is stopped and every QP, CQ, MR and PD it built is destroyed before it exits.
+from the endpoint's address), one partner at a time. It reads its join on its standard input,
+connects back to the coordinator with it (channel.py) and talks over that connection
+(protocol.py); started by ssh, it then leaves the ssh (--detach). It ends with the
+connection: on `end`, on EOF (the coordinator is gone), after IDLE seconds of silence, or on
+a signal, every server is stopped and every QP, CQ, MR and PD it built is destroyed before
+it exits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import ipaddress
 import os
@@ -27,8 +30,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ibtool.errors import IbtoolError
-from ibtool.mesh import protocol
-from ibtool.mesh.schedule import Partners, Schedule
+from ibtool.mesh import channel, protocol
 from ibtool.model.mesh import LOCAL_ROUTE, PairState
 from ibtool.model.names import natural_key
 from ibtool.model.records import LinkLayer
@@ -326,6 +328,17 @@ class Server:
 _ROUND_DONE = object()  # a round's thread, to the agent's loop: its report is out
 
 
+def _destinations(wire: dict, own) -> dict[int, list[int]]:
+    """Whom each of `own` pings, round by round (-1: nobody), from the plan's schedule."""
+    out: dict[int, list[int]] = {}
+    for name, members in wire["groups"].items():
+        shifts, n = wire["shifts"][name], len(members)
+        for pos, i in enumerate(members):
+            if i in own:
+                out[i] = [members[(pos + s) % n] for s in shifts]
+    return out
+
+
 def _read_into(lines: Lines, inbox: queue.Queue) -> None:
     """The coordinator's messages into `inbox`, checked; None at its end, or the error."""
     try:
@@ -405,19 +418,14 @@ class Agent:
     def _setup(self, plan: dict, mine: list[dict]) -> None:
         from ibtool.rdma.ladder import MTU_BYTES, Ladder  # pyverbs: only once there is a plan
 
-        eps = plan["endpoints"]
+        eps = plan["endpoints"]  # [index, agent id, its index there, address, up(, port)]
         self.plan, self.mine = plan, mine
-        self.addresses = [e[2] for e in eps]
-        self.ports = [e[4] if len(e) == 5 else plan["tcp_port"] for e in eps]
-        self.up = [bool(e[3]) for e in eps]
+        self.addresses = {e[0]: e[3] for e in eps}
+        self.ports = {e[0]: e[5] if len(e) == 6 else plan["tcp_port"] for e in eps}
+        self.up = {e[0]: bool(e[4]) for e in eps}
         self.skip: set[int] = set()
-        sched = plan["schedule"]
-        schedule = Schedule(
-            {k: tuple(v) for k, v in sched["groups"].items()},
-            {k: tuple(v) for k, v in sched["shifts"].items()},
-        )
-        self.partners = Partners(schedule, len(eps))
-        self.own = {i: e[1] for i, e in enumerate(eps) if e[0] == self.id and e[1] < len(mine)}
+        self.own = {e[0]: e[2] for e in eps if e[1] == self.id and e[2] < len(mine)}
+        self.dests = _destinations(plan["schedule"], self.own)
         problems: dict[str, str] = {}
         mtus: dict[str, int] = {}
         listening = []
@@ -436,7 +444,8 @@ class Agent:
             if mtu:
                 mtus[str(k)] = mtu
             try:
-                server = Server(ep, self.plan, self.addresses, self.warn, self.ports[i])
+                server = Server(ep, self.plan, list(self.addresses.values()), self.warn,
+                                self.ports[i])  # fmt: skip
             except OSError as e:
                 problems[str(k)] = f"cannot start its ping server: {e.strerror or e}"
                 continue
@@ -465,7 +474,7 @@ class Agent:
         try:
             mine: dict[int, list[int]] = {}
             for i, d in pairs:
-                if i in self.own and 0 <= d < len(self.up):
+                if i in self.own and d in self.up:
                     mine.setdefault(i, []).append(d)
             results: list[list] = []
             lock = threading.Lock()
@@ -502,7 +511,8 @@ class Agent:
         before = {i: self._retransmissions(i) for i in self.ladders}
         quiet = self._quiet(before)
         for i in sorted(self.own):
-            d = self.partners.of(r, i) if r < self.partners.rounds else -1
+            dests = self.dests.get(i, ())
+            d = dests[r] if r < len(dests) else -1
             if d < 0:
                 continue
             why = self._unusable(i, d)
@@ -547,7 +557,7 @@ class Agent:
 
     def _unusable(self, i: int, d: int) -> str | None:
         for end, what in ((i, "this end"), (d, "the other end")):
-            if not self.up[end] or end in self.skip:
+            if not self.up.get(end) or end in self.skip:
                 return f"not probed: {what} is down or has no agent"
         if i not in self.ladders:
             return "not probed: this end has no verbs context"
@@ -842,30 +852,91 @@ def main(
     fd: int = 0,
     chosen: PortChoice | None = None,
     gid_index: int | None = None,
+    connect: tuple[str, int] | None = None,
+    detach: bool = False,
 ) -> int:
-    """The agent on this host, over stdin/stdout, meshing the ports `chosen` (through the
-    GID at `gid_index`, else the --best rule's); its exit code."""
+    """The agent on this host, meshing the ports `chosen` (through the GID at `gid_index`,
+    else the --best rule's); its exit code. It reads its join from `fd` (its standard input),
+    connects back to the coordinator at `connect` (its address "" where the node's ssh or
+    srun says it) and speaks over that connection; `detach`: then it leaves its ssh, which
+    ends and frees its place in ClusterShell's window. Without `connect` (a test's), it
+    speaks over `fd` and `out`."""
     out = out or sys.stdout
     err = err or sys.stderr
     lock = threading.Lock()
+    joined: list[socket.socket] = []
 
     def say(message: dict) -> None:
+        data = protocol.dumps(message)
         with lock:
-            out.write(protocol.dumps(message))
+            if joined:
+                try:
+                    joined[0].sendall(data.encode())
+                except OSError:
+                    raise BrokenPipeError from None
+                return
+            out.write(data)
             out.flush()
 
     def warn(line: str) -> None:
+        if joined:
+            with contextlib.suppress(BrokenPipeError):
+                say({"t": "warn", "text": line[: protocol.MAX_ERROR]})
+            return
         with lock:
             err.write(f"ibtool mesh agent: {line}\n")
             err.flush()
 
     try:
-        return Agent(host, say, warn, chosen, gid_index).run(Lines(fd))
+        lines = Lines(fd)
+        if connect is not None:
+            lines = _join(connect, Lines(fd, JOIN_WAIT, channel.MAX_JOIN), joined, detach)
+        return Agent(host, say, warn, chosen, gid_index).run(lines)
     except protocol.AgentError as e:
         warn(f"the coordinator's message: {e}")
         return 7
     except BrokenPipeError:
         return 0  # the coordinator is gone; everything was closed on the way out
     except IbtoolError as e:
-        say({"t": "error", "message": e.message, "hint": e.hint})
+        with contextlib.suppress(BrokenPipeError):
+            say({"t": "error", "message": e.message, "hint": e.hint})
         raise
+    finally:
+        for sock in joined:
+            sock.close()
+
+
+JOIN_WAIT = 60.0  # s for the join on standard input (ssh and Python started before it)
+
+
+def _join(connect: tuple[str, int], stdin: Lines, joined: list, detach: bool) -> Lines:
+    """The join read, the coordinator reached and joined; its connection's lines."""
+    given = channel.read_join(stdin.next())
+    address = channel.coordinator_address(connect[0])
+    if address is None:
+        raise IbtoolError(
+            "an ibtool mesh agent cannot tell where its coordinator is: neither ssh "
+            "(SSH_CONNECTION) nor srun (SLURM_LAUNCH_NODE_IPADDR) says it",
+            "ibtool mesh --listen ADDR gives the nodes the coordinator's address",
+        )
+    sock = channel.join(address, connect[1], given)
+    joined.append(sock)
+    if detach:
+        _detach()
+    return Lines(sock.fileno())
+
+
+def _detach() -> None:
+    """Leave the ssh that started this agent: the parent exits (its ssh ends, ClusterShell's
+    window moves on), the child goes on in a session of its own, its standard streams on
+    /dev/null. Nothing of the agent is running yet (no thread, no verbs), so fork is safe."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.fork() > 0:
+        os._exit(0)
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for std in (0, 1, 2):
+        os.dup2(null, std)
+    if null > 2:
+        os.close(null)

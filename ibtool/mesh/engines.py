@@ -1,10 +1,13 @@
 """The engines a mesh fans out through, all alike to the coordinator: start the agent on every
-node, broadcast a line to all of them, hand over what each says, close.
+node with its join on its standard input, hand over what each says before it joins (why it
+could not: ssh failed, no ibtool, no RDMA device) and how it ended, close. Once joined, an
+agent speaks over its own connection to the coordinator (channel.py), not through the engine.
 
 - ClusterShell (its Python API: ssh as the cluster has it configured, clush.conf's options,
-  a gateway tree where topology.conf defines one). Every agent must run at once, so the
-  fanout is the node count, and ClusterShell keeps no copy of the output (msgtree off).
-- Slurm: `srun` inside an allocation, one task per node, stdin broadcast to every task
+  a gateway tree where topology.conf defines one), one worker a node (each its own join),
+  through a window of ssh at a time (--fanout, clush's 64): an agent leaves its ssh once it
+  joined, so the window moves on. ClusterShell keeps no copy of the output (msgtree off).
+- Slurm: `srun` inside an allocation, one task per node, the join broadcast to every task
   (srun's default --input=all), each output line labelled with its task (--label).
 - local: this host alone (`ibtool mesh --local`), the agent as a child process.
 
@@ -36,19 +39,25 @@ class Event:
     node: str  # the engine's name for the node ("" for the whole engine)
     kind: str  # LINE, STDERR or EXIT
     data: object  # the line (str), or the exit code (int)
+    origin: str = "engine"  # or channel.CHANNEL: the agent's own connection
 
 
 class Engine:
     name = "engine"
     nodes: list[str]
+    # Whether its agents leave it once joined (--detach): ssh's do, so that its window moves
+    # on; srun's must not (the step's end kills what it started) and need not (one srun).
+    detaches = False
+    # Whether each node gets its own join (its own token and key); else one join for all,
+    # each agent keyed by its task (srun's --input=all is one stream)
+    own_joins = True
 
     def __init__(self) -> None:
         self.events: queue.Queue[Event] = queue.Queue()
 
-    def start(self, argv: list[str]) -> None:
-        raise NotImplementedError
-
-    def send(self, line: str) -> None:
+    def start(self, argv: list[str], joins: dict[str, str]) -> None:
+        """Start `argv` on every node, `joins[node]` its first line of input (`joins[""]`
+        for every node, where the engine has one input for all)."""
         raise NotImplementedError
 
     def close(self, grace: float) -> None:
@@ -73,7 +82,7 @@ def _line(raw: bytes | str) -> str:
 
 # -- ClusterShell ----------------------------------------------------------------------------
 
-_EOF, _ABORT = "eof", "abort"
+_ABORT = "abort"
 
 
 def parse_nodeset(text: str) -> list[str]:
@@ -97,30 +106,32 @@ def parse_nodeset(text: str) -> list[str]:
     return nodes
 
 
-# Every agent runs for the whole mesh, so ClusterShell holds every node's connection at once:
-# its stdin, stdout and stderr pipes, three descriptors a node in this process (ssh's own are
-# its own). The usual soft limit of 1,024 ends near 330 nodes; clush raises its soft limit to
-# min(hard, fd_max = 8192) for the same reason (ClusterShell CLI/Clush.py set_fdlimit).
-FDS_PER_NODE = 3
-FDS_SPARE = 64  # this process's own: the Python runtime, the textfile, a plot, logs
+# Descriptors of this process: one a joined agent (its connection, channel.py) for the whole
+# mesh, and, while ClusterShell starts them, three an ssh in its window (stdin, stdout and
+# stderr pipes). clush raises its soft limit to min(hard, fd_max = 8192) for the same reason
+# (ClusterShell CLI/Clush.py set_fdlimit); what cannot be raised shrinks the window.
+FDS_PER_START = 3
+FDS_SPARE = 24  # this process's own: the runtime, the listener, ClusterShell's port and poll
 FD_MAX = 8192
+FANOUT = 64  # ssh at a time, as clush's default fanout
 
 
-def open_files_for(nodes: int, limits=None) -> int:
+def open_files_for(nodes: int, starting: int = 1, limits=None) -> int:
     """Raises this process's soft limit of open files as clush does, enough for `nodes`
-    agents at once; the soft limit now. UsageError when the hard limit cannot hold them."""
+    joined agents and `starting` ssh at once; the soft limit now. UsageError when the
+    hard limit cannot hold the agents and one ssh."""
     import resource
 
     get, set_ = limits or (resource.getrlimit, resource.setrlimit)
     soft, hard = get(resource.RLIMIT_NOFILE)
-    needed = FDS_PER_NODE * nodes + FDS_SPARE
+    least = nodes + FDS_PER_START + FDS_SPARE
+    needed = nodes + FDS_PER_START * max(1, starting) + FDS_SPARE
     unlimited = hard == resource.RLIM_INFINITY
-    if not unlimited and hard < needed:
+    if not unlimited and hard < least:
         raise UsageError(
-            f"{nodes} nodes at once need about {needed} open files, and this process may "
-            f"open {hard} (ulimit -Hn)",
-            "raise the hard limit (limits.conf nofile), or mesh through Slurm (--srun: one "
-            "srun, whatever the nodes), or fewer nodes at a time",
+            f"{nodes} nodes need about {least} open files (one a node's agent), and this "
+            f"process may open {hard} (ulimit -Hn)",
+            "raise the hard limit (limits.conf nofile), or fewer nodes at a time",
         )
     wanted = max(needed, FD_MAX) if unlimited else min(hard, max(needed, FD_MAX))
     if soft != resource.RLIM_INFINITY and soft < wanted:
@@ -129,10 +140,19 @@ def open_files_for(nodes: int, limits=None) -> int:
     return soft
 
 
+def window(nodes: int, fanout: int, soft: int) -> int:
+    """ssh at a time: `fanout`, or fewer where the open files left beside the joined agents
+    take fewer (at least one)."""
+    room = (soft - nodes - FDS_SPARE) // FDS_PER_START if soft >= 0 else fanout
+    return max(1, min(fanout, nodes, room))
+
+
 class ClusterShellEngine(Engine):
     name = "clustershell"
+    detaches = True
 
-    def __init__(self, nodeset: str, connect_timeout: float | None = None, remote: bool = True):
+    def __init__(self, nodeset: str, connect_timeout: float | None = None, remote: bool = True,
+                 fanout: int = FANOUT):  # fmt: skip
         """`remote` False: ClusterShell's exec worker runs the command here once a node, %h
         in it standing for the node (`ip netns exec %h ...`, a container, a test)."""
         super().__init__()
@@ -140,22 +160,25 @@ class ClusterShellEngine(Engine):
         self.nodes = parse_nodeset(nodeset)
         self.nodeset = nodeset
         self.connect_timeout = connect_timeout
+        self.fanout = fanout
+        self.window = fanout
         self.port = None
         self.thread: threading.Thread | None = None
 
-    def start(self, argv: list[str]) -> None:
-        open_files_for(len(self.nodes))
+    def start(self, argv: list[str], joins: dict[str, str]) -> None:
+        soft = open_files_for(len(self.nodes), self.fanout)
+        self.window = window(len(self.nodes), self.fanout, soft)
         ready = threading.Event()
         failed: list[BaseException] = []
         self.thread = threading.Thread(
-            target=self._loop, args=(shlex.join(argv), ready, failed), daemon=True
+            target=self._loop, args=(shlex.join(argv), joins, ready, failed), daemon=True
         )
         self.thread.start()
         ready.wait()
         if failed:
             raise IbtoolError(f"ClusterShell could not start: {failed[0]}")
 
-    def _loop(self, command: str, ready: threading.Event, failed: list) -> None:
+    def _loop(self, command: str, joins: dict, ready: threading.Event, failed: list) -> None:
         from ClusterShell.Event import EventHandler
         from ClusterShell.NodeSet import NodeSet
         from ClusterShell.Task import task_self
@@ -172,27 +195,23 @@ class ClusterShellEngine(Engine):
 
         class Writer(EventHandler):
             def ev_msg(self, port, msg):
-                if msg == _EOF:
-                    worker.set_write_eof()
-                elif msg == _ABORT:
+                if msg == _ABORT:
                     task.abort(kill=True)
-                else:
-                    worker.write(msg.encode())
 
         try:
             task = task_self()
             task.set_default("stdout_msgtree", False)  # the coordinator keeps what it needs
             task.set_default("stderr_msgtree", False)
-            task.set_info("fanout", len(self.nodes))  # every agent at once: they meet in rounds
+            # ssh at a time: each ends once its agent joined (it detaches), the next starts
+            task.set_info("fanout", self.window)
             if self.connect_timeout:
                 task.set_info("connect_timeout", self.connect_timeout)
-            worker = task.shell(
-                command,
-                nodes=NodeSet.fromlist(self.nodes),
-                handler=Reader(),
-                stderr=True,
-                remote=self.remote,
-            )
+            reader = Reader()
+            for node in self.nodes:  # a worker a node: each its own join on its stdin
+                worker = task.shell(command, nodes=NodeSet(node), handler=reader,
+                                    stderr=True, remote=self.remote)  # fmt: skip
+                worker.write(joins[node].encode())  # kept until its ssh starts
+                worker.set_write_eof()
             self.port = task.port(handler=Writer(), autoclose=True)
         except Exception as e:  # ClusterShell's own errors: said by start()
             failed.append(e)
@@ -205,17 +224,12 @@ class ClusterShellEngine(Engine):
             events.put(Event("", STDERR, f"ClusterShell: {e}"))
         events.put(Event("", EXIT, None))
 
-    def send(self, line: str) -> None:
-        if self.port is not None:
-            self.port.msg_send(line)
-
     def close(self, grace: float) -> None:
         if self.thread is None:
             return
-        self.send(_EOF)
-        self.thread.join(grace)
-        if self.thread.is_alive():
-            self.send(_ABORT)  # ssh killed: an agent sees EOF and cleans up
+        self.thread.join(grace)  # the ssh still starting agents, or stuck
+        if self.thread.is_alive() and self.port is not None:
+            self.port.msg_send(_ABORT)  # ssh killed: an agent sees EOF and cleans up
             self.thread.join(10)
 
 
@@ -235,7 +249,8 @@ class ProcessEngine(Engine):
     def node_of(self, line: str) -> tuple[str, str] | None:
         raise NotImplementedError
 
-    def start(self, argv: list[str]) -> None:
+    def start(self, argv: list[str], joins: dict[str, str]) -> None:
+        open_files_for(len(self.nodes))
         cmd = self.command(argv)
         try:
             self.proc = subprocess.Popen(
@@ -252,6 +267,11 @@ class ProcessEngine(Engine):
         for stream, kind in ((self.proc.stdout, LINE), (self.proc.stderr, STDERR)):
             threading.Thread(target=self._read, args=(stream, kind), daemon=True).start()
         threading.Thread(target=self._wait, daemon=True).start()
+        # the join, then EOF: an agent reads one line of its input (srun: every task's)
+        join = joins[""] if "" in joins else joins[self.nodes[0]]
+        with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+            self.proc.stdin.write(join.encode())
+            self.proc.stdin.close()
 
     def missing_hint(self) -> str | None:
         return None
@@ -271,18 +291,9 @@ class ProcessEngine(Engine):
         rc = self.proc.wait()
         self.events.put(Event("", EXIT, rc))
 
-    def send(self, line: str) -> None:
-        try:
-            self.proc.stdin.write(line.encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            pass  # it is gone: its exit event says so
-
     def close(self, grace: float) -> None:
         if self.proc is None:
             return
-        with contextlib.suppress(OSError, ValueError):
-            self.proc.stdin.close()
         try:
             self.proc.wait(grace)
         except subprocess.TimeoutExpired:
@@ -320,6 +331,7 @@ class SrunEngine(ProcessEngine):
     its hello (SLURMD_NODENAME), so the coordinator maps tasks to nodes by what they say."""
 
     name = "srun"
+    own_joins = False
 
     def __init__(self, nodeset: str | None, overlap: bool, srun: str = "srun"):
         super().__init__()

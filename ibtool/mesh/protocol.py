@@ -1,8 +1,12 @@
 """What the mesh's coordinator and its agents say to each other: one JSON object a line.
 
 The coordinator starts `ibtool mesh --agent` on every node through the engine (ClusterShell's
-ssh, srun, or a local process) and talks to them over their standard input and output, which
-is what every engine carries. An agent says:
+ssh, srun, or a local process), which gives each agent one line on its standard input:
+
+  join    the token (and the key) the agent proves itself with (channel.py)
+
+The agent connects back to the coordinator over TCP, says its join there, and from then on
+each side speaks over that connection. An agent says:
 
   hello   its endpoints (every RDMA port of its node: device, port, state, link layer, the
           address its ping server will listen on), and a random id the plan names it by
@@ -15,13 +19,16 @@ is what every engine carries. An agent says:
           (round 0 only): [retransmissions, milliseconds] from its ready to the round,
           while no agent pinged (someone else's traffic: a job's)
   retried the pairs of a retry it was the client of, as a result's
-  error   why it cannot take part (no RDMA device, no pyverbs, ...); it then exits
+  warn    a line for the operator (a server's refusal, a ladder that would not close)
+  error   why it cannot take part (no RDMA device, no pyverbs, ...); it then exits (said
+          on its standard output where it could not join)
 
-and the coordinator, to every agent at once (srun and ClusterShell broadcast stdin):
+and the coordinator, to each agent:
 
-  plan    every endpoint (agent id, its index there, address, up, and its server's TCP
-          port where it is not the mesh's: a side address), the schedule, the
-          pings and the path (`path`: sl, tclass, pkey_index; `full`, `qps`, `bw`)
+  plan    the endpoints it needs, each [index, agent id, its index there, address, up, and
+          its server's TCP port where it is not the mesh's: a side address]: its own, the
+          partners they ping and those that ping them, of `n` in the mesh; the schedule,
+          the pings and the path (`path`: sl, tclass, pkey_index; `full`, `qps`, `bw`)
   round   run round R; `skip`: endpoints found dead since the plan
   retry   after the last round, probe `pairs` ([src, dst]) again: those that lost pings
   end     stop the servers and exit (EOF on stdin says the same)
@@ -37,16 +44,18 @@ import ipaddress
 import json
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from ibtool.model.mesh import Endpoint, PairState
 from ibtool.model.names import printable
 from ibtool.rdma.wire import MODES
 
-VERSION = 1
+VERSION = 2  # 2: the agents join over TCP, each its own plan
 MAX_LINE = 64 * 1024  # an agent's line: a hello of MAX_ENDPOINTS, a round's result
 MAX_PLAN = 32 * 1024 * 1024  # the coordinator's plan: 8,192 endpoints is ~1 MiB
 MAX_ENDPOINTS = 64  # RDMA ports of one node
+MAX_MESH = 1 << 20  # endpoints of one mesh
 MAX_ERROR = 200  # characters of an error an agent reports
 MAX_QPS = 16  # QPs a pair's pings are spread over (--qps)
 MAX_RETRIES = 1024  # pairs one retry names (the coordinator retries fewer)
@@ -164,6 +173,8 @@ def parse_agent(line: str | bytes) -> dict[str, Any]:
         if not isinstance(pairs, list) or len(pairs) > MAX_RETRIES:
             raise AgentError("retried: pairs not a list")
         msg["pairs"] = [_pair(p) for p in pairs]
+    elif kind == "warn":
+        msg["text"] = _text(msg.get("text"), "warn") or ""
     elif kind == "error":
         msg["message"] = _text(msg.get("message"), "error") or "no reason given"
         msg["hint"] = _text(msg.get("hint"), "error: hint")
@@ -310,18 +321,31 @@ def plan_message(
     settings,
     qp_timeout: int = 14,
     abandon: int = 3,
+    needed: Iterable[int] | None = None,
+    encoded: dict[int, str] | None = None,
 ) -> str:
-    """The plan every agent gets: `ids[i]` is endpoint i's (agent id, index in its hello);
-    `settings` says the pings and the path (mesh.Settings)."""
-    return dumps(
+    """One agent's plan: the endpoints `needed` (default: all), `ids[i]` endpoint i's (agent
+    id, index in its hello); `schedule` (a Schedule, or its wire form: the agent's groups);
+    `settings` says the pings and the path (mesh.Settings).
+    `encoded`: a cache of the endpoints' JSON, kept across the agents' plans."""
+    cache = {} if encoded is None else encoded
+
+    def entry(i: int) -> str:
+        text = cache.get(i)
+        if text is None:
+            (aid, k), e = ids[i], endpoints[i]
+            text = cache[i] = json.dumps(
+                [i, aid, k, e.address or "", e.up, *([e.tcp_port] if e.tcp_port else [])],
+                separators=(",", ":"),
+            )
+        return text
+
+    rest = dumps(
         {
             "t": "plan",
             "v": VERSION,
-            "endpoints": [
-                [aid, k, e.address or "", e.up, *([e.tcp_port] if e.tcp_port else [])]
-                for (aid, k), e in zip(ids, endpoints)
-            ],
-            "schedule": schedule.to_wire(),
+            "n": len(endpoints),
+            "schedule": schedule if isinstance(schedule, dict) else schedule.to_wire(),
             "count": settings.count,
             "size": settings.size,
             "mode": settings.mode,
@@ -340,6 +364,8 @@ def plan_message(
             "bw": settings.bw,
         }  # fmt: skip
     )
+    wanted = range(len(endpoints)) if needed is None else sorted(needed)
+    return '{"endpoints":[' + ",".join(entry(i) for i in wanted) + "]," + rest[1:]
 
 
 def parse_coordinator(line: str | bytes) -> dict[str, Any]:
@@ -350,21 +376,26 @@ def parse_coordinator(line: str | bytes) -> dict[str, Any]:
     if kind == "plan":
         if msg.get("v") != VERSION:
             raise AgentError(f"plan of protocol version {msg.get('v')!r}, not {VERSION}")
+        n = _int(msg.get("n"), 0, MAX_MESH, "plan: endpoints in the mesh")
         eps = msg.get("endpoints")
-        if not isinstance(eps, list):
+        if not isinstance(eps, list) or len(eps) > n:
             raise AgentError("plan: no endpoints")
+        seen: set[int] = set()
         for e in eps:
-            if not (isinstance(e, list) and len(e) in (4, 5) and isinstance(e[0], str)):
-                raise AgentError("plan: an endpoint not [id, index, address, up(, port)]")
-            _int(e[1], 0, MAX_ENDPOINTS - 1, "plan: index")
-            if len(e) == 5:
-                _int(e[4], 1, 65535, "plan: endpoint's port")
-            if e[2]:
-                _address(e[2])
+            if not (isinstance(e, list) and len(e) in (5, 6) and isinstance(e[1], str)):
+                raise AgentError("plan: an endpoint not [i, id, index, address, up(, port)]")
+            i = _int(e[0], 0, n - 1, "plan: endpoint")
+            if i in seen:
+                raise AgentError("plan: an endpoint twice")
+            seen.add(i)
+            _int(e[2], 0, MAX_ENDPOINTS - 1, "plan: index")
+            if len(e) == 6:
+                _int(e[5], 1, 65535, "plan: endpoint's port")
+            if e[3]:
+                _address(e[3])
         sched = msg.get("schedule")
         if not isinstance(sched, dict):
             raise AgentError("plan: no schedule")
-        n = len(eps)
         groups, shifts = sched.get("groups"), sched.get("shifts")
         if not isinstance(groups, dict) or not isinstance(shifts, dict):
             raise AgentError("plan: schedule without groups and shifts")

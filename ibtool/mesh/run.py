@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ibtool.errors import IbtoolError
 from ibtool.mesh import protocol, rails
 from ibtool.mesh.analysis import analyse, slow_limits
+from ibtool.mesh.channel import Link
 from ibtool.mesh.engines import EXIT, LINE, STDERR, Engine
 from ibtool.mesh.schedule import Partners, plan
 from ibtool.model.mesh import Endpoint, MeshResult, Pair, PairState, PairTable, Settings
@@ -113,7 +114,9 @@ class Coordinator:
         self.nodes: dict[str, _Node] = {}
         self.unreachable: dict[str, str] = {}
         self.gone: set[str] = set()  # the keys of nodes out of the mesh
-        self.engine_done = False  # the engine itself ended (srun gone, ClusterShell's task)
+        # the engine itself ended (srun gone; ClusterShell's task, every ssh done, as when
+        # its agents have all joined and left their ssh)
+        self.engine_done = False
         self.quarantined: dict[int, str] = {}  # endpoint -> why, from the round it was found
         self.stopped: str | None = None  # why the rounds stopped before the last one
         # endpoint -> (retransmissions, ms) of its port in the quiet window before round 0
@@ -154,11 +157,14 @@ class Coordinator:
             if ev is None:
                 continue
             if ev.kind == EXIT and not ev.node:  # the whole engine ended
+                # those that joined talk over their own connections: the others never will
                 for n in self.nodes.values():
-                    if not n.gone:
+                    if not n.gone and not self.engine.joined(n.key):
                         self._drop(n, self._why_exit(n, ev.data))
                 self.engine_done = True
-                return
+                if not self._talking():
+                    return  # nobody joined is left: nothing more can come
+                continue
             node = self._node(ev.node)
             if ev.kind == STDERR:
                 if len(node.stderr) < MAX_STDERR and ev.data:
@@ -181,7 +187,18 @@ class Coordinator:
                     hint = f" ({msg['hint']})" if msg.get("hint") else ""
                     self._drop(node, f"its agent: {msg['message']}{hint}")
                     continue
+                if msg["t"] == "warn":
+                    if len(node.stderr) < MAX_STDERR and msg["text"]:
+                        node.stderr.append(printable(msg["text"], 160))
+                    continue
                 handle(node, msg)
+
+    def _talking(self) -> bool:
+        """Whether an agent may still speak: one that joined and is still in, or, before
+        the engine ended, one yet to join."""
+        if not self.engine_done:
+            return True
+        return any(not n.gone and self.engine.joined(n.key) for n in self.nodes.values())
 
     def _why_exit(self, node: _Node, rc) -> str:
         tail = f": {node.stderr[-1]}" if node.stderr else ""
@@ -206,9 +223,11 @@ class Coordinator:
         try:
             result = self._mesh(settings)
         finally:
-            if not self.engine_done:
-                self.engine.send(protocol.dumps({"t": "end"}))
+            self.engine.broadcast(protocol.dumps({"t": "end"}))
             self.engine.close(CLOSE_GRACE)
+        turned_away = self.engine.strangers()
+        if turned_away:
+            self.say(turned_away)
         result.started, result.elapsed = started_wall, self.clock() - t0
         return result
 
@@ -253,10 +272,8 @@ class Coordinator:
         result = MeshResult(settings, endpoints, table, schedule.rounds,
                             {k: list(v) for k, v in schedule.shifts.items()})  # fmt: skip
         live = [n for n in self.nodes.values() if n.hello and not n.gone]
-        if live and endpoints and not self.engine_done:
-            self.engine.send(
-                protocol.plan_message(endpoints, ids, schedule, settings, o.qp_timeout, o.abandon)
-            )
+        if live and endpoints:
+            self._plans(live, endpoints, ids, schedule, settings)
             self._ready(live, endpoints)
             self._quiet_window(live)
             self._rounds(live, endpoints, partners, table, result)
@@ -330,6 +347,24 @@ class Coordinator:
                 self._prefixes.append(e.get("prefix"))
         return endpoints, ids
 
+    def _plans(self, live: list[_Node], endpoints, ids, schedule, settings) -> None:
+        """Each agent its plan: its endpoints, those they meet in the rounds, and their
+        groups of the schedule. Agents whose groups are all probed whole (every shift) get
+        one and the same text, made once."""
+        o, encoded, made = self.o, {}, {}
+        for node in live:
+            names = tuple(sorted({schedule.group_of(i) for i in node.endpoints} - {None}))
+            whole = all(len(schedule.shifts[g]) >= len(schedule.groups[g]) - 1 for g in names)
+            line = made.get(names) if whole else None
+            if line is None:
+                line = protocol.plan_message(
+                    endpoints, ids, schedule.to_wire(names), settings, o.qp_timeout,
+                    o.abandon, needed=schedule.met(node.endpoints), encoded=encoded,
+                )  # fmt: skip
+                if whole:
+                    made[names] = line
+            self.engine.send_to(node.key, line)
+
     def _ready(self, live: list[_Node], endpoints: list[Endpoint]) -> None:
         def ready(node: _Node, msg: dict) -> None:
             if msg["t"] != "ready":
@@ -358,7 +393,7 @@ class Coordinator:
         def early(node: _Node, msg: dict) -> None:
             self._drop(node, f"said {msg['t']} before round 0")
 
-        if self.o.quiet > 0 and not self.engine_done:
+        if self.o.quiet > 0 and self._talking():
             self._pump(self.clock() + self.o.quiet, early, lambda: False)
 
     def _rounds(self, live, endpoints, partners: Partners, table: PairTable, result) -> None:
@@ -375,7 +410,7 @@ class Coordinator:
                 if n.gone:
                     dead.update(n.endpoints)
             dead.update(self.quarantined)
-            if all(n.gone for n in live) or self.engine_done:
+            if all(n.gone for n in live) or not self._talking():
                 break
             if ends_at is not None and self.clock() >= ends_at:
                 self.stopped = (
@@ -385,7 +420,7 @@ class Coordinator:
             skip = sorted(dead - told)
             told |= dead
             t_round = self.clock()
-            self.engine.send(protocol.dumps({"t": "round", "r": r, "skip": skip}))
+            self.engine.broadcast(protocol.dumps({"t": "round", "r": r, "skip": skip}))
             reported: set[str] = set()
 
             def result_of(node: _Node, msg: dict, r=r, reported=reported) -> None:
@@ -427,7 +462,7 @@ class Coordinator:
                 self.stopped = (
                     f"--deadline {o.deadline:g} s reached in round {r + 1} of {partners.rounds}"
                 )
-                self.engine.send(protocol.dumps({"t": "end"}))
+                self.engine.broadcast(protocol.dumps({"t": "end"}))
                 self._unrun(r, r + 1, live, reported, partners, table)
                 r += 1
                 break
@@ -452,7 +487,7 @@ class Coordinator:
         ping, within the limit, makes the first a transient, not judged; one that fails again
         adds its count to the pair's error. Not after --deadline stopped the rounds, nor for
         quarantined or departed endpoints."""
-        if self.stopped is not None or self.engine_done or not self.o.retry:
+        if self.stopped is not None or not self._talking() or not self.o.retry:
             return
         t = table
         limit = slow_limits(result, schedule)
@@ -481,7 +516,7 @@ class Coordinator:
             return  # none, or so many that they are no host's stall
         keys = {n.key for n in live if not n.gone and n.mine & {s for s, _ in wanted}}
         self.say(f"mesh: retrying {len(wanted)} pairs that lost pings or were slow")
-        self.engine.send(protocol.dumps({"t": "retry", "pairs": [list(p) for p in wanted]}))
+        self.engine.broadcast(protocol.dumps({"t": "retry", "pairs": [list(p) for p in wanted]}))
         answered: set[str] = set()
         whole = 0
 
@@ -619,9 +654,13 @@ def mesh(
     agent_argv: list[str],
     say,
     clock: Callable[[], float] = time.monotonic,
+    listen: tuple[str, int] = ("", 0),
 ) -> MeshResult:
-    """One mesh through `engine`; `say` gets its progress lines; `clock` is what its
-    deadlines and durations are read from (a test's virtual clock)."""
+    """One mesh through `engine`, its agents joining this host at `listen` (address, port:
+    "" and 0 for any); `say` gets its progress lines; `clock` is what its deadlines and
+    durations are read from (a test's virtual clock). An engine that is a link already (a
+    simulated cluster's) is spoken through as it is."""
     if options.rate <= 0:
         raise IbtoolError("--rate must be above 0")
-    return Coordinator(engine, options, say, clock).run(agent_argv)
+    link = engine if hasattr(engine, "broadcast") else Link(engine, listen)
+    return Coordinator(link, options, say, clock).run(agent_argv)

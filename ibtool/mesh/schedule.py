@@ -14,8 +14,9 @@ r-th shift of every group.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from ibtool.model.mesh import Endpoint
 
@@ -70,11 +71,41 @@ class Schedule:
         """`src`'s destination in every round (None: it sits the round out)."""
         return [self.partner(r, src) for r in range(self.rounds)]
 
-    def to_wire(self) -> dict:
+    def to_wire(self, names: Iterable[str] | None = None) -> dict:
+        """The schedule as a plan carries it: every group, or those `names`."""
+        names = self.groups if names is None else names
         return {
-            "groups": {k: list(v) for k, v in self.groups.items()},
-            "shifts": {k: list(v) for k, v in self.shifts.items()},
+            "groups": {k: list(self.groups[k]) for k in names},
+            "shifts": {k: list(self.shifts[k]) for k in names},
         }
+
+    @cached_property
+    def _where(self) -> dict[int, tuple[str, int]]:
+        return {m: (name, pos) for name, ms in self.groups.items() for pos, m in enumerate(ms)}
+
+    def group_of(self, i: int) -> str | None:
+        where = self._where.get(i)
+        return None if where is None else where[0]
+
+    def met(self, own: Iterable[int]) -> set[int]:
+        """The endpoints `own` meet in the rounds, themselves too: whom they ping and who
+        pings them (an agent's slice of the plan: the addresses it pings and admits)."""
+        out: set[int] = set()
+        for i in own:
+            out.add(i)
+            where = self._where.get(i)
+            if where is None:
+                continue
+            name, pos = where
+            members, shifts = self.groups[name], self.shifts[name]
+            n = len(members)
+            if len(shifts) >= n - 1:  # every shift: the whole group
+                out.update(members)
+                continue
+            for s in shifts:
+                out.add(members[(pos + s) % n])
+                out.add(members[(pos - s) % n])
+        return out
 
 
 def plan(endpoints: Sequence[Endpoint], all_rails: bool, rounds: int | None) -> Schedule:

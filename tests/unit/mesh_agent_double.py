@@ -1,31 +1,57 @@
-"""A mesh agent that speaks the protocol with no RDMA behind it, for the ClusterShell engine's
-unit test (its exec worker starts one a node): `python mesh_agent_double.py NODE [MODE]`.
+"""A mesh agent that speaks the protocol with no RDMA behind it, for the engines' unit tests
+(ClusterShell's exec worker or a stand-in srun starts one a node):
+`python mesh_agent_double.py NODE [MODE] --connect [ADDR]:PORT [--detach]`, the arguments in
+any order, as the real agent it reads its join on stdin, joins the coordinator over TCP
+(ibtool.mesh.channel.join, the agent's own), leaves its starter with --detach, and speaks
+there.
 
 MODE: `ok` (its pings all answered), `garbage` (a non-protocol line after the hello), `exit`
-(exits 3 after its hello), `early` (exits 3 before its hello, saying why on stderr), `banner`
+(exits 3 after its hello), `early` (exits 3 before joining, saying why on stderr), `banner`
 (prints a login banner first, then behaves)."""
 
 import json
+import os
 import sys
 
-node, mode = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "ok")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+from ibtool.mesh import channel  # noqa: E402
+from ibtool.mesh.agent import _detach  # noqa: E402
+from ibtool.mesh.protocol import VERSION  # noqa: E402
+
+args, connect, detach = [], None, False
+argv = iter(sys.argv[1:])
+for a in argv:
+    if a == "--connect":
+        connect = channel.parse_listen(next(argv))
+    elif a == "--detach":
+        detach = True
+    else:
+        args.append(a)
+node, mode = args[0], (args[1] if len(args) > 1 else "ok")
 index = int("".join(c for c in node if c.isdigit()) or 0)
-
-
-def say(msg):
-    sys.stdout.write(json.dumps(msg) + "\n")
-    sys.stdout.flush()
-
 
 if mode == "early":
     sys.stderr.write("ibtool: error: no RDMA devices (/sys/class/infiniband does not exist)\n")
     sys.exit(3)
 if mode == "banner":
     print("Welcome to the cluster. Unauthorized access prohibited.", flush=True)
+given = channel.read_join(sys.stdin.buffer.readline())
+sock = channel.join(channel.coordinator_address(connect[0]), connect[1], given)
+if detach:
+    _detach()
+stream = sock.makefile("rwb")
+
+
+def say(msg):
+    stream.write((json.dumps(msg) + "\n").encode())
+    stream.flush()
+
+
 say(
     {
         "t": "hello",
-        "v": 1,
+        "v": VERSION,
         "id": f"{index:016x}",
         "node": node,
         "endpoints": [
@@ -48,10 +74,10 @@ if mode == "exit":
 if mode == "garbage":
     say({"t": "result", "r": "x"})
 mine = None
-for line in sys.stdin:
+for line in stream:
     msg = json.loads(line)
     if msg["t"] == "plan":
-        mine = [i for i, e in enumerate(msg["endpoints"]) if e[0] == f"{index:016x}"]
+        mine = [e[0] for e in msg["endpoints"] if e[1] == f"{index:016x}"]
         groups, shifts = msg["schedule"]["groups"], msg["schedule"]["shifts"]
         say({"t": "ready", "problems": {}})
     elif msg["t"] == "round":

@@ -11,6 +11,7 @@ import queue
 
 from ibtool.mesh.agent import GiveUp
 from ibtool.mesh.engines import EXIT, LINE, STDERR, Engine, Event
+from ibtool.mesh.protocol import VERSION
 from ibtool.mesh.schedule import Partners, Schedule
 from ibtool.model.mesh import LOCAL_ROUTE
 
@@ -107,6 +108,14 @@ class FakeCluster(Engine):
         self.ids = {n: f"{i:016x}" for i, n in enumerate(self.nodes)}
         self.sent: list[str] = []
         self.closed = False
+        self.partners = None
+        self.alive: list[str] = []
+        self._parsed: dict[int, tuple] = {}
+        self._eps: dict[int, list] = {}
+        self._groups: dict[str, tuple] = {}
+        self._shifts: dict[str, tuple] = {}
+        self._slices: dict[str, dict] = {}
+        self.plan_bytes = self.plan_max = 0  # what the plans carried: all, the largest
 
     def address(self, node_index: int, rail: int) -> str:
         return f"10.{rail}.{node_index // 250}.{node_index % 250 + 1}"
@@ -135,7 +144,13 @@ class FakeCluster(Engine):
                      "fw": "16.35.2000", "prefix": self.prefix,
                      **self.drift.get(node, {}), **self.drift.get(name, {})}
                 )  # fmt: skip
-            hello = {"t": "hello", "v": 1, "id": self.ids[node], "node": node, "endpoints": eps}
+            hello = {
+                "t": "hello",
+                "v": VERSION,
+                "id": self.ids[node],
+                "node": node,
+                "endpoints": eps,
+            }
             self.events.put(Event(node, LINE, json.dumps(hello)))
 
     def get(self, timeout: float):
@@ -147,12 +162,42 @@ class FakeCluster(Engine):
             self.clock.now += max(0.0, timeout)
             return None
 
-    def send(self, line: str) -> None:
+    def joined(self, key: str) -> bool:
+        return key in self.ids and key not in self.silent and key not in self.garbage
+
+    def strangers(self) -> None:
+        return None
+
+    def send_to(self, key: str, line: str) -> None:
+        """An agent's own plan: its endpoints and those they meet. The simulation keeps the
+        union (the mesh as a whole) and checks that each agent got what it needs."""
+        self.sent.append(line[:200])
+        msg = self._parsed.get(id(line))
+        if msg is None:  # one text for many agents (their groups probed whole): read once
+            msg = self._parsed[id(line)] = (line, json.loads(line))
+        line_, msg = msg
+        assert msg["t"] == "plan"
+        self.plan = msg
+        for e in msg["endpoints"]:
+            self._eps[e[0]] = e
+        self._groups.update({k: tuple(v) for k, v in msg["schedule"]["groups"].items()})
+        self._shifts.update({k: tuple(v) for k, v in msg["schedule"]["shifts"].items()})
+        self._slices[key] = msg
+        self.plan_bytes += len(line)
+        self.plan_max = max(self.plan_max, len(line))
+        own = [e[0] for e in msg["endpoints"] if e[1] == self.ids[key]]
+        mtus = {str(e[2]): self.drift.get(f"{key}/rxe{self.devs[key][e[2]]}/1", {}).get(
+            "mtu", 4096) for e in msg["endpoints"] if e[1] == self.ids[key]}  # fmt: skip
+        assert own, key
+        ready = {"t": "ready", "problems": {}, "mtu": mtus}
+        self.events.put(Event(key, LINE, json.dumps(ready)))
+
+    def broadcast(self, line: str) -> None:
         self.sent.append(line[:200])
         msg = json.loads(line)
-        if msg["t"] == "plan":
-            self._plan(msg)
-        elif msg["t"] == "round":
+        if msg["t"] == "round":
+            if self.partners is None:
+                self._whole()
             self.skip.update(msg["skip"])  # as the agent keeps them: for the rest of the mesh
             self._round(msg["r"], self.skip)
         elif msg["t"] == "retry":
@@ -161,28 +206,28 @@ class FakeCluster(Engine):
             for node in self.alive:
                 self.events.put(Event(node, EXIT, 0))
 
-    def _plan(self, plan: dict) -> None:
-        self.plan = plan
-        eps = plan["endpoints"]
+    def _whole(self) -> None:
+        """The mesh from the agents' plans, each checked: every endpoint its own meet in the
+        rounds is in its plan, with its address."""
+        n = self.plan["n"]
+        assert sorted(self._eps) == list(range(n)), "an endpoint in no agent's plan"
+        eps = [self._eps[i] for i in range(n)]
         by_id = {v: k for k, v in self.ids.items()}
-        self.names = [f"{by_id[e[0]]}/rxe{self.devs[by_id[e[0]]][e[1]]}/1" for e in eps]
-        self.node_of = [by_id[e[0]] for e in eps]
-        self.up = [e[3] for e in eps]
-        s = plan["schedule"]
-        schedule = Schedule(
-            {k: tuple(v) for k, v in s["groups"].items()},
-            {k: tuple(v) for k, v in s["shifts"].items()},
-        )
-        self.partners = Partners(schedule, len(eps))
+        self.names = [f"{by_id[e[1]]}/rxe{self.devs[by_id[e[1]]][e[2]]}/1" for e in eps]
+        self.node_of = [by_id[e[1]] for e in eps]
+        self.up = [e[4] for e in eps]
+        schedule = Schedule(self._groups, self._shifts)
+        self.partners = Partners(schedule, n)
         self.own: dict[str, list[int]] = {}
         for i, node in enumerate(self.node_of):
             self.own.setdefault(node, []).append(i)
-        self.alive = [n for n in self.nodes if n in self.own]
+        self.alive = [node for node in self.nodes if node in self.own]
         for node in self.alive:
-            mtus = {str(k): self.drift.get(self.names[i], {}).get("mtu", 4096)
-                    for k, i in enumerate(self.own[node])}  # fmt: skip
-            ready = {"t": "ready", "problems": {}, "mtu": mtus}
-            self.events.put(Event(node, LINE, json.dumps(ready)))
+            have = {e[0] for e in self._slices[node]["endpoints"]}
+            for i in self.own[node]:
+                for r in range(self.partners.rounds):
+                    for p in (self.partners.of(r, i), self.partners.by(r, i)):
+                        assert p < 0 or p in have, f"{node}'s plan lacks endpoint {p}"
 
     def _pair(self, i: int, d: int) -> tuple[list, float]:
         """The pair's row as the agent reports it, and the seconds it took."""
@@ -196,7 +241,7 @@ class FakeCluster(Engine):
         if not (self.up[i] and self.up[d]):
             return [i, d, 2, 0, 0, None, None, None, False, "not probed: down"], 0.0
         if self.node_of[i] == self.node_of[d] and self.node_of[i] in self.looped:
-            why = f"{LOCAL_ROUTE} {self.plan['endpoints'][d][2]}, this host's own, through lo"
+            why = f"{LOCAL_ROUTE} {self._eps[d][3]}, this host's own, through lo"
             return [i, d, 2, 0, 0, None, None, None, False, why], 0.0
         if frozenset((a, b)) in self.blocked:
             return [i, d, 1, 0, 0, None, None, None, False, "cannot reach: timed out"], timeout

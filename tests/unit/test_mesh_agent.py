@@ -44,7 +44,7 @@ def test_roce_endpoint_is_its_gid_address(tmp_path):
     )
     assert with_prefix[0]["prefix"] == 24
     # what the coordinator accepts of it
-    hello = {"t": "hello", "v": 1, "id": "0" * 16, "node": "n1", "endpoints": [ep]}
+    hello = {"t": "hello", "v": protocol.VERSION, "id": "0" * 16, "node": "n1", "endpoints": [ep]}
     assert protocol.parse_agent(json.dumps(hello))["endpoints"][0]["address"] == "192.168.10.1"
 
 
@@ -121,7 +121,6 @@ def test_an_end_or_eof_mid_round_stops_the_pings_in_flight(tmp_path, monkeypatch
     import time
 
     from ibtool.mesh import agent as agent_mod
-    from ibtool.mesh.schedule import Partners, Schedule
 
     started, stopped = threading.Event(), []
 
@@ -133,9 +132,9 @@ def test_an_end_or_eof_mid_round_stops_the_pings_in_flight(tmp_path, monkeypatch
 
     def setup(self, plan, mine):
         self.plan, self.mine = plan, mine
-        self.addresses, self.up, self.skip = ["10.0.0.1", "10.0.0.2"], [True, True], set()
-        self.ports = [18521, 18521]
-        self.partners = Partners(Schedule({"rail 0": (0, 1)}, {"rail 0": (1,)}), 2)
+        self.addresses, self.skip = {0: "10.0.0.1", 1: "10.0.0.2"}, set()
+        self.up, self.ports = {0: True, 1: True}, {0: 18521, 1: 18521}
+        self.dests = {0: [1]}
         self.own = {0: 0}
         self.ladders = {0: object()}
 
@@ -145,7 +144,7 @@ def test_an_end_or_eof_mid_round_stops_the_pings_in_flight(tmp_path, monkeypatch
     r, w = os.pipe()
     said: list[dict] = []
     agent = Agent(_host("mlx5_roce", tmp_path), said.append, lambda line: None)
-    plan = {"t": "plan", "v": 1, "endpoints": [["a" * 16, 0, "10.0.0.1", True]],
+    plan = {"t": "plan", "v": 2, "n": 1, "endpoints": [[0, "a" * 16, 0, "10.0.0.1", True]],
             "schedule": {"groups": {"rail 0": [0]}, "shifts": {"rail 0": []}}, "count": 1,
             "size": 64, "mode": "send", "rate": 20, "timeout": 2, "tcp_port": 18521}  # fmt: skip
     os.write(w, (json.dumps(plan) + "\n" + '{"t":"round","r":0}\n').encode())
@@ -174,7 +173,7 @@ def test_a_pair_is_given_up_after_losses_in_a_row_not_after_scattered_ones():
 
 
 def test_the_plan_carries_abandon_and_an_old_plan_means_three():
-    plan = {"t": "plan", "v": 1, "endpoints": [["a" * 16, 0, "10.0.0.1", True]],
+    plan = {"t": "plan", "v": 2, "n": 1, "endpoints": [[0, "a" * 16, 0, "10.0.0.1", True]],
             "schedule": {"groups": {"0": [0]}, "shifts": {"0": []}}, "count": 20, "size": 64,
             "tcp_port": 18521, "mode": "send", "rate": 100, "timeout": 2}  # fmt: skip
     assert protocol.parse_coordinator(json.dumps(plan))["abandon"] == 3
@@ -212,7 +211,7 @@ def test_a_port_s_facts_from_an_agent_are_checked_and_bounded():
     ep = {"device": "mlx5_0", "port": 1, "state": "ACTIVE", "link_layer": "Ethernet",
           "address": "10.0.0.1", "gid_index": 3, "hw": False, "problem": None,
           "rate": "\x1b[31m100 Gb/sec" + "x" * 200, "fw": "22.36.1010"}  # fmt: skip
-    hello = {"t": "hello", "v": 1, "id": "0" * 16, "node": "n1", "endpoints": [ep]}
+    hello = {"t": "hello", "v": protocol.VERSION, "id": "0" * 16, "node": "n1", "endpoints": [ep]}
     (got,) = protocol.parse_agent(json.dumps(hello))["endpoints"]
     assert got["rate"].startswith("\\x1b[31m100 Gb/sec") and len(got["rate"]) <= 67
     old = {k: v for k, v in ep.items() if k not in ("rate", "fw")}  # an older agent's hello
@@ -334,7 +333,13 @@ def test_an_infiniband_port_without_ipoib_talks_over_the_management_address(tmp_
     up, down = local_endpoints(_host("mlx5_ib_hca", tmp_path), lambda: [],
                                side=lambda: "10.78.0.3")  # fmt: skip
     assert (up["address"], up["side"], up["problem"], up["prefix"]) == ("10.78.0.3", 1, None, None)
-    hello = {"t": "hello", "v": 1, "id": "0" * 16, "node": "n1", "endpoints": [up, down]}
+    hello = {
+        "t": "hello",
+        "v": protocol.VERSION,
+        "id": "0" * 16,
+        "node": "n1",
+        "endpoints": [up, down],
+    }
     assert protocol.parse_agent(json.dumps(hello))["endpoints"][0]["side"] == 1
     # with an IPoIB address, that one, as before
     ipoib = [("ib0", "10.9.0.7", 16)]
@@ -375,8 +380,8 @@ def test_a_hello_s_new_facts_are_checked(field):
           "address": "10.0.0.1", "gid_index": None, "hw": False, "problem": None,
           **field}  # fmt: skip
     with pytest.raises(protocol.AgentError):
-        protocol.parse_agent(json.dumps({"t": "hello", "v": 1, "id": "0" * 16, "node": "n",
-                                         "endpoints": [ep]}))  # fmt: skip
+        protocol.parse_agent(json.dumps({"t": "hello", "v": protocol.VERSION, "id": "0" * 16,
+                                         "node": "n", "endpoints": [ep]}))  # fmt: skip
 
 
 @pytest.mark.parametrize("bad", [{"t": "retried", "pairs": "x"},
@@ -389,10 +394,13 @@ def test_a_retried_message_is_checked(bad):
 
 @pytest.mark.parametrize("bad", [{"path": {"sl": 16}}, {"path": {"tclass": 256}},
                                  {"path": []}, {"qps": 17}, {"bw": 1}, {"full": -1},
-                                 {"endpoints": [["a" * 16, 0, "10.0.0.1", True, 70000]]},
+                                 {"endpoints": [[0, "a" * 16, 0, "10.0.0.1", True, 70000]]},
+                                 {"endpoints": [[1, "a" * 16, 0, "10.0.0.1", True]]},
+                                 {"endpoints": [[0, "a" * 16, 0, "10.0.0.1", True]] * 2},
+                                 {"n": 1 << 21},
                                  ])  # fmt: skip
 def test_a_plan_s_path_and_probes_are_checked(bad):
-    plan = {"t": "plan", "v": 1, "endpoints": [["a" * 16, 0, "10.0.0.1", True]],
+    plan = {"t": "plan", "v": 2, "n": 1, "endpoints": [[0, "a" * 16, 0, "10.0.0.1", True]],
             "schedule": {"groups": {"0": [0]}, "shifts": {"0": []}}, "count": 20, "size": 64,
             "tcp_port": 18521, "mode": "send", "rate": 100, "timeout": 2}  # fmt: skip
     protocol.parse_coordinator(json.dumps(plan))
