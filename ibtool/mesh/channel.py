@@ -99,13 +99,13 @@ class Rendezvous:
         self.strangers = 0  # connections closed for a wrong or missing join
         self.refused_accepts = 0  # accept() failures (out of descriptors)
         self.first_stranger: str | None = None
+        self.listener = self._listen(*listen)  # first: a refused address leaves nothing
         self.sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self.sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._stop = False
         self._lock = threading.Lock()
-        self.listener = self._listen(*listen)
         self.sel.register(self.listener, selectors.EVENT_READ, "listener")
         self.port = self.listener.getsockname()[1]
         self.thread = threading.Thread(target=self._loop, name="mesh rendezvous", daemon=True)
@@ -399,7 +399,12 @@ class Link:
         argv = [*argv, "--connect", f"{where}:{self.rendezvous.port}"]
         if self.engine.detaches:
             argv.append("--detach")
-        self.engine.start(argv, joins)
+        try:
+            self.engine.start(argv, joins)
+        except BaseException:  # too few open files, no srun, no ClusterShell: nothing left
+            self.rendezvous.close()
+            self.rendezvous = None
+            raise
 
     def joined(self, key: str) -> bool:
         """Whether the node of `key` joined (it may have left since)."""
@@ -413,17 +418,14 @@ class Link:
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             now = time.monotonic()
-            for key, (until, ended) in list(self.ending.items()):
-                if until <= now:
-                    del self.ending[key]
-                    return ended
-            if now >= deadline and timeout > 0 and not self.ending:
-                return None
-            wait = min([deadline, *(u for u, _ in self.ending.values())]) - now
+            due = [key for key, (until, _) in self.ending.items() if until <= now]
+            if due:
+                return self.ending.pop(due[0])[1]
+            wait = min([deadline, *(until for until, _ in self.ending.values())]) - now
             ev = self.engine.get(max(0.0, wait))
             if ev is None:
-                if time.monotonic() >= deadline and not self.ending:
-                    return None
+                if time.monotonic() >= deadline:
+                    return None  # a held end is handed on by a later call
                 continue
             if not ev.node or ev.kind == STDERR:
                 return ev

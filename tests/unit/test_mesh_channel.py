@@ -277,3 +277,27 @@ def test_200_agents_through_clustershell_in_a_process_that_may_open_256_files():
     assert (figures["endpoints"], figures["pairs"]) == ("200", "400"), proc.stdout
     assert (figures["verdicts"], figures["unreachable"]) == ("0", "0"), proc.stdout
     assert resource.getrlimit(resource.RLIMIT_NOFILE)  # (this process's own, untouched)
+
+
+def test_a_listen_address_that_is_not_this_host_s_is_one_usage_error():
+    from ibtool.errors import UsageError
+
+    with pytest.raises(UsageError, match="cannot listen for its agents on 192.0.2.1:") as e:
+        channel.Rendezvous(queue.Queue(), tokens={"n1": "a" * 32}, listen=("192.0.2.1", 0))
+    assert "--listen ADDR[:PORT]" in e.value.hint
+
+
+def test_an_engine_that_cannot_start_leaves_no_listener(monkeypatch):
+    from ibtool.errors import UsageError
+    from ibtool.mesh.engines import LocalEngine
+
+    engine = LocalEngine()
+
+    def refuse(argv, joins):
+        raise UsageError("2 nodes need about 29 open files", "raise the hard limit")
+
+    monkeypatch.setattr(engine, "start", refuse)
+    link = channel.Link(engine)
+    with pytest.raises(UsageError):
+        link.start(["ibtool"])
+    assert link.rendezvous is None
