@@ -142,6 +142,40 @@ def _over_rdma_cm(args, client, compat, mode, what: str) -> tuple[str, dict]:
     return header, path
 
 
+def through_lo(host, ladder, target: str) -> str | None:
+    """On RoCE, a server at another address of this host: when the kernel routes it from this
+    port's address through lo (two ports in one subnet, without a routing table each), the
+    pings answer but never leave the host, and say nothing of the ports or the network
+    (ibtool mesh sets such pairs aside for the same reason). The note, or None."""
+    import ipaddress
+
+    from ibtool.errors import IbtoolError
+    from ibtool.model.records import LinkLayer
+
+    if ladder.link_layer != LinkLayer.ETHERNET:
+        return None  # InfiniBand goes by LID, not by the kernel's routes
+    try:
+        dst = ipaddress.ip_address(target)
+        gid = ipaddress.IPv6Address(bytes(ladder.gid))
+    except ValueError:
+        return None  # a host name: the address the RDMA goes to is the server's GID's
+    src = gid.ipv4_mapped or gid
+    if dst == src or dst.is_loopback or dst.version != src.version:
+        return None
+    try:
+        route = host.route(str(dst), str(src))
+    except IbtoolError:
+        return None
+    if route is None or route.type != "local":
+        return None
+    return (
+        f"the kernel routes {dst}, this host's own address, through lo from {src} "
+        f"({ladder.device}/{ladder.port}'s): the pings never leave this host; give each "
+        "port a routing table of its own (ip rule add from ADDRESS lookup TABLE) and "
+        "sysctl net.ipv4.conf.all.accept_local=1 to ping through the switch"
+    )
+
+
 def _verbs_client(inv: Invocation, device: str, port: int, gid_index, pkey) -> int:
     """ibtool's own protocol, or --compat rc_pingpong: an RC QP on DEVICE/PORT."""
     from ibtool.rdma import wire  # pyverbs is imported only here
@@ -167,6 +201,9 @@ def _verbs_client(inv: Invocation, device: str, port: int, gid_index, pkey) -> i
             )
         stack.callback(client.close)
         client.on_note = inv.warn
+        looped = through_lo(inv.host, ladder, args.host)
+        if looped:
+            inv.warn(looped)
         if args.compat:
             client.connect()  # one session: a peer not there is the whole story
         # This side's MTU; an ibtool server may agree on a smaller one (its port's).

@@ -399,3 +399,58 @@ def test_json_summary_has_no_error_key_without_an_error(roce, monkeypatch):
     assert json.loads(r.out)["received"] == 2
     assert (r.json["compat"], r.json["mtu"], r.json["sl"], r.json["tclass"]) == (None, 1024, 0, 0)
     assert (r.json["pkey_index"], r.json["pkey"]) == (0, "0xffff")
+
+
+# -- a server at another address of this host ------------------------------------------------
+
+
+def _looped(route_type, target="192.168.77.2", link="Ethernet", gid="::ffff:192.168.77.1"):
+    import ipaddress
+    from types import SimpleNamespace
+
+    from ibtool_plugins.ping.protocols import through_lo
+
+    from ibtool.errors import IbtoolError
+    from ibtool.model.records import LinkLayer
+    from ibtool.model.system import Route
+
+    asked = []
+
+    def route(dst, src=None):
+        asked.append((dst, src))
+        if route_type == "error":
+            raise IbtoolError("netlink: permission denied")
+        return Route(dst, "lo" if route_type == "local" else "veth0", src, None, route_type)
+
+    layer = {"Ethernet": LinkLayer.ETHERNET, "InfiniBand": LinkLayer.INFINIBAND}[link]
+    ladder = SimpleNamespace(link_layer=layer, device="rxe0", port=1,
+                             gid=ipaddress.IPv6Address(gid).packed)  # fmt: skip
+    return through_lo(SimpleNamespace(route=route), ladder, target), asked
+
+
+def test_ping_notes_a_server_the_kernel_reaches_through_lo():
+    """rxe0 (192.168.77.1) pinging rxe1's 192.168.77.2 in one subnet, no table of their own:
+    the pings answer through lo and never leave the host, as ibtool mesh says of such pairs."""
+    note, asked = _looped("local")
+    assert asked == [("192.168.77.2", "192.168.77.1")]
+    assert note.startswith(
+        "the kernel routes 192.168.77.2, this host's own address, through lo from "
+        "192.168.77.1 (rxe0/1's): the pings never leave this host"
+    )
+    assert "accept_local=1" in note
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(route_type="unicast"),  # through veth0: the switch, as meant
+        dict(route_type="error"),  # the kernel not asked: nothing said
+        dict(route_type="local", target="192.168.77.1"),  # its own port: a loopback test
+        dict(route_type="local", target="127.0.0.1"),
+        dict(route_type="local", target="peer.example"),  # a name: its GID decides
+        dict(route_type="local", link="InfiniBand"),  # by LID, not routes
+        dict(route_type="local", target="fd77::2"),  # another family than the GID's
+    ],
+)
+def test_ping_says_nothing_where_the_path_is_not_looped(case):
+    assert _looped(**case)[0] is None
