@@ -4,7 +4,9 @@ cluster already runs (ClusterShell, Slurm), and the analysis that names the bad 
 - schedule: who pings whom, round by round (shifted rounds)
 - protocol: the lines the coordinator and its agents exchange, checked
 - agent: what runs on each node for the length of one mesh
-- engines: ClusterShell, srun, local: start, broadcast, gather, close
+- engines: ClusterShell, srun, local: start the agents with their joins, what each says
+  before it joins, close
+- channel: the agents' way back: the coordinator's listener, their joins, their connections
 - run: the coordinator (rounds as a barrier, every node's faults its own)
 - analysis: baselines, each pair's health, the verdicts
 - last: the last mesh that ran on this node, kept for the dashboard
