@@ -922,11 +922,11 @@ def _join(connect: tuple[str, int], stdin: Lines, joined: list, detach: bool) ->
     sock = channel.join(address, connect[1], given)
     joined.append(sock)
     if detach:
-        _detach()
+        detach_from_starter()
     return Lines(sock.fileno())
 
 
-def _detach() -> None:
+def detach_from_starter() -> None:
     """Leave the ssh that started this agent: the parent exits (its ssh ends, ClusterShell's
     window moves on), the child goes on in a session of its own, its standard streams on
     /dev/null. Nothing of the agent is running yet (no thread, no verbs), so fork is safe."""

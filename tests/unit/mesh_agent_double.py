@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from ibtool.mesh import channel  # noqa: E402
-from ibtool.mesh.agent import _detach  # noqa: E402
+from ibtool.mesh.agent import detach_from_starter  # noqa: E402
 from ibtool.mesh.protocol import VERSION  # noqa: E402
 
 args, connect, detach = [], None, False
@@ -39,7 +39,7 @@ if mode == "banner":
 given = channel.read_join(sys.stdin.buffer.readline())
 sock = channel.join(channel.coordinator_address(connect[0]), connect[1], given)
 if detach:
-    _detach()
+    detach_from_starter()
 stream = sock.makefile("rwb")
 
 
