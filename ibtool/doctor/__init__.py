@@ -7,6 +7,7 @@
     probe    the active probe at the end: a ping of each RDMA operation along the path
     run      a doctor run: the port, both ends' facts, the checks, the probe
 
-May import ibtool.rdma, ibtool.host, ibtool.sources, ibtool.views, ibtool.model,
-ibtool.errors and ibtool.argtypes.
+May import ibtool.rdma, ibtool.host, ibtool.views, ibtool.model, ibtool.errors and
+ibtool.argtypes; never ibtool.sources (the Host reads them: what still goes around it is listed
+in tests/unit/test_layers.py), nor ibtool.mesh, its sibling.
 """

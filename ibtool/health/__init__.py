@@ -8,7 +8,7 @@ state a check keeps between runs, the node_exporter textfile, Slurm's node drain
     files     health.toml and the state read only as regular files, within a bound
     slurm     drain and resume this node in Slurm, with the reason
 
-May import ibtool.plugin (to run what the plugins registered), ibtool.snapshot, ibtool.host
-and below (ibtool.model, ibtool.views, ibtool.errors); never ibtool.live, ibtool.tui or
-ibtool.api.
+May import ibtool.plugin (to run what the plugins registered), ibtool.snapshot, ibtool.host,
+ibtool.views, ibtool.model and ibtool.errors; never ibtool.live, ibtool.tui, ibtool.api, the
+data path (ibtool.rdma) or ibtool.sources (the Host reads them).
 """

@@ -20,7 +20,7 @@ from typing import Any
 from ibtool.errors import DataError, UnsupportedError
 from ibtool.health import files
 from ibtool.model.health import Range
-from ibtool.sources.sysfs.values import valid_netdev_name
+from ibtool.model.names import valid_netdev_name
 
 DEFAULT_PATH = "/etc/ibtool/health.toml"
 

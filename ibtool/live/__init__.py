@@ -6,6 +6,7 @@ and the loops of the faces it feeds: the dashboard's feed, the exporter, monitor
     exporter  the exporter's face: metric families, and the HTTP endpoint serving them
     watch     monitor's face: device and port changes, polled and from the kernel's events
 
-May import ibtool.health, ibtool.plugin, ibtool.web and below; never ibtool.tui or
-ibtool.api (the dashboard imports this, not the reverse).
+May import ibtool.health, ibtool.plugin, ibtool.snapshot, ibtool.host, ibtool.web, ibtool.views,
+ibtool.model, ibtool.errors and ibtool.argtypes; never ibtool.tui or ibtool.api (the dashboard
+imports this, not the reverse), nor ibtool.sources (the Host reads them).
 """

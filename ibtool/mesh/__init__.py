@@ -11,6 +11,7 @@ cluster already runs (ClusterShell, Slurm), and the analysis that names the bad 
 - analysis: baselines, each pair's health, the verdicts
 - last: the last mesh that ran on this node, kept for the dashboard
 
-May import ibtool.doctor, ibtool.rdma, ibtool.host, ibtool.sources, ibtool.views, ibtool.model,
-ibtool.errors and ibtool.argtypes (and ClusterShell, inside the engine that uses it).
+May import ibtool.rdma, ibtool.host, ibtool.views, ibtool.model, ibtool.errors and
+ibtool.argtypes (and ClusterShell, inside the engine that uses it); never ibtool.sources (the
+Host reads them), nor ibtool.doctor, its sibling.
 """

@@ -44,15 +44,6 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def _ipv4() -> list[tuple[str, str, int]]:
-    from ibtool.sources.rtnetlink import ipv4_addresses
-
-    try:
-        return ipv4_addresses()
-    except OSError:
-        return []
-
-
 def side_address(env=os.environ) -> str | None:
     """This node's management address, where the side channel of an InfiniBand port with no
     IPoIB address goes (as ibv_rc_pingpong's TCP exchange does: the RDMA itself goes by LID):
@@ -106,7 +97,7 @@ class PortChoice:
 
 def local_endpoints(
     host,
-    addresses: Callable[[], list] = _ipv4,
+    addresses: Callable[[], list] | None = None,
     chosen: PortChoice | None = None,
     gid_index: int | None = None,
     side: Callable[[], str | None] = side_address,
@@ -118,6 +109,8 @@ def local_endpoints(
     prefix) of the host), else, with no IPoIB address, the node's management address
     (`side`), on a TCP port of its own ("tcp_port": the mesh's + 1 + its rank among them):
     the RDMA goes by LID all the same."""
+    if addresses is None:
+        addresses = host.interface_addresses
     out = []
     sides = 0
     ipv4: list | None = None

@@ -1,5 +1,5 @@
-"""How names of devices and netdevs sort (as a person counts, not as strings compare), and how
-a peer's text is made safe to show (printable)."""
+"""How names of devices and netdevs sort (as a person counts, not as strings compare), what the
+kernel takes as a netdev's name, and how a peer's text is made safe to show (printable)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,19 @@ import unicodedata
 def natural_key(name: str) -> list:
     """mlx5_2 sorts before mlx5_10."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+IFNAMSIZ = 16  # include/uapi/linux/if.h, with the terminating NUL
+
+
+def valid_netdev_name(name: str) -> bool:
+    """What the kernel accepts as a netdev name (net/core/dev.c dev_valid_name)."""
+    return (
+        0 < len(name.encode("utf-8", "surrogateescape")) < IFNAMSIZ
+        and name not in (".", "..")
+        and name.isprintable()
+        and not any(c in "/:" or c.isspace() for c in name)
+    )
 
 
 MAX_TEXT = 200  # characters of a peer's text shown, after escaping

@@ -8,6 +8,6 @@ the Invocation a command gets, the hooks' calls and the types of what they regis
     hooks      collect what the plugins register: checks, metric collectors, panels
     context    what a check is given (CheckContext) and the registered functions' types
 
-May import ibtool.snapshot, ibtool.host and below; never ibtool.health, ibtool.live,
-ibtool.tui, ibtool.api or a plugin.
+May import ibtool.snapshot, ibtool.host, ibtool.views, ibtool.model, ibtool.errors and
+ibtool.argtypes; never ibtool.health, ibtool.live, ibtool.tui, ibtool.api or a plugin.
 """

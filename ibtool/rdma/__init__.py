@@ -2,5 +2,6 @@
 protocol, the loopback tests and the ping server and clients.
 
 May import ibtool.sources (verbs), ibtool.model, ibtool.errors and ibtool.argtypes; never the
-Host or anything above it: a command gives the data path what it read of the host.
+Host (ibtool.host) or anything above it: a command gives the data path what it read of the
+host.
 """

@@ -7,6 +7,7 @@ somewhere else. A snapshot is untrusted input: checked as a whole before anythin
     replay  the recorded calls of the sources, and their replay
     diff    the events between two snapshots
 
-May import ibtool.host, ibtool.sources and below; never ibtool.plugin, ibtool.health,
-ibtool.live, ibtool.tui or ibtool.api.
+May import ibtool.host, ibtool.sources (a snapshot is a Host of its own: it saves and replays
+what the sources read), ibtool.model, ibtool.errors and ibtool.argtypes; never ibtool.plugin,
+ibtool.health, ibtool.live, ibtool.tui or ibtool.api.
 """

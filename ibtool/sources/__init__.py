@@ -11,6 +11,6 @@ records, never its library's objects.
     rtnetlink  NETLINK_ROUTE: a netdev's DCB, the route to an address
     firewall   nft / iptables rules that drop UDP to a port on the input path
 
-May import ibtool.views, ibtool.web, ibtool.model, ibtool.errors, ibtool.argtypes; never the
-Host or anything above it.
+May import ibtool.model, ibtool.errors and ibtool.argtypes; never ibtool.views or ibtool.web
+(leaves beside it), the Host or anything above it.
 """

@@ -6,6 +6,6 @@
     events      events as a line of text and as JSON
     prometheus  metric families and their text exposition
 
-May import ibtool.web, ibtool.model, ibtool.errors, ibtool.argtypes; never a source, the Host
-or anything above.
+May import ibtool.model, ibtool.errors and ibtool.argtypes; never ibtool.web or ibtool.sources
+(leaves beside it), the Host or anything above.
 """

@@ -13,6 +13,7 @@ import ipaddress
 import re
 from collections.abc import Callable
 
+from ibtool.model.names import IFNAMSIZ, valid_netdev_name  # noqa: F401 (the sources' own)
 from ibtool.model.records import Rate
 
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
@@ -30,7 +31,6 @@ GID_RE = re.compile(r"[0-9a-fA-F]{4}(?::[0-9a-fA-F]{4}){7}")
 # (i40iw "I40IW", iw_cxgb4 and iw_cxgb3 the LAN driver's name, qedr "FastLinQ QL... iWARP").
 _IWARP_DRIVERS = frozenset({"i40e", "cxgb4", "cxgb3"})
 _IWARP_HCA_TYPES = frozenset({"I40IW", "cxgb4", "cxgb3"})
-IFNAMSIZ = 16  # include/uapi/linux/if.h, with the terminating NUL
 
 
 class Invalid(ValueError):
@@ -114,16 +114,6 @@ def parse_guid(text: str) -> str:
     if not _GUID_RE.fullmatch(text):
         raise ValueError(text)
     return text
-
-
-def valid_netdev_name(name: str) -> bool:
-    """What the kernel accepts as a netdev name (net/core/dev.c dev_valid_name)."""
-    return (
-        0 < len(name.encode("utf-8", "surrogateescape")) < IFNAMSIZ
-        and name not in (".", "..")
-        and name.isprintable()
-        and not any(c in "/:" or c.isspace() for c in name)
-    )
 
 
 def parse_netdev(text: str) -> str:
