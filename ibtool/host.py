@@ -451,16 +451,13 @@ class Host:
 
     def interface_addresses(self) -> list[tuple[str, str, int]]:
         """(netdev, address, prefix length) of every IPv4 address of the running kernel
-        (RTM_GETADDR), for what only the whole host shows; [] under --root, or when the
-        kernel cannot be asked."""
+        (RTM_GETADDR), for what only the whole host shows; [] under --root. OSError when
+        the kernel cannot be asked."""
         if not self.live:
             return []
         from ibtool.sources.rtnetlink import ipv4_addresses
 
-        try:
-            return list(ipv4_addresses())
-        except OSError:
-            return []
+        return list(ipv4_addresses())
 
     def ipv4_addresses(self, netdev: str) -> tuple[str, ...]:
         """The IPv4 addresses of `netdev` that RoCE GIDs carry (the kernel adds a GID per

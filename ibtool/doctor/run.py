@@ -21,7 +21,7 @@ from ibtool.doctor.facts import collect
 from ibtool.errors import IbtoolError, NotFoundError
 from ibtool.model.doctor import Facts, Finding, Verdict
 from ibtool.model.records import PortState
-from ibtool.sources.addresses import ipv4_addresses, same_subnet
+from ibtool.model.system import same_subnet
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
     netdev = gid.netdev if gid is not None and gid.netdev else local.netdev
     if host.live and netdev:
         try:
-            siblings = same_subnet(netdev, ipv4_addresses())
+            siblings = same_subnet(netdev, host.interface_addresses())
         except (OSError, ImportError, ValueError) as e:
             warn(f"IPv4 addresses not read: {e}")
     ctx = Context(opts.peer, peer_ip, route, no_facts, opts.tclass, opts.compat, siblings,

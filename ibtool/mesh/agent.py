@@ -110,7 +110,13 @@ def local_endpoints(
     (`side`), on a TCP port of its own ("tcp_port": the mesh's + 1 + its rank among them):
     the RDMA goes by LID all the same."""
     if addresses is None:
-        addresses = host.interface_addresses
+
+        def addresses() -> list:
+            try:
+                return host.interface_addresses()
+            except OSError:
+                return []
+
     out = []
     sides = 0
     ipv4: list | None = None

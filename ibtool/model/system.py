@@ -7,6 +7,8 @@ except where a record says otherwise (MemLock: unlimited).
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -230,3 +232,19 @@ class FilterRule:
     line: int | None
     text: str
     verdict: str
+
+
+def same_subnet(netdev: str, addresses: Iterable[tuple[str, str, int]]) -> tuple[str, ...]:
+    """The other netdevs with an address in a subnet of one of `netdev`'s addresses, of the
+    host's (netdev, address, prefix length) IPv4 addresses (Host.interface_addresses): what
+    only the whole host shows, several NICs in one subnet, where strict reverse path
+    filtering and ARP flux break RoCE v2 (Documentation/networking/ip-sysctl.rst, rp_filter
+    and arp_ignore; rdma-core Documentation/librdmacm.md)."""
+    addresses = list(addresses)
+    nets = [ipaddress.ip_interface(f"{a}/{p}").network for n, a, p in addresses if n == netdev]
+    others = {
+        n
+        for n, a, _ in addresses
+        if n != netdev and any(ipaddress.ip_address(a) in net for net in nets)
+    }
+    return tuple(sorted(others))

@@ -79,8 +79,8 @@ MAY_IMPORT = {
     "bottom": set(),
 }
 # Edges the graph forbids that are still there, each with why. To go: doctor's /proc reader
-# and the NUMA node's CPUs through the Host (Host.process, Host.node_cpus), the host's IPv4
-# addresses through Host.interface_addresses, monitor's kernel events through the Host.
+# and the NUMA node's CPUs through the Host (Host.process, Host.node_cpus), monitor's kernel
+# events through the Host.
 AROUND_THE_HOST = {
     ("ibtool.cli", "ibtool.sources.versions"): "--version reads what runs beneath from files, "
     "before there is a Host and without importing it (start-up)",
@@ -90,7 +90,6 @@ AROUND_THE_HOST = {
     ("ibtool.doctor.process", "ibtool.sources.sysfs.values"): "to go: a source of its own",
     ("ibtool.doctor.facts", "ibtool.sources.sysfs.pci"): "to go: Host.node_cpus",
     ("ibtool.doctor.facts", "ibtool.sources.sysfs.rooted"): "to go: Host.node_cpus",
-    ("ibtool.doctor.run", "ibtool.sources.addresses"): "to go: Host.interface_addresses",
     ("ibtool.live.watch", "ibtool.sources.netlink.monitor"): "to go: the Host's events",
     ("ibtool.live.watch", "ibtool.sources.netlink.events"): "to go: the Host's events",
 }
