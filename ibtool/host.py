@@ -425,6 +425,15 @@ class Host:
 
         return PciFiles(self._rooted()).numa(device)
 
+    def node_cpus(self, node: int) -> frozenset[int] | None:
+        """The CPUs of NUMA node `node`, its cpulist ("%*pbl": Documentation/ABI/stable/
+        sysfs-devices-node), read bounded under the root; None when it is not there."""
+        from ibtool.sources.sysfs.pci import parse_cpulist
+
+        files = self._rooted()
+        path = files.path("sys/devices/system/node", f"node{node}", "cpulist")
+        return files.parsed(path, parse_cpulist, required=False)
+
     def allowed_cpus(self, pid: int | None = None) -> frozenset[int] | None:
         """The CPUs process `pid` (default: this one) may run on: sched_getaffinity(2) on the
         running host, Cpus_allowed_list of /proc/PID/status (PID 'self' by default) in a

@@ -166,7 +166,7 @@ def collect(host, device: str, port: int, gid_index: int | None = None,
         values["allowed_cpus"] = cpu_list(process.cpus)
         node = values.get("numa_node")
         if node is not None:  # the node's CPUs, where sysfs lists them (the same set, online)
-            cpus = _read(notes, f"NUMA node {node} CPUs", lambda: node_cpus(host, node))
+            cpus = _read(notes, f"NUMA node {node} CPUs", lambda: host.node_cpus(node))
             if cpus is not None:
                 values["local_cpus"] = cpu_list(cpus)
     if host.live:
@@ -184,17 +184,6 @@ _PROVIDERS = {"mlx5_core": "mlx5", "mlx4_core": "mlx4", "rdma_rxe": "rxe", "rxe"
               "bnxt_re": "bnxt_re", "hfi1": "hfi1verbs", "ib_qib": "ipathverbs",
               "qedr": "qedr", "efa": "efa", "cxgb4": "cxgb4", "vmw_pvrdma": "vmw_pvrdma",
               "hns3": "hns", "erdma": "erdma", "mana": "mana", "ocrdma": "ocrdma"}  # fmt: skip
-
-
-def node_cpus(host, node: int) -> frozenset[int] | None:
-    """The CPUs of NUMA node `node`, its cpulist ("%*pbl": Documentation/ABI/stable/
-    sysfs-devices-node), read bounded under the host's root; None when it is not there."""
-    from ibtool.sources.sysfs.pci import parse_cpulist
-    from ibtool.sources.sysfs.rooted import RootedFiles
-
-    files = RootedFiles(host.root, host.warn)
-    path = files.path("sys/devices/system/node", f"node{node}", "cpulist")
-    return files.parsed(path, parse_cpulist, required=False)
 
 
 def _active_mtu(host, device: str, port: int) -> int | None:

@@ -79,8 +79,7 @@ MAY_IMPORT = {
     "bottom": set(),
 }
 # Edges the graph forbids that are still there, each with why. To go: doctor's /proc reader
-# and the NUMA node's CPUs through the Host (Host.process, Host.node_cpus), monitor's kernel
-# events through the Host.
+# through the Host (Host.process), monitor's kernel events through the Host.
 AROUND_THE_HOST = {
     ("ibtool.cli", "ibtool.sources.versions"): "--version reads what runs beneath from files, "
     "before there is a Host and without importing it (start-up)",
@@ -88,8 +87,6 @@ AROUND_THE_HOST = {
     ("ibtool.doctor.process", "ibtool.sources.sysfs.pci"): "to go: a source of its own",
     ("ibtool.doctor.process", "ibtool.sources.sysfs.rooted"): "to go: a source of its own",
     ("ibtool.doctor.process", "ibtool.sources.sysfs.values"): "to go: a source of its own",
-    ("ibtool.doctor.facts", "ibtool.sources.sysfs.pci"): "to go: Host.node_cpus",
-    ("ibtool.doctor.facts", "ibtool.sources.sysfs.rooted"): "to go: Host.node_cpus",
     ("ibtool.live.watch", "ibtool.sources.netlink.monitor"): "to go: the Host's events",
     ("ibtool.live.watch", "ibtool.sources.netlink.events"): "to go: the Host's events",
 }
