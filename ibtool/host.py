@@ -23,6 +23,7 @@ from ibtool.model.system import (
     MemLock,
     Numa,
     PciLink,
+    Process,
     RoceDefaults,
     Route,
 )
@@ -424,6 +425,20 @@ class Host:
         from ibtool.sources.sysfs.pci import PciFiles
 
         return PciFiles(self._rooted()).numa(device)
+
+    def open_process(self, pid: int) -> tuple[str, str | None]:
+        """/proc/PID/status and /proc/PID/limits of `pid` under the root, or the error that
+        ends the run (sources.process.open_process): what `doctor --pid` reads first."""
+        from ibtool.sources.process import open_process
+
+        return open_process(self, pid)
+
+    def read_process(self, pid: int, status: str, limits: str | None) -> Process:
+        """What doctor judges of process `pid`, from its status and limits (open_process's)
+        and its cgroup; what cannot be read is warned about and left None."""
+        from ibtool.sources.process import read_process
+
+        return read_process(self, pid, status, limits)
 
     def node_cpus(self, node: int) -> frozenset[int] | None:
         """The CPUs of NUMA node `node`, its cpulist ("%*pbl": Documentation/ABI/stable/

@@ -1,7 +1,7 @@
 """`ibtool doctor [PEER]`: why two hosts do not talk over RDMA, or are slow.
 
-    facts    this end's Facts, read through the Host (and what a ping server tells a doctor)
-    process  --pid: a job's process, its memlock limit, CPUs and rdma cgroup (/proc, cgroupfs)
+    facts    this end's Facts, read through the Host (and what a ping server tells a doctor;
+             with --pid, the job's process, Host.read_process)
     link     an Ethernet netdev's speed and supported link modes (the ethtool ioctl)
     checks   the checklist: each check a Finding from this end's facts and the peer's
     probe    the active probe at the end: a ping of each RDMA operation along the path

@@ -20,7 +20,7 @@ from ibtool.model.doctor import Facts, Finding, Verdict
 
 if TYPE_CHECKING:
     from ibtool.doctor.link import LinkSettings
-    from ibtool.doctor.process import Process
+    from ibtool.model.system import Process
 
 PASS, WARN, FAIL, SKIP = Verdict.PASS, Verdict.WARN, Verdict.FAIL, Verdict.SKIP
 PROBE_MEMORY = 1 << 20  # what doctor's probe pins: two buffers, a QP, a CQ (a generous bound)

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from ibtool import __version__
 from ibtool.errors import IbtoolError
 from ibtool.model.doctor import Facts, GidFact, PciFact
+from ibtool.model.system import cpu_list
 
 T = TypeVar("T")
 # What a RoCE or InfiniBand data path needs loaded, in the order a user space stack meets them
@@ -28,23 +29,6 @@ def _read(notes: list[str], what: str, read: Callable[[], T]) -> T | None:
     except (IbtoolError, OSError, ValueError) as e:
         notes.append(f"{what}: {getattr(e, 'message', None) or e}")
         return None
-
-
-def cpu_list(cpus) -> str | None:
-    """A set of CPU numbers as the kernel writes lists (0-3,8)."""
-    if cpus is None:
-        return None
-    out, run = [], []
-    for c in sorted(cpus):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [c]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
 
 
 def ipc_lock(root: str, pid: int | None = None) -> bool | None:
@@ -69,7 +53,7 @@ def collect(host, device: str, port: int, gid_index: int | None = None,
             pid: int | None = None, process=None) -> Facts:  # fmt: skip
     """The facts of `device`/`port` on `host`; `gid_index` the GID the data path uses (None:
     the `gids --best` rule's); `pid` the process whose limits count (None: this one);
-    `process` (ibtool.doctor.process.Process, `doctor --pid`): that process as read already,
+    `process` (ibtool.model.system.Process, `doctor --pid`): that process as read already,
     whose limits and CPUs are taken instead, against its adapter's NUMA node's CPUs."""
     notes: list[str] = []
     where = f"{device}/{port}"

@@ -44,7 +44,7 @@ class Report:
     peer: Facts | None
     findings: list[Finding] = field(default_factory=list)
     peer_address: str | None = None
-    process: object | None = None  # ibtool.doctor.process.Process, with --pid
+    process: object | None = None  # ibtool.model.system.Process, with --pid
 
     @property
     def verdict(self) -> Verdict:
@@ -167,9 +167,7 @@ def _same_family(a: str | None, b: str | None) -> bool:
 
 
 def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
-    from ibtool.doctor import process as proc
-
-    opened = proc.open_process(host, opts.pid) if opts.pid is not None else None
+    opened = host.open_process(opts.pid) if opts.pid is not None else None
     peer_ip = resolve(opts.peer) if opts.peer else None
     query = PeerQuery(opts) if opts.peer else None  # answered while this end reads its own
     first_route = None
@@ -179,7 +177,7 @@ def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
         except (IbtoolError, OSError) as e:
             warn(f"route to {peer_ip}: {getattr(e, 'message', None) or e}")
     device, port = pick_port(host, selector, first_route.dev if first_route else None)
-    process = proc.read_process(host, opts.pid, *opened) if opened is not None else None
+    process = host.read_process(opts.pid, *opened) if opened is not None else None
     local = collect(host, device, port, opts.gid_index, process=process)
     link, link_why = _link(host, local)
     peer, no_facts, no_facts_fix = (None, None, None)

@@ -248,3 +248,101 @@ def same_subnet(netdev: str, addresses: Iterable[tuple[str, str, int]]) -> tuple
         if n != netdev and any(ipaddress.ip_address(a) in net for net in nets)
     }
     return tuple(sorted(others))
+
+
+def cpu_list(cpus) -> str | None:
+    """A set of CPU numbers as the kernel writes lists (0-3,8)."""
+    if cpus is None:
+        return None
+    out, run = [], []
+    for c in sorted(cpus):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+# -- a process, as doctor --pid judges it (read by ibtool.sources.process) -------------------
+
+RDMA_RESOURCES = ("hca_handle", "hca_object")  # kernel/cgroup/rdma.c rdmacg_resource_names
+
+
+@dataclass(frozen=True)
+class RdmaLevel:
+    """One cgroup on the process's path whose rdma controller counts: its limits and usage per
+    device, as (hca_handle, hca_object); None in a limit is "max" (no limit)."""
+
+    cgroup: str  # the path, as /proc/PID/cgroup writes it
+    limits: dict  # device -> (handles, objects)
+    used: dict  # device -> (handles, objects), from rdma.current (empty when unreadable)
+    bad: str | None = None  # why this level's rdma.max could not be used
+
+
+@dataclass(frozen=True)
+class Cgroup:
+    """The cgroup whose rdma controller counts the process's RDMA objects."""
+
+    version: int  # 1 or 2
+    path: str
+    mount: str  # the directory its hierarchy was read from, as the running host has it
+    levels: tuple[RdmaLevel, ...] | None  # nearest first; () none limits it; None: not known
+    why: str | None = None  # why levels is None, or what else the reader saw
+
+    def directory(self, path: str) -> str:
+        return self.mount.rstrip("/") + (path if path != "/" else "")
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    name: str | None
+    memlock: MemLock
+    ipc_lock: bool | None
+    cpus: frozenset[int] | None
+    cgroup: Cgroup | None
+    cgroup_why: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"PID {self.pid}" + (f" ({self.name})" if self.name else "")
+
+    def to_json(self) -> dict:
+        cg = self.cgroup
+        rdma = None
+        if cg is not None and cg.levels is not None:
+            rdma = [
+                {
+                    "cgroup": lv.cgroup,
+                    "max": {d: _pair(v) for d, v in sorted(lv.limits.items())},
+                    "current": {d: _pair(v) for d, v in sorted(lv.used.items())},
+                }
+                for lv in cg.levels
+            ]
+        return {
+            "pid": self.pid,
+            "name": self.name,
+            "memlock_soft": _bytes(self.memlock, self.memlock.soft),
+            "memlock_hard": _bytes(self.memlock, self.memlock.hard),
+            "ipc_lock": self.ipc_lock,
+            "cpus": cpu_list(self.cpus),
+            "cgroup": None if cg is None else cg.path,
+            "cgroup_version": None if cg is None else cg.version,
+            "rdma": rdma,
+            "notes": list(self.notes),
+        }
+
+
+def _bytes(lock: MemLock, value: int | None) -> int | None:
+    if not lock.known:
+        return None
+    return -1 if value is None else value
+
+
+def _pair(value: tuple) -> dict:
+    return {name: ("max" if v is None else v) for name, v in zip(RDMA_RESOURCES, value)}

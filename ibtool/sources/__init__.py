@@ -6,6 +6,7 @@ records, never its library's objects.
     verbs    pyverbs: the one place that knows which pyverbs it has
     links    rxe/siw links added and deleted through `rdma link` (iproute2)
     proc     /proc: IPv4 sysctls, a process's limits and allowed CPUs; a netdev's MTU
+    process  a job's process as doctor --pid judges it: /proc/PID, its rdma cgroup
     configfs the RDMA CM's RoCE defaults (/sys/kernel/config/rdma_cm)
     userspace  the libibverbs providers installed (/etc/libibverbs.d)
     rtnetlink  NETLINK_ROUTE: a netdev's DCB, the route to an address

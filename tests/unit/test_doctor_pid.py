@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ibtool.doctor import process as proc
 from ibtool.errors import NotFoundError, PermissionDeniedError
 from ibtool.host import Host
+from ibtool.sources import process as proc
 from tests.fixtures import sysfs_trees
 from tests.unit.conftest import run_cli
 

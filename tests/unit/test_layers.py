@@ -78,15 +78,11 @@ MAY_IMPORT = {
     "model": set(),
     "bottom": set(),
 }
-# Edges the graph forbids that are still there, each with why. To go: doctor's /proc reader
-# through the Host (Host.process), monitor's kernel events through the Host.
+# Edges the graph forbids that are still there, each with why. To go: monitor's kernel events
+# through the Host.
 AROUND_THE_HOST = {
     ("ibtool.cli", "ibtool.sources.versions"): "--version reads what runs beneath from files, "
     "before there is a Host and without importing it (start-up)",
-    ("ibtool.doctor.process", "ibtool.sources.proc"): "to go: a source of its own",
-    ("ibtool.doctor.process", "ibtool.sources.sysfs.pci"): "to go: a source of its own",
-    ("ibtool.doctor.process", "ibtool.sources.sysfs.rooted"): "to go: a source of its own",
-    ("ibtool.doctor.process", "ibtool.sources.sysfs.values"): "to go: a source of its own",
     ("ibtool.live.watch", "ibtool.sources.netlink.monitor"): "to go: the Host's events",
     ("ibtool.live.watch", "ibtool.sources.netlink.events"): "to go: the Host's events",
 }

@@ -1,5 +1,6 @@
-"""The process whose side doctor judges (`ibtool doctor --pid PID`): a job started by slurmd or
-a service manager has its own locked-memory limit, cgroup and CPUs, not doctor's. Read from
+"""A process as `ibtool doctor --pid PID` judges it (its records: ibtool.model.system): a job
+started by slurmd or a service manager has its own locked-memory limit, cgroup and CPUs, not
+doctor's. Read from
 /proc/PID and the cgroup filesystem under the host's root, every file read bounded
 (RootedFiles: 64 KiB, never through a link out of the root). A value that is missing or
 malformed is warned about and left unknown, never raised; only a process that is not there, or
@@ -28,11 +29,10 @@ The cgroup filesystem is looked for where systemd mounts it: v2 at /sys/fs/cgrou
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from ibtool.errors import NotFoundError, PermissionDeniedError
 from ibtool.model.names import printable
-from ibtool.model.system import MemLock
+from ibtool.model.system import RDMA_RESOURCES, Cgroup, MemLock, Process, RdmaLevel
 from ibtool.sources.proc import parse_memlock
 from ibtool.sources.sysfs.pci import parse_cpulist
 from ibtool.sources.sysfs.rooted import RootedFiles
@@ -40,87 +40,8 @@ from ibtool.sources.sysfs.values import quoted
 
 CAP_IPC_LOCK = 14  # linux/include/uapi/linux/capability.h
 CGROUP = "sys/fs/cgroup"
-RDMA_RESOURCES = ("hca_handle", "hca_object")  # kernel/cgroup/rdma.c rdmacg_resource_names
 MAX_LEVELS = 64  # cgroup paths nest far less deep (cgroup.max.depth is unlimited by default)
 FIND_PID = "pgrep -f COMMAND; a Slurm job's: scontrol listpids JOBID"
-
-
-@dataclass(frozen=True)
-class RdmaLevel:
-    """One cgroup on the process's path whose rdma controller counts: its limits and usage per
-    device, as (hca_handle, hca_object); None in a limit is "max" (no limit)."""
-
-    cgroup: str  # the path, as /proc/PID/cgroup writes it
-    limits: dict  # device -> (handles, objects)
-    used: dict  # device -> (handles, objects), from rdma.current (empty when unreadable)
-    bad: str | None = None  # why this level's rdma.max could not be used
-
-
-@dataclass(frozen=True)
-class Cgroup:
-    """The cgroup whose rdma controller counts the process's RDMA objects."""
-
-    version: int  # 1 or 2
-    path: str
-    mount: str  # the directory its hierarchy was read from, as the running host has it
-    levels: tuple[RdmaLevel, ...] | None  # nearest first; () none limits it; None: not known
-    why: str | None = None  # why levels is None, or what else the reader saw
-
-    def directory(self, path: str) -> str:
-        return self.mount.rstrip("/") + (path if path != "/" else "")
-
-
-@dataclass(frozen=True)
-class Process:
-    pid: int
-    name: str | None
-    memlock: MemLock
-    ipc_lock: bool | None
-    cpus: frozenset[int] | None
-    cgroup: Cgroup | None
-    cgroup_why: str | None = None
-    notes: tuple[str, ...] = ()
-
-    @property
-    def label(self) -> str:
-        return f"PID {self.pid}" + (f" ({self.name})" if self.name else "")
-
-    def to_json(self) -> dict:
-        from ibtool.doctor.facts import cpu_list
-
-        cg = self.cgroup
-        rdma = None
-        if cg is not None and cg.levels is not None:
-            rdma = [
-                {
-                    "cgroup": lv.cgroup,
-                    "max": {d: _pair(v) for d, v in sorted(lv.limits.items())},
-                    "current": {d: _pair(v) for d, v in sorted(lv.used.items())},
-                }
-                for lv in cg.levels
-            ]
-        return {
-            "pid": self.pid,
-            "name": self.name,
-            "memlock_soft": _bytes(self.memlock, self.memlock.soft),
-            "memlock_hard": _bytes(self.memlock, self.memlock.hard),
-            "ipc_lock": self.ipc_lock,
-            "cpus": cpu_list(self.cpus),
-            "cgroup": None if cg is None else cg.path,
-            "cgroup_version": None if cg is None else cg.version,
-            "rdma": rdma,
-            "notes": list(self.notes),
-        }
-
-
-def _bytes(lock: MemLock, value: int | None) -> int | None:
-    if not lock.known:
-        return None
-    return -1 if value is None else value
-
-
-def _pair(value: tuple) -> dict:
-    return {name: ("max" if v is None else v) for name, v in zip(RDMA_RESOURCES, value)}
 
 
 # -- reading ---------------------------------------------------------------------------------
