@@ -60,6 +60,11 @@ class DataError(IbtoolError):
     exit_code = ExitCode.DATA_ERROR
 
 
+class EventsLost(IbtoolError):
+    """A kernel event socket's receive buffer overflowed (ENOBUFS): the kernel dropped events,
+    and what they said must be found by other means (a poll)."""
+
+
 class CommandFailed(IbtoolError):
     """The command worked but the answer is negative; the exit code is FAILED."""
 

@@ -8,6 +8,5 @@
     run      a doctor run: the port, both ends' facts, the checks, the probe
 
 May import ibtool.rdma, ibtool.host, ibtool.views, ibtool.model, ibtool.errors and
-ibtool.argtypes; never ibtool.sources (the Host reads them: what still goes around it is listed
-in tests/unit/test_layers.py), nor ibtool.mesh, its sibling.
+ibtool.argtypes; never ibtool.sources (the Host reads them), nor ibtool.mesh, its sibling.
 """

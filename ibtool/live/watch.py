@@ -18,9 +18,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ibtool.errors import IbtoolError, NoDevicesError, NotLiveError, UnsupportedError
+from ibtool.errors import (
+    EventsLost,
+    IbtoolError,
+    NoDevicesError,
+    NotLiveError,
+    UnsupportedError,
+)
 from ibtool.model.events import Event, Seen, diff
-from ibtool.sources.netlink.monitor import kernel_event
 
 
 class NetlinkPoller:
@@ -106,13 +111,8 @@ class Watch:
                 time.sleep(wait)
             elif select.select([listener], [], [], wait)[0]:
                 try:
-                    for reply in listener.read():
-                        yield kernel_event(reply, self.last)
-                except IbtoolError as e:
-                    from ibtool.sources.netlink.events import EventsLost
-
-                    if not isinstance(e, EventsLost):
-                        raise
+                    yield from listener.events(self.last)
+                except EventsLost as e:
                     self.warn(f"{e.message}: the next poll reports device changes too")
                     resync = True
             if time.monotonic() >= next_poll:

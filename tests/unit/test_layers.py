@@ -78,13 +78,10 @@ MAY_IMPORT = {
     "model": set(),
     "bottom": set(),
 }
-# Edges the graph forbids that are still there, each with why. To go: monitor's kernel events
-# through the Host.
+# Edges the graph forbids that are still there, each with why.
 AROUND_THE_HOST = {
     ("ibtool.cli", "ibtool.sources.versions"): "--version reads what runs beneath from files, "
     "before there is a Host and without importing it (start-up)",
-    ("ibtool.live.watch", "ibtool.sources.netlink.monitor"): "to go: the Host's events",
-    ("ibtool.live.watch", "ibtool.sources.netlink.events"): "to go: the Host's events",
 }
 # ibtool modules looked up by name at run time: only the plugin manager loads by name (the
 # plugins are what it loads). The snapshot lookups go with the in-memory replay (no trees to

@@ -18,21 +18,22 @@ from __future__ import annotations
 
 import errno
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ibtool.errors import IbtoolError, PermissionDeniedError
+from ibtool.errors import EventsLost, IbtoolError, PermissionDeniedError
 from ibtool.sources.netlink import attrs as A
 from ibtool.sources.netlink import messages
 from ibtool.sources.netlink.client import RECV_BUFFER, open_socket
 from ibtool.sources.netlink.errors import malformed
 
+if TYPE_CHECKING:
+    from ibtool.model.events import Event, Seen
+
+__all__ = ["EventListener", "EventsLost", "decode"]
+
 RDMA_NL_GROUP_NOTIFY = 4  # uapi rdma_netlink.h: the group monitor events go to
 
 MONITOR = A.nlmsg_type(A.RDMA_NLDEV_CMD_MONITOR)
-
-
-class EventsLost(IbtoolError):
-    """The socket's receive buffer overflowed (ENOBUFS): events were dropped by the kernel."""
 
 
 def decode(data: bytes) -> list[dict[str, Any]]:
@@ -105,6 +106,13 @@ class EventListener:
             if not data:
                 return events
             events.extend(decode(data))
+
+    def events(self, last: Seen | None = None) -> list[Event]:
+        """What read() has, as Events (`last`, the latest poll, names what the kernel leaves
+        out: monitor.kernel_event); EventsLost on an overrun."""
+        from ibtool.sources.netlink.monitor import kernel_event
+
+        return [kernel_event(reply, last) for reply in self.read()]
 
     def close(self) -> None:
         self._sock.close()
