@@ -96,7 +96,9 @@ class Host:
         if netlink is not None or self.live:
             from ibtool.sources.netlink.session import NetlinkSession, open_nldev
 
-            self._netlink = NetlinkSession(netlink or open_nldev, self)
+            self._netlink = NetlinkSession(
+                netlink or open_nldev, self.warn, self.note, self.kernel_before
+            )
         self._open_verbs = verbs if verbs is not None or not self.live else open_verbs
         self._release = release
         self._comm = comm
@@ -167,14 +169,22 @@ class Host:
         the running kernel only."""
         from ibtool.sources import links
 
-        links.add(self, name, link_type, netdev)
+        nl = self._link_session("add")
+        since = self.kernel_before(*links.LINK_SINCE)
+        links.add(nl, self.kernel_release(), since, name, link_type, netdev)
 
     def delete_link(self, name: str) -> None:
         """Deletes the software RDMA device `name`, as `rdma link delete`; the running kernel
         only."""
         from ibtool.sources import links
 
-        links.delete(self, name)
+        nl = self._link_session("delete")
+        links.delete(nl, self.kernel_release(), self.kernel_before(*links.LINK_SINCE), name)
+
+    def _link_session(self, verb: str):
+        what = f"link {verb} changes the running kernel"
+        self.require_live(what)
+        return self.netlink(what)
 
     # -- the RDMA stack ----------------------------------------------------------------------
 
@@ -431,14 +441,14 @@ class Host:
         ends the run (sources.process.open_process): what `doctor --pid` reads first."""
         from ibtool.sources.process import open_process
 
-        return open_process(self, pid)
+        return open_process(self.root, self.warn, pid)
 
     def read_process(self, pid: int, status: str, limits: str | None) -> Process:
         """What doctor judges of process `pid`, from its status and limits (open_process's)
         and its cgroup; what cannot be read is warned about and left None."""
         from ibtool.sources.process import read_process
 
-        return read_process(self, pid, status, limits)
+        return read_process(self.root, self.warn, pid, status, limits)
 
     def node_cpus(self, node: int) -> frozenset[int] | None:
         """The CPUs of NUMA node `node`, its cpulist ("%*pbl": Documentation/ABI/stable/

@@ -1,7 +1,7 @@
 """Software RDMA devices (rxe, siw) created on a netdev and deleted, as `rdma link add/delete`
-does (RDMA_NLDEV_CMD_NEWLINK, DELLINK), through the host's netlink session; what the kernel's
-refusals mean (drivers/infiniband/core/nldev.c nldev_newlink and nldev_dellink, the drivers'
-newlink)."""
+does (RDMA_NLDEV_CMD_NEWLINK, DELLINK), through the netlink session the Host gives (with the
+kernel's release, and whether it is older than LINK_SINCE); what the kernel's refusals mean
+(drivers/infiniband/core/nldev.c nldev_newlink and nldev_dellink, the drivers' newlink)."""
 
 from __future__ import annotations
 
@@ -15,18 +15,12 @@ LINK_SINCE = (5, 1)
 MODULES = {"rxe": "rdma_rxe", "siw": "siw"}
 
 
-def _too_old(host, command: str, e: IbtoolError) -> UnsupportedError:
+def _too_old(release: str, command: str, e: IbtoolError) -> UnsupportedError:
     return UnsupportedError(
-        f"this kernel ({host.kernel_release()}) cannot {command}: that needs Linux 5.1 or later",
+        f"this kernel ({release}) cannot {command}: that needs Linux 5.1 or later",
         "on older kernels, rxe devices come from the rxe_cfg script of rdma-core",
         errno=e.errno,
     )
-
-
-def _session(host, verb: str):
-    what = f"link {verb} changes the running kernel"
-    host.require_live(what)
-    return host.netlink(what)
 
 
 def _netdevs() -> str:
@@ -34,9 +28,9 @@ def _netdevs() -> str:
     return ", ".join(names) or "none"
 
 
-def add(host, name: str, link_type: str, netdev: str) -> None:
-    """A `link_type` device called `name` on `netdev`."""
-    nl = _session(host, "add")
+def add(nl, release: str, too_old: bool, name: str, link_type: str, netdev: str) -> None:
+    """A `link_type` device called `name` on `netdev`, through the netlink session `nl` of a
+    kernel of `release` (`too_old`: before LINK_SINCE)."""
     if name in nl.indexes():
         raise IbtoolError(
             f"an RDMA device named {name} exists already",
@@ -46,10 +40,12 @@ def add(host, name: str, link_type: str, netdev: str) -> None:
     try:
         nl.new_link(name, link_type, netdev)
     except IbtoolError as e:
-        raise _add_error(host, e, nl, name, link_type, netdev) from e
+        raise _add_error(release, too_old, e, nl, name, link_type, netdev) from e
 
 
-def _add_error(host, e: IbtoolError, nl, name: str, link_type: str, netdev: str) -> IbtoolError:
+def _add_error(
+    release: str, too_old: bool, e: IbtoolError, nl, name: str, link_type: str, netdev: str
+) -> IbtoolError:
     """What NEWLINK's errno means."""
     if e.errno == errno.ENODEV:
         return NotFoundError(f"no netdev {netdev!r}", f"netdevs here: {_netdevs()}", errno=e.errno)
@@ -76,8 +72,8 @@ def _add_error(host, e: IbtoolError, nl, name: str, link_type: str, netdev: str)
             errno=e.errno,
         )
     if e.errno == errno.EINVAL:
-        if host.kernel_before(*LINK_SINCE):
-            return _too_old(host, "create RDMA links (RDMA_NLDEV_CMD_NEWLINK)", e)
+        if too_old:
+            return _too_old(release, "create RDMA links (RDMA_NLDEV_CMD_NEWLINK)", e)
         module = MODULES.get(link_type)
         return UnsupportedError(
             f"link type {link_type!r} is not available in this kernel",
@@ -90,9 +86,8 @@ def _add_error(host, e: IbtoolError, nl, name: str, link_type: str, netdev: str)
     return e
 
 
-def delete(host, name: str) -> None:
-    """The rxe or siw device `name`, unregistered."""
-    nl = _session(host, "delete")
+def delete(nl, release: str, too_old: bool, name: str) -> None:
+    """The rxe or siw device `name`, unregistered (`nl`, `release`, `too_old` as add's)."""
     indexes = nl.indexes()
     if name not in indexes:
         raise NotFoundError(
@@ -103,8 +98,8 @@ def delete(host, name: str) -> None:
     except IbtoolError as e:
         if e.errno != errno.EINVAL:
             raise
-        if host.kernel_before(*LINK_SINCE):
-            raise _too_old(host, "delete RDMA links (RDMA_NLDEV_CMD_DELLINK)", e) from e
+        if too_old:
+            raise _too_old(release, "delete RDMA links (RDMA_NLDEV_CMD_DELLINK)", e) from e
         # nldev_dellink: only devices registered with IBK_ALLOW_USER_UNREG (rxe, siw)
         raise IbtoolError(
             f"cannot delete {name}: only rxe and siw devices can be deleted",

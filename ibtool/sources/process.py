@@ -70,12 +70,12 @@ def _shown(files: RootedFiles, path: str) -> str:
     return path if rel.startswith("..") else "/" + rel
 
 
-def open_process(host, pid: int) -> tuple[str, str | None]:
+def open_process(root: str, warn, pid: int) -> tuple[str, str | None]:
     """/proc/PID/status and /proc/PID/limits of `pid` under the host's root, or the error that
     ends the run: NotFoundError when there is no such process (or /proc hides it), and
     PermissionDeniedError when its files cannot be read. A limits file missing where the status
     is there (a captured tree: the kernel has both) is None, warned about later."""
-    files = RootedFiles(host.root, host.warn)
+    files = RootedFiles(root, warn)
     texts: list[str | None] = []
     for name in ("status", "limits"):
         path = files.path("proc", str(pid), name)
@@ -85,7 +85,7 @@ def open_process(host, pid: int) -> tuple[str, str | None]:
             if name == "limits":
                 texts.append(None)
                 continue
-            where = "" if host.root == "/" else f" in {os.path.join(host.root, 'proc')}"
+            where = "" if root == "/" else f" in {os.path.join(root, 'proc')}"
             raise NotFoundError(
                 f"no process {pid}{where}",
                 f"give the PID of a running process ({FIND_PID}); /proc mounted with hidepid "
@@ -101,10 +101,10 @@ def open_process(host, pid: int) -> tuple[str, str | None]:
     return texts[0], texts[1]
 
 
-def read_process(host, pid: int, status: str, limits: str | None) -> Process:
+def read_process(root: str, warn, pid: int, status: str, limits: str | None) -> Process:
     """What doctor judges of process `pid`, from its status and limits (open_process's) and
     its cgroup; each value that cannot be read or parsed is warned about and left None."""
-    files = RootedFiles(host.root, host.warn)
+    files = RootedFiles(root, warn)
     notes: list[str] = []
     base = files.path("proc", str(pid))
     fields = _status_fields(status)

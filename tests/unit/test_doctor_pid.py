@@ -481,8 +481,8 @@ def test_a_pid_that_is_no_pid_is_a_usage_error(tmp_path, pid):
 
 def test_the_reader_on_this_process(tmp_path):
     host = Host("/", lambda m: pytest.fail(m))
-    status, limits = proc.open_process(host, os.getpid())
-    p = proc.read_process(host, os.getpid(), status, limits)
+    status, limits = host.open_process(os.getpid())
+    p = host.read_process(os.getpid(), status, limits)
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     unlimited = resource.RLIM_INFINITY
     assert p.memlock.soft == (None if soft == unlimited else soft)
@@ -508,7 +508,7 @@ def test_a_pid_this_kernel_never_gives_is_not_found():
     with open("/proc/sys/kernel/pid_max") as f:
         never = int(f.read())  # PIDs are below pid_max
     with pytest.raises(NotFoundError) as e:
-        proc.open_process(Host("/", lambda m: None), never)
+        Host("/", lambda m: None).open_process(never)
     assert e.value.message == f"no process {never}"
     r = run_cli(["doctor", "--pid", str(never)]) if never < 4194304 else None
     if r is not None:  # before anything else: this host needs no RDMA device for it
@@ -521,5 +521,5 @@ def test_permission_denied_is_its_own_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(proc, "_read_strict", refused)
     with pytest.raises(PermissionDeniedError) as e:
-        proc.open_process(Host("/", lambda m: None), os.getpid())
+        Host("/", lambda m: None).open_process(os.getpid())
     assert e.value.exit_code == 5 and e.value.errno == 13

@@ -241,6 +241,23 @@ def _by_name(tree: ast.Module) -> list[tuple[int, str]]:
     return found
 
 
+def test_no_source_is_handed_the_host():
+    """A source is given what it needs (a root, a warn, a session), never the Host to call
+    back into: the Host calls the sources, not the reverse (`rdma link` went to links.add
+    with the Host once, and came back to it for its session and kernel)."""
+    found = []
+    for module, (path, tree) in SOURCES.items():
+        if _folder(module) != "sources":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [a.arg for a in (*node.args.posonlyargs, *node.args.args,
+                                         *node.args.kwonlyargs)]  # fmt: skip
+                if "host" in names:
+                    found.append(f"{path.relative_to(CHECKOUT)}:{node.lineno} {node.name}")
+    assert found == []
+
+
 def test_no_ibtool_module_is_imported_by_a_name_computed_at_run_time():
     found = {}
     for module, (path, tree) in SOURCES.items():

@@ -56,11 +56,19 @@ def open_nldev():
 
 
 class NetlinkSession:
-    def __init__(self, open_client: Callable[[], Any], host):
+    def __init__(
+        self,
+        open_client: Callable[[], Any],
+        warn: Callable[[str], None],
+        note: Callable[[str], None],
+        kernel_before: Callable[[int, int], bool],
+    ):
+        """`warn`, `note` (a diagnostic shown only under -d) and `kernel_before` (whether the
+        running kernel is older than a version) are the Host's."""
         self._open = open_client
-        self.warn = host.warn
-        self.note = host.note  # a diagnostic shown only under -d
-        self._kernel_before = host.kernel_before
+        self.warn = warn
+        self.note = note
+        self._kernel_before = kernel_before
         self._client: Any = None
         self._error: IbtoolError | None = None
 
