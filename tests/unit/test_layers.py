@@ -5,7 +5,7 @@ What each folder may import (the folders' docstrings say the same, and a test ho
 it); the bottom (ibtool.errors, .argtypes, .data, ._version, and the package ``ibtool``
 itself: ``__version__``, the ``hookimpl`` face) any of them may:
 
-    ibtool.cli       plugin, snapshot, host, views, model        argument parsing, exit codes
+    ibtool.cli       plugin, snapshot, views, model              argument parsing, exit codes
     ibtool.api       plugin, views, model                        the surface plugins import
     ibtool.tui       live, mesh, views, model                    the dashboard: never the data
                                                                  path, a source or the Host
@@ -61,7 +61,7 @@ FOLDERS_OF = {  # a layer -> the modules (prefixes) it is
     "bottom": BOTTOM,
 }
 MAY_IMPORT = {
-    "cli": {"plugin", "snapshot", "host", "views", "model"},
+    "cli": {"plugin", "snapshot", "views", "model"},
     "api": {"plugin", "views", "model"},
     "tui": {"live", "mesh", "views", "model"},
     "live": {"health", "plugin", "snapshot", "host", "web", "views", "model"},
