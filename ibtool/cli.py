@@ -260,11 +260,12 @@ def _snapshot_limits(settings: list[str] | None):
     return snaplimits.parse(settings)
 
 
-def _replayed_answer_unusable(e: Exception) -> IbtoolError | None:
+def _replayed_answer_unusable(e: Exception) -> Exception | None:
     """A snapshot is untrusted input: what a command could not make of an answer it replayed
     is the file's damage (exit 7), not a bug of ibtool's (70)."""
-    snapshot = sys.modules.get("ibtool.snapshot.save")
-    return None if snapshot is None else snapshot.answer_unusable(e)
+    from ibtool import snapshot
+
+    return snapshot.replayed_damage(e)
 
 
 def _terminate(signum, frame):

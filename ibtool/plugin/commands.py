@@ -183,9 +183,9 @@ class Invocation:
             elif self._host is not None:
                 self._host.close()
         finally:
-            snapshot = sys.modules.get("ibtool.snapshot.save")
-            if snapshot is not None:
-                snapshot.remove_trees()
+            from ibtool import snapshot
+
+            snapshot.cleanup()
 
     def emit_json(self, data: Any) -> None:
         render.dump_json(data, self.out, self.pretty)

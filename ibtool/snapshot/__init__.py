@@ -11,3 +11,30 @@ May import ibtool.host, ibtool.sources (a snapshot is a Host of its own: it save
 what the sources read), ibtool.model, ibtool.errors and ibtool.argtypes; never ibtool.plugin,
 ibtool.health, ibtool.live, ibtool.tui or ibtool.api.
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+# What save.py hands the CLI when it is first imported, for the run's way out: the trees it
+# made, to remove whatever interrupted the run, and what an answer it replayed that a command
+# could not use means (the file's damage, exit 7). A run that read no snapshot never imports
+# save.py, and these stay empty.
+CLEANUPS: list[Callable[[], None]] = []
+CLASSIFIERS: list[Callable[[Exception], Exception | None]] = []
+
+
+def cleanup() -> None:
+    """Every snapshot tree this process made and still has, removed."""
+    for remove in CLEANUPS:
+        remove()
+
+
+def replayed_damage(e: Exception) -> Exception | None:
+    """`e`, raised by a command on an answer a replayed snapshot gave, as the error it is (a
+    SnapshotError, exit 7); None when no snapshot was replayed, or `e` is not such."""
+    for classify in CLASSIFIERS:
+        damaged = classify(e)
+        if damaged is not None:
+            return damaged
+    return None

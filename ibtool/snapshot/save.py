@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from itertools import repeat
 from typing import Any
 
-from ibtool import errors
+from ibtool import errors, snapshot
 from ibtool.errors import IbtoolError, UsageError
 from ibtool.snapshot.limits import DEFAULT, Limits, hint, shown
 from ibtool.snapshot.replay import SnapshotError, recording, replaying
@@ -529,3 +529,7 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
         "bytes": stored,
         "bytes_expanded": expanded,
     }
+
+
+snapshot.CLEANUPS.append(remove_trees)
+snapshot.CLASSIFIERS.append(answer_unusable)

@@ -84,12 +84,8 @@ AROUND_THE_HOST = {
     "before there is a Host and without importing it (start-up)",
 }
 # ibtool modules looked up by name at run time: only the plugin manager loads by name (the
-# plugins are what it loads). The snapshot lookups go with the in-memory replay (no trees to
-# remove, no replayed file to blame).
-BY_NAME = {
-    "ibtool.cli": "sys.modules: ibtool.snapshot.save, asked only if a snapshot was replayed",
-    "ibtool.plugin.commands": "sys.modules: ibtool.snapshot.save, its trees removed if any",
-}
+# plugins are what it loads).
+BY_NAME: dict[str, str] = {}
 
 
 def _name(path: Path) -> str:
