@@ -27,13 +27,17 @@ from typing import Any
 
 from ibtool.errors import DataError
 from ibtool.model.mesh import (
+    CODE,
     Baseline,
     Culprit,
     Endpoint,
+    Fold,
     Level,
     MeshResult,
     Settings,
     Verdict,
+    fold,
+    nodes_of,
 )
 from ibtool.model.names import printable
 from ibtool.views import mesh as view
@@ -78,7 +82,7 @@ class LastMesh:
     verdicts: tuple[Verdict, ...]  # worst first, the first MAX_VERDICTS
     verdicts_total: int
     unreachable: tuple[tuple[str, str], ...]  # (node, why)
-    map: view.Fold
+    map: Fold
 
     @property
     def worst(self) -> Level | None:
@@ -95,7 +99,7 @@ def _t(text: str, limit: int = MAX_TEXT) -> str:
 def summary(result: MeshResult) -> dict[str, Any]:
     """The file's content for `result`: bounded whatever the mesh's size."""
     eps = result.endpoints
-    f = view.fold(result, MAP_CELLS)
+    f = fold(result, MAP_CELLS)
     scheduled, probed, _, _ = view.counts(result)
     verdicts = view.worst_first(result.verdicts)
     return {
@@ -119,7 +123,7 @@ def summary(result: MeshResult) -> dict[str, Any]:
             for e in eps[:MAX_ENDPOINTS]
         ],
         "endpoints_total": len(eps),
-        "nodes": len(view.nodes_of(result)),
+        "nodes": len(nodes_of(result)),
         "rounds": result.rounds,
         "pairs": scheduled,
         "probed": probed,
@@ -404,7 +408,7 @@ def _parse(path: str, data) -> LastMesh:
     )
 
 
-def _map(m: dict) -> view.Fold:
+def _map(m: dict) -> Fold:
     unit = m.get("unit")
     if unit not in ("endpoint", "node", "nodes", "endpoints"):
         raise _Bad("map.unit: not endpoint, node or nodes")
@@ -420,10 +424,10 @@ def _map(m: dict) -> view.Fold:
         if not isinstance(row, str) or len(row) != len(labels):
             raise _Bad(f"map.rows[{k}]: not a string of one glyph a label")
         try:
-            cells.append(tuple(view.CODE[ch] for ch in row))
+            cells.append(tuple(CODE[ch] for ch in row))
         except KeyError:
             raise _Bad(f"map.rows[{k}]: a glyph that is not a health") from None
-    return view.Fold(
+    return Fold(
         unit,
         _int(m.get("per_cell"), "map.per_cell", 1, 1 << 31),
         tuple(labels),

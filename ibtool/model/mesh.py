@@ -4,6 +4,10 @@ A mesh of 1,024 nodes x 8 rails probes 8,380,416 ordered pairs when every shift 
 record per pair would cost gigabytes, so the pairs live in a `PairTable`, columns of machine
 numbers indexed by (round, source endpoint) -- each endpoint is the source of at most one pair
 a round (the schedule's promise) -- and a pair is read back as a `Pair` only when asked for.
+
+The heat map's cells are data too: `fold` gives the worst health of the pairs of each (group,
+group) of endpoints or nodes, a `Fold`, which the views draw and the last mesh saves, each cell
+a glyph (GLYPH).
 """
 
 from __future__ import annotations
@@ -328,3 +332,129 @@ class MeshResult:
         if worst is None:
             return 0 if self.probed() else UNKNOWN_EXIT
         return int(worst)
+
+
+# A cell of the heat map: a pair's Health, or no pair probed in it, or an endpoint (or node)
+# against itself; each a glyph, as the last mesh's file writes the map (mesh/last.py)
+NONE, SELF = -1, -2
+GLYPH = {
+    Health.OK: ".",
+    Health.SLOW: "s",
+    Health.LOSSY: "l",
+    Health.FAILED: "X",
+    NONE: " ",
+    SELF: "\\",
+}
+CODE = {g: c for c, g in GLYPH.items()}  # a glyph back to its cell
+
+
+# -- the heat map's cells, as the mesh folds them and the last mesh saves them -------------
+
+
+@dataclass(frozen=True)
+class Fold:
+    """The heat map's cells: `labels[k]` names row k and column k; `cells[a][b]` is the worst
+    Health of the pairs from group a to group b, NONE or SELF."""
+
+    unit: str  # "endpoint", "node", or "nodes" (bins of `per_cell` nodes)
+    per_cell: int  # nodes a cell covers (1 but for bins)
+    labels: tuple[str, ...]
+    cells: tuple[tuple[int, ...], ...]
+    total: int  # the endpoints, or the nodes, folded
+
+    def rows(self) -> list[str]:
+        """The cells as glyphs, a string a row."""
+        return ["".join(GLYPH[c] for c in row) for row in self.cells]
+
+
+def short_names(result: MeshResult) -> list[str]:
+    """The endpoints' names, the port left out when every endpoint's is the same."""
+    eps = result.endpoints
+    one_port = len({e.port for e in eps}) <= 1
+    return [f"{e.node}/{e.device}" if one_port else e.name for e in eps]
+
+
+def nodes_of(result: MeshResult) -> list[str]:
+    """The nodes in the mesh's order (first appearance)."""
+    return list(dict.fromkeys(e.node for e in result.endpoints))
+
+
+def _endpoint_order(result: MeshResult) -> list[int]:
+    """Rail by rail when only rails meet (each rail a block on the diagonal), else as meshed."""
+    eps = result.endpoints
+    if result.settings.all_rails:
+        return list(range(len(eps)))
+    return sorted(range(len(eps)), key=lambda i: (eps[i].rail, i))
+
+
+def fold(result: MeshResult, max_cells: int) -> Fold:
+    """The heat map's cells, at most `max_cells` a side: an endpoint a cell if they fit, else
+    a node a cell, else bins of equal numbers of nodes (the last one may hold fewer)."""
+    max_cells = max(1, max_cells)
+    eps = result.endpoints
+    n = len(eps)
+    if n <= max_cells:
+        order = _endpoint_order(result)
+        group = [0] * n
+        for k, i in enumerate(order):
+            group[i] = k
+        names = short_names(result)
+        return _fill(result, "endpoint", 1, tuple(names[i] for i in order), group, n)
+    nodes = nodes_of(result)
+    index = {node: k for k, node in enumerate(nodes)}
+    per = 1 if len(nodes) <= max_cells else math.ceil(len(nodes) / max_cells)
+    group = [index[e.node] // per for e in eps]
+    labels = tuple(nodes[k] for k in range(0, len(nodes), per))
+    return _fill(result, "node" if per == 1 else "nodes", per, labels, group, len(nodes))
+
+
+def _fill(result, unit, per, labels, group, total) -> Fold:
+    g = len(labels)
+    worst = bytearray(g * g)  # 0: no pair, else Health + 1
+    t = result.pairs
+    width, dst, health = t.width, t.dst, t.health
+    for r in range(t.rounds):
+        base = r * width
+        for src in range(width):
+            d = dst[base + src]
+            if d < 0:
+                continue
+            cell = group[src] * g + group[d]
+            h = health[base + src] + 1
+            if h > worst[cell]:
+                worst[cell] = h
+    cells = []
+    for a in range(g):
+        row = []
+        for b in range(g):
+            w = worst[a * g + b]
+            row.append(Health(w - 1) if w else (SELF if a == b else NONE))
+        cells.append(tuple(row))
+    return Fold(unit, per, labels, tuple(cells), total)
+
+
+def refold(f: Fold, max_cells: int) -> Fold:
+    """`f` folded further to at most `max_cells` a side: k consecutive cells into one, the
+    worst of them (self only where every cell was)."""
+    g = len(f.labels)
+    if g <= max_cells:
+        return f
+    k = math.ceil(g / max(1, max_cells))
+    groups = [list(range(a, min(g, a + k))) for a in range(0, g, k)]
+    cells = []
+    for ga in groups:
+        row = []
+        for gb in groups:
+            got = [f.cells[a][b] for a in ga for b in gb]
+            health = [c for c in got if c >= 0]
+            if health:
+                row.append(Health(max(health)))
+            elif ga is gb and SELF in got:
+                row.append(SELF)
+            else:
+                row.append(NONE)
+        cells.append(tuple(row))
+    unit = f.unit if f.unit == "nodes" else ("nodes" if f.unit == "node" else "endpoints")
+    return Fold(
+        unit, f.per_cell * k, tuple(f.labels[ga[0]] for ga in groups), tuple(cells), f.total
+    )

@@ -9,7 +9,7 @@ heat map is (ibtool.views.mesh).
 from __future__ import annotations
 
 from ibtool.errors import DataError, UnsupportedError
-from ibtool.model.mesh import Health
+from ibtool.model.mesh import NONE, SELF, Health, fold, nodes_of
 from ibtool.views import mesh as view
 
 PLOT_ENDPOINTS = 64  # an endpoint a cell up to this many; nodes past it
@@ -17,8 +17,8 @@ PLOT_CELLS = 256  # cells a side at most (bins of nodes past it: a cell of 1,024
 LABELLED = 64  # every label shown up to this many cells; every k-th past it
 # the cells' colours, in the order of their codes on the image
 KINDS = [
-    (view.NONE, "no pair", "#f2f2f2"),
-    (view.SELF, "self", "#b0b0b0"),
+    (NONE, "no pair", "#f2f2f2"),
+    (SELF, "self", "#b0b0b0"),
     (Health.OK, "OK", "#2ca02c"),
     (Health.SLOW, "SLOW", "#ffd11a"),
     (Health.LOSSY, "LOSSY", "#c040c0"),
@@ -46,8 +46,8 @@ def plot(result, path: str) -> None:
     n = len(result.endpoints)
     if not n:
         raise DataError(f"--plot {path}: the mesh has no endpoints to draw")
-    nodes = len(view.nodes_of(result))
-    f = view.fold(result, n if n <= PLOT_ENDPOINTS else min(nodes, PLOT_CELLS))
+    nodes = len(nodes_of(result))
+    f = fold(result, n if n <= PLOT_ENDPOINTS else min(nodes, PLOT_CELLS))
     index = {code: k for k, (code, _, _) in enumerate(KINDS)}
     image = [[index[c] for c in row] for row in f.cells]
     g = len(f.labels)

@@ -11,6 +11,7 @@ import pytest
 
 from ibtool.errors import DataError, ExitCode
 from ibtool.mesh import last
+from ibtool.model import mesh as mesh_model
 from ibtool.model.mesh import Culprit, Health, Level
 from ibtool.views import mesh as view
 from tests.fixtures import meshes
@@ -58,7 +59,7 @@ def test_round_trip(saved, faulty):
     assert got.verdicts[0].next
     assert got.unreachable == (("node06", "ssh: connect to host: No route to host"),)
     assert got.worst == Level.FAIL
-    assert got.map.rows() == view.fold(faulty, 64).rows()
+    assert got.map.rows() == mesh_model.fold(faulty, 64).rows()
     assert got.map.labels[0] == "node01/mlx5_0"
 
 

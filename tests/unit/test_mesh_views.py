@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from ibtool.errors import ExitCode, UnsupportedError
+from ibtool.model import mesh as mesh_model
 from ibtool.model.mesh import Health
 from ibtool.views import mesh as view
 from tests.fixtures import meshes
@@ -111,7 +112,7 @@ def test_folded_by_node():
     assert cells(rows["node01"]) == "\\X.."
     assert cells(rows["node02"]) == "X\\XX"
     assert "each cell: a node to a node, the worst of their pairs" in " ".join(lines)
-    f = view.fold(r, 4)
+    f = mesh_model.fold(r, 4)
     assert f.unit == "node" and f.total == 4 and f.cells[2][3] == Health.OK
 
 
@@ -142,23 +143,23 @@ def test_1024_nodes_binned(huge):
 
 
 def test_refold_keeps_the_worst():
-    f = view.Fold(
+    f = mesh_model.Fold(
         "endpoint",
         1,
         ("a", "b", "c", "d"),
         (
-            (view.SELF, Health.OK, view.NONE, Health.OK),
-            (Health.SLOW, view.SELF, Health.OK, Health.OK),
-            (view.NONE, view.NONE, view.SELF, Health.LOSSY),
-            (Health.OK, Health.OK, Health.OK, view.SELF),
+            (mesh_model.SELF, Health.OK, mesh_model.NONE, Health.OK),
+            (Health.SLOW, mesh_model.SELF, Health.OK, Health.OK),
+            (mesh_model.NONE, mesh_model.NONE, mesh_model.SELF, Health.LOSSY),
+            (Health.OK, Health.OK, Health.OK, mesh_model.SELF),
         ),
         4,
     )
-    g = view.refold(f, 2)
+    g = mesh_model.refold(f, 2)
     assert g.labels == ("a", "c") and g.per_cell == 2
     assert g.rows() == ["s.", ".l"]
-    assert view.refold(
-        view.Fold("node", 1, ("a", "b"), ((view.SELF, view.NONE),) * 2, 2), 1
+    assert mesh_model.refold(
+        mesh_model.Fold("node", 1, ("a", "b"), ((mesh_model.SELF, mesh_model.NONE),) * 2, 2), 1
     ).rows() == ["\\"]
 
 

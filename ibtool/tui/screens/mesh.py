@@ -17,7 +17,7 @@ from textual.widgets import Static
 
 from ibtool.errors import IbtoolError
 from ibtool.mesh import last
-from ibtool.model.mesh import Level
+from ibtool.model.mesh import CODE, Level
 from ibtool.model.names import escaped
 from ibtool.views import mesh as view
 
@@ -81,7 +81,7 @@ def map_text(m: last.LastMesh, width: int) -> Text:
     for label, glyphs in laid.rows:
         text.append(label)
         for ch in glyphs.rstrip():
-            code = view.CODE.get(ch)
+            code = CODE.get(ch)
             text.append(ch, style=view.STYLE[code] if ch != " " and code is not None else "")
         text.append("\n")
     for line in laid.notes:
