@@ -143,7 +143,7 @@ def _counter_names(inv: Invocation):
 
 
 def _load_config(inv: Invocation, checks: dict | None = None):
-    from ibtool.live.engine import load_config
+    from ibtool.health.config import load_config
 
     return load_config(inv.args.config, _counter_names(inv), checks)
 
@@ -162,7 +162,7 @@ def _list(inv: Invocation, checks: dict) -> None:
 
 def run(inv: Invocation) -> int:
     from ibtool.health import run as health
-    from ibtool.live.engine import select_checks
+    from ibtool.health.run import select_checks
     from ibtool.plugin.hooks import health_checks
 
     if inv.args.print_nhc:
@@ -293,8 +293,8 @@ def configure_exporter(parser) -> None:
 
 
 def run_exporter(inv: Invocation) -> None:
+    from ibtool.health.run import select_checks
     from ibtool.live import exporter
-    from ibtool.live.engine import select_checks
     from ibtool.plugin.hooks import health_checks
 
     listen = exporter.parse_listen(inv.args.listen)

@@ -65,7 +65,8 @@ def _need_textual() -> None:
 def _feed(inv: Invocation, closing: list):
     """The dashboard's face of the Engine, on the hosts the options name."""
     from ibtool.health import state as healthstate
-    from ibtool.live.engine import hosts_for, load_config
+    from ibtool.health.config import load_config
+    from ibtool.live.engine import hosts_for
     from ibtool.live.feed import Feed
     from ibtool.plugin.hooks import health_checks
 

@@ -155,6 +155,21 @@ _NOT_A_FILE = "--config takes a regular file (--config /dev/null: none); see ibt
 _TOO_LARGE = "a health.toml is a few KB: is it the right file? see ibtool-health(8)"
 
 
+def load_config(
+    path: str | None,
+    counters: Callable[[], Iterable[str]],
+    checks: Mapping[str, Any] | None = None,
+) -> HealthConfig:
+    """The health checks' file (`path`, else /etc/ibtool/health.toml if there is one), as
+    every face reads it: a threshold of a counter ibtool does not know must be one of the
+    host's `counters`, and a [checks.NAME] must name one of `checks` (when given; else the
+    caller asks `check_names` once it has them)."""
+    config = load(path or DEFAULT_PATH, required=path is not None, counters=counters)
+    if checks is not None:
+        config.check_names(checks)
+    return config
+
+
 def _parsed(path: str, text: str) -> dict[str, Any]:
     """The TOML document in `text`. Whatever the parser raises on it is a ConfigError: the
     file is the user's (or anyone's who could write it), so its content, however hostile, is

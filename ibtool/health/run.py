@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ibtool.errors import UsageError
+from ibtool.health.config import HealthConfig
 from ibtool.health.state import Saved
 from ibtool.model.health import HealthResult, Status
 from ibtool.plugin.context import CheckContext, HealthCheck
@@ -294,3 +296,26 @@ def status_families(report: Report) -> list[MetricFamily]:
             faults.add({"reason": fault}, 1)
         families.append(faults)
     return families
+
+
+def select_checks(
+    checks: Mapping[str, Any],
+    wanted: list[str],
+    skipped: list[str],
+    config: HealthConfig,
+    warn: Callable[[str], None],
+) -> dict[str, Any]:
+    """The checks to run: those `wanted` (all if none), less those skipped here or in the
+    configuration."""
+    unknown = [n for n in wanted + skipped if n not in checks]
+    if unknown:
+        raise UsageError(
+            f"no health check named {unknown[0]!r}", f"checks: {', '.join(checks) or 'none'}"
+        )
+    for name in sorted(config.skip - set(checks)):
+        warn(f"config {config.path}: skip names no check {name!r}")
+    return {
+        name: check
+        for name, check in checks.items()
+        if (not wanted or name in wanted) and name not in skipped and name not in config.skip
+    }

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ibtool.errors import IbtoolError, NoDevicesError, UsageError
+from ibtool.errors import IbtoolError, NoDevicesError
 from ibtool.health import run as health
 from ibtool.health.config import HealthConfig
 from ibtool.health.state import Kept
@@ -92,48 +92,6 @@ def hosts_for(inv, warn: Callable[[str], None], *, own_capture: bool = True) -> 
         capture = SnapshotHost(inv.snapshot, warn, False, **inv.snapshot_kwargs())
         return Hosts(lambda: capture.host, live=False, source=source, close=capture.close)
     return Hosts(make, live=False, source=source)
-
-
-def load_config(
-    path: str | None,
-    counters: Callable[[], Iterable[str]],
-    checks: Mapping[str, Any] | None = None,
-) -> HealthConfig:
-    """The health checks' file (`path`, else /etc/ibtool/health.toml if there is one), as
-    every face reads it: a threshold of a counter ibtool does not know must be one of the
-    host's `counters`, and a [checks.NAME] must name one of `checks` (when given; else the
-    caller asks `check_names` once it has them)."""
-    from ibtool.health import config as healthconfig
-
-    config = healthconfig.load(
-        path or healthconfig.DEFAULT_PATH, required=path is not None, counters=counters
-    )
-    if checks is not None:
-        config.check_names(checks)
-    return config
-
-
-def select_checks(
-    checks: Mapping[str, Any],
-    wanted: list[str],
-    skipped: list[str],
-    config: HealthConfig,
-    warn: Callable[[str], None],
-) -> dict[str, Any]:
-    """The checks to run: those `wanted` (all if none), less those skipped here or in the
-    configuration."""
-    unknown = [n for n in wanted + skipped if n not in checks]
-    if unknown:
-        raise UsageError(
-            f"no health check named {unknown[0]!r}", f"checks: {', '.join(checks) or 'none'}"
-        )
-    for name in sorted(config.skip - set(checks)):
-        warn(f"config {config.path}: skip names no check {name!r}")
-    return {
-        name: check
-        for name, check in checks.items()
-        if (not wanted or name in wanted) and name not in skipped and name not in config.skip
-    }
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from ibtool.health.run import select_checks
 from ibtool.health.state import StateFile
 from ibtool.host import Host
-from ibtool.live.engine import Engine, Hosts, hosts_for, select_checks
+from ibtool.live.engine import Engine, Hosts, hosts_for
 from ibtool.model.health import HealthResult, Status
 from tests.fixtures import sysfs_trees
 
