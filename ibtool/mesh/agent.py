@@ -31,6 +31,7 @@ from typing import Any
 
 from ibtool.errors import IbtoolError
 from ibtool.mesh import channel, protocol
+from ibtool.mesh.schedule import Schedule
 from ibtool.model.mesh import LOCAL_ROUTE, PairState
 from ibtool.model.names import natural_key
 from ibtool.model.records import LinkLayer
@@ -51,9 +52,9 @@ def side_address(env=os.environ) -> str | None:
     node reaches srun's launching node from (SLURM_LAUNCH_NODE_IPADDR), else its host name's
     address; None when none is known or it is a loopback one."""
     found = None
-    said = env.get("SSH_CONNECTION", "").split()
-    if len(said) == 4:
-        found = said[2]
+    said = channel.ssh_connection(env)
+    if said:
+        found = said[1]
     elif env.get("SLURM_LAUNCH_NODE_IPADDR"):
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -327,17 +328,6 @@ class Server:
 _ROUND_DONE = object()  # a round's thread, to the agent's loop: its report is out
 
 
-def _destinations(wire: dict, own) -> dict[int, list[int]]:
-    """Whom each of `own` pings, round by round (-1: nobody), from the plan's schedule."""
-    out: dict[int, list[int]] = {}
-    for name, members in wire["groups"].items():
-        shifts, n = wire["shifts"][name], len(members)
-        for pos, i in enumerate(members):
-            if i in own:
-                out[i] = [members[(pos + s) % n] for s in shifts]
-    return out
-
-
 def _read_into(lines: Lines, inbox: queue.Queue) -> None:
     """The coordinator's messages into `inbox`, checked; None at its end, or the error."""
     try:
@@ -424,7 +414,12 @@ class Agent:
         self.up = {e[0]: bool(e[4]) for e in eps}
         self.skip: set[int] = set()
         self.own = {e[0]: e[2] for e in eps if e[1] == self.id and e[2] < len(mine)}
-        self.dests = _destinations(plan["schedule"], self.own)
+        wire = plan["schedule"]
+        schedule = Schedule(
+            {k: tuple(v) for k, v in wire["groups"].items()},
+            {k: tuple(v) for k, v in wire["shifts"].items()},
+        )
+        self.dests = {i: schedule.partners(i) for i in self.own}
         problems: dict[str, str] = {}
         mtus: dict[str, int] = {}
         listening = []
@@ -887,8 +882,9 @@ def main(
             err.flush()
 
     try:
-        lines = Lines(fd)
-        if connect is not None:
+        if connect is None:
+            lines = Lines(fd)
+        else:
             lines = _join(connect, Lines(fd, JOIN_WAIT, channel.MAX_JOIN), joined, detach)
         return Agent(host, say, warn, chosen, gid_index).run(lines)
     except protocol.AgentError as e:

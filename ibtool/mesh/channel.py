@@ -97,7 +97,6 @@ class Rendezvous:
         self.ever: set[str] = set()  # keys that joined, whether still connected or not
         self.pending: dict[int, _Conn] = {}
         self.strangers = 0  # connections closed for a wrong or missing join
-        self.refused_accepts = 0  # accept() failures (out of descriptors)
         self.first_stranger: str | None = None
         self.listener = self._listen(*listen)  # first: a refused address leaves nothing
         self.sel = selectors.DefaultSelector()
@@ -232,7 +231,6 @@ class Rendezvous:
                 except (BlockingIOError, InterruptedError):
                     return
                 except OSError:  # EMFILE and the like: a breath, then the next round
-                    self.refused_accepts += 1
                     time.sleep(0.1)
                     return
             if len(self.pending) >= MAX_PENDING:
@@ -280,7 +278,8 @@ class Rendezvous:
             self.joined[key] = conn
             self.ever.add(key)
         try:
-            conn.sock.sendall(WELCOME)
+            with conn.lock:  # an `end` the coordinator broadcasts meanwhile comes after it
+                conn.sock.sendall(WELCOME)
         except OSError:
             self._end(conn)
             return
@@ -503,13 +502,20 @@ def read_join(line: bytes | None) -> dict:
     return {"token": tok, "key": key}
 
 
+def ssh_connection(env=os.environ) -> tuple[str, str] | None:
+    """(client address, server address) of the ssh this process runs under, as sshd sets
+    SSH_CONNECTION ("CLIENT-IP CLIENT-PORT SERVER-IP SERVER-PORT"); None outside one."""
+    said = env.get("SSH_CONNECTION", "").split()
+    return (said[0], said[2]) if len(said) == 4 else None
+
+
 def coordinator_address(given: str, env=os.environ) -> str | None:
     """Where the coordinator is, as this node sees it: `given` (its --listen address), else
     the client end of this agent's ssh (SSH_CONNECTION), else the host srun was started
     from (SLURM_LAUNCH_NODE_IPADDR)."""
     if given:
         return given
-    ssh = env.get("SSH_CONNECTION", "").split()
+    ssh = ssh_connection(env)
     for candidate in (ssh[0] if ssh else "", env.get("SLURM_LAUNCH_NODE_IPADDR", "")):
         try:
             return str(ipaddress.ip_address(candidate))

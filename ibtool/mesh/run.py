@@ -354,7 +354,7 @@ class Coordinator:
         o, encoded, made = self.o, {}, {}
         for node in live:
             names = tuple(sorted({schedule.group_of(i) for i in node.endpoints} - {None}))
-            whole = all(len(schedule.shifts[g]) >= len(schedule.groups[g]) - 1 for g in names)
+            whole = all(schedule.whole(g) for g in names)
             line = made.get(names) if whole else None
             if line is None:
                 line = protocol.plan_message(

@@ -58,18 +58,21 @@ class Schedule:
 
     def partner(self, round_: int, src: int) -> int | None:
         """The endpoint `src` pings in a round, or None."""
-        for name, members in self.groups.items():
-            if src in members:
-                shifts = self.shifts[name]
-                if round_ >= len(shifts):
-                    return None
-                i = members.index(src)
-                return members[(i + shifts[round_]) % len(members)]
-        return None
+        dests = self.partners(src)
+        return dests[round_] if round_ < len(dests) else None
 
-    def partners(self, src: int) -> list[int | None]:
-        """`src`'s destination in every round (None: it sits the round out)."""
-        return [self.partner(r, src) for r in range(self.rounds)]
+    def partners(self, src: int) -> list[int]:
+        """`src`'s destination in each round its group runs (none after them)."""
+        where = self._where.get(src)
+        if where is None:
+            return []
+        name, pos = where
+        members = self.groups[name]
+        return [members[(pos + s) % len(members)] for s in self.shifts[name]]
+
+    def whole(self, name: str) -> bool:
+        """Whether group `name` runs every shift: each member meets every other."""
+        return len(self.shifts[name]) >= len(self.groups[name]) - 1
 
     def to_wire(self, names: Iterable[str] | None = None) -> dict:
         """The schedule as a plan carries it: every group, or those `names`."""
@@ -81,7 +84,12 @@ class Schedule:
 
     @cached_property
     def _where(self) -> dict[int, tuple[str, int]]:
-        return {m: (name, pos) for name, ms in self.groups.items() for pos, m in enumerate(ms)}
+        """Each endpoint's group and place in it (its first, should a plan name it twice)."""
+        where: dict[int, tuple[str, int]] = {}
+        for name, members in self.groups.items():
+            for pos, m in enumerate(members):
+                where.setdefault(m, (name, pos))
+        return where
 
     def group_of(self, i: int) -> str | None:
         where = self._where.get(i)
@@ -99,7 +107,7 @@ class Schedule:
             name, pos = where
             members, shifts = self.groups[name], self.shifts[name]
             n = len(members)
-            if len(shifts) >= n - 1:  # every shift: the whole group
+            if self.whole(name):
                 out.update(members)
                 continue
             for s in shifts:

@@ -5,8 +5,8 @@ through ClusterShell's window runs 200 agents in a process that may open 256 fil
 from __future__ import annotations
 
 import json
+import os
 import queue
-import resource
 import socket
 import subprocess
 import sys
@@ -276,7 +276,23 @@ def test_200_agents_through_clustershell_in_a_process_that_may_open_256_files():
     assert figures["window"] == "10", proc.stdout
     assert (figures["endpoints"], figures["pairs"]) == ("200", "400"), proc.stdout
     assert (figures["verdicts"], figures["unreachable"]) == ("0", "0"), proc.stdout
-    assert resource.getrlimit(resource.RLIMIT_NOFILE)  # (this process's own, untouched)
+    # the agents left their starters, and ended with the mesh: none outlives it
+    _wait(lambda: not _doubles(), "every detached agent gone", timeout=60)
+
+
+def _doubles() -> list[str]:
+    """The processes running the agent double now (detached ones included)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if str(DOUBLE).encode() in f.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
 
 
 def test_a_listen_address_that_is_not_this_host_s_is_one_usage_error():
@@ -301,3 +317,46 @@ def test_an_engine_that_cannot_start_leaves_no_listener(monkeypatch):
     with pytest.raises(UsageError):
         link.start(["ibtool"])
     assert link.rendezvous is None
+
+
+# -- the agent's side, against a coordinator that is not one --------------------------------
+
+
+@pytest.mark.parametrize("answer", [b"", b"HTTP/1.1 400 Bad Request\r\n\r\n", b"\x00" * 64,
+                                    b'{"t":"welcome"}'])  # fmt: skip
+def test_an_agent_joins_nothing_but_a_coordinator_s_welcome(answer):
+    """A listener that closes, speaks another protocol, sends garbage or a welcome without
+    its line end: one error, the socket closed, nothing followed."""
+    from ibtool.errors import IbtoolError
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(1024)
+            conn.sendall(answer)
+
+    import threading
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(IbtoolError, match="did not take this agent's join"):
+            channel.join("127.0.0.1", port, {"token": "a" * 32, "key": "n1"}, timeout=10)
+    finally:
+        t.join(10)
+        listener.close()
+
+
+def test_an_agent_that_finds_no_coordinator_says_how_to_let_it_through():
+    from ibtool.errors import IbtoolError
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nobody listens there now
+    with pytest.raises(IbtoolError, match="cannot reach the mesh's coordinator") as e:
+        channel.join("127.0.0.1", port, {"token": "a" * 32, "key": "n1"}, timeout=10)
+    assert "--listen" in e.value.hint
