@@ -17,9 +17,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ibtool import hookimpl
-from ibtool.errors import UsageError
-from ibtool.plugin.commands import Invocation
+from ibtool.api import Invocation, UsageError, hookimpl
 
 # How Tab completes a value:
 #   choices  the values of the option's choices=

@@ -8,15 +8,23 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from ibtool import hookimpl
-from ibtool.api import HealthResult, MetricFamily, Status
-from ibtool.argtypes import number
-from ibtool.errors import NotFoundError, UsageError
-from ibtool.model import counters as counterinfo
-from ibtool.model.rates import Sampler, counter_delta, is_saturated
-from ibtool.model.records import CounterSample
-from ibtool.plugin.commands import Invocation, selector
-from ibtool.views import render
+from ibtool.api import (
+    CounterSample,
+    HealthResult,
+    Invocation,
+    MetricFamily,
+    NotFoundError,
+    Sampler,
+    Status,
+    UsageError,
+    counter_delta,
+    hookimpl,
+    is_saturated,
+    number,
+    render,
+    selector,
+)
+from ibtool.api import counters as counterinfo
 
 ACTIONS = ("optional", "enable", "disable")
 USAGE = (

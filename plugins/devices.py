@@ -3,10 +3,7 @@ each field under -j) and adds capabilities through verbs."""
 
 from __future__ import annotations
 
-from ibtool import hookimpl
-from ibtool.model.records import Device, Protocol
-from ibtool.plugin.commands import Invocation, add_selector, selector
-from ibtool.views import render
+from ibtool.api import Device, Invocation, Protocol, add_selector, hookimpl, render, selector
 
 FIELDS = [
     render.Field("ifname", lambda d: d.name, label="", text=lambda v: f"{v}:"),

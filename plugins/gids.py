@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from ibtool import hookimpl
-from ibtool.argtypes import number
-from ibtool.errors import UsageError
-from ibtool.model.gidrule import as_ip, best_gid
-from ibtool.model.records import Gid, GidType
-from ibtool.plugin.commands import Invocation, add_selector, selector
-from ibtool.views import render
+from ibtool.api import (
+    Gid,
+    GidType,
+    Invocation,
+    UsageError,
+    add_selector,
+    as_ip,
+    best_gid,
+    hookimpl,
+    number,
+    render,
+    selector,
+)
 
 FIELDS = [
     render.Field("ifname", lambda g: g.device, header="DEV"),

@@ -7,12 +7,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ibtool import hookimpl
-from ibtool.errors import NotFoundError
-from ibtool.plugin.commands import Invocation
-from ibtool.views import render
-from ibtool.views.res import COUNTED_SINCE, FIELDS_OF, SUMMARY_FIELDS, Owners, Row, count_field
-from ibtool.views.resfilter import parse_words
+from ibtool.api import Invocation, NotFoundError, hookimpl, render
+from ibtool.api.res import (
+    COUNTED_SINCE,
+    FIELDS_OF,
+    SUMMARY_FIELDS,
+    Owners,
+    Row,
+    count_field,
+    parse_words,
+)
 
 
 def _configure(parser) -> None:

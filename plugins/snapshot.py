@@ -12,11 +12,8 @@ import time
 from datetime import datetime
 from typing import Any
 
-from ibtool import __version__, hookimpl
-from ibtool.errors import UsageError
-from ibtool.model import counters as counterinfo
-from ibtool.plugin.commands import Invocation
-from ibtool.views import render
+from ibtool.api import Invocation, UsageError, __version__, hookimpl, render
+from ibtool.api import counters as counterinfo
 
 USAGE = "ibtool snapshot save FILE | show FILE | diff A B"
 SHOWN_DEVICES = 8  # device names on show's text line; -j lists them all
@@ -42,7 +39,7 @@ def _when(t: Any) -> str:
 
 
 def _save(inv: Invocation, path: str) -> None:
-    from ibtool.snapshot import save as snapshot
+    from ibtool.api import snapshot
 
     inv.host.require_live("snapshot save captures the running host")
     started = time.monotonic()
@@ -66,7 +63,7 @@ def _save(inv: Invocation, path: str) -> None:
 
 
 def _show(inv: Invocation, path: str) -> None:
-    from ibtool.snapshot import save as snapshot
+    from ibtool.api import snapshot
 
     data = snapshot.load(path, **inv.snapshot_kwargs())
     info = snapshot.summary(data)
@@ -139,9 +136,8 @@ def _meta(data: dict[str, Any], path: str) -> dict[str, Any]:
 
 
 def _diff(inv: Invocation, a_path: str, b_path: str) -> None:
-    from ibtool.snapshot.diff import compare
-    from ibtool.snapshot.save import SnapshotHost
-    from ibtool.views.events import event_json, event_line
+    from ibtool.api.events import event_json, event_line
+    from ibtool.api.snapshot import SnapshotHost, compare
 
     a = SnapshotHost(a_path, inv.warn, False, **inv.snapshot_kwargs())
     try:

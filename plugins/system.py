@@ -4,11 +4,15 @@ has, asked of it command by command."""
 
 from __future__ import annotations
 
-from ibtool import hookimpl
-from ibtool.api import HealthResult, Status
-from ibtool.errors import NoDevicesError, UsageError
-from ibtool.plugin.commands import Invocation
-from ibtool.views import render
+from ibtool.api import (
+    HealthResult,
+    Invocation,
+    NoDevicesError,
+    Status,
+    UsageError,
+    hookimpl,
+    render,
+)
 
 
 def _on_off(value: bool) -> str:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from ibtool_plugins.ports import check, link, metrics, show
 
-from ibtool import hookimpl
-from ibtool.api import CheckContext
-from ibtool.plugin.commands import Invocation, add_selector
+from ibtool.api import CheckContext, Invocation, add_selector, hookimpl
 
 
 def run(inv: Invocation) -> None:

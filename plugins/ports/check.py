@@ -6,10 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 
-from ibtool.api import CheckContext, HealthResult, Perfdata, Status
-from ibtool.errors import CommandFailed, NoDevicesError
-from ibtool.host import PORT_SHOWN
-from ibtool.model.records import LinkLayer, PhysState, Port, PortState
+from ibtool.api import (
+    PORT_SHOWN,
+    CheckContext,
+    CommandFailed,
+    HealthResult,
+    LinkLayer,
+    NoDevicesError,
+    Perfdata,
+    PhysState,
+    Port,
+    PortState,
+    Status,
+)
 
 # The kinds of the findings that are not OK, for a program (the dashboard acts on the first two):
 # link_degraded          ACTIVE at a rate below the best this port has had
@@ -128,7 +137,7 @@ class PortCheck:
     def roce_gid(self, target: str, device: str | None = None):
         """The RoCE v2 GID of a netdev or address, on `device` or any (CommandFailed saying
         why there is none)."""
-        from ibtool.model.gidrule import best_gid
+        from ibtool.api import best_gid
 
         return best_gid(self.gids_of(device), self.by_key, self.host.vlans(), target)
 
@@ -175,7 +184,7 @@ class PortCheck:
     def since_last_run(self, p: Port, was: dict) -> tuple[list[tuple[Status, str, str]], list[str]]:
         """The change engine's events between the port at the last run and now: a LID the
         subnet manager moved (WARNING), a port up again (a note)."""
-        from ibtool.model.events import Seen, diff
+        from ibtool.api.events import Seen, diff
 
         then = _was(was, p) if was and self.ctx.same_boot else None
         if then is None:

@@ -4,8 +4,7 @@ ibtool.sources.links, which says what the kernel's refusals mean."""
 
 from __future__ import annotations
 
-from ibtool.errors import UsageError
-from ibtool.host import Host
+from ibtool.api import Host, UsageError
 
 LINK_USAGE = (
     "ibtool link [show] [DEV[/PORT]] | ibtool link add NAME type { rxe | siw } netdev NETDEV "

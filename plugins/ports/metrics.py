@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from ibtool.api import MetricFamily
-from ibtool.host import PORT_SHOWN, Host
-from ibtool.model.records import LinkLayer
+from ibtool.api import PORT_SHOWN, Host, LinkLayer, MetricFamily
 
 
 def port_metrics(host: Host):

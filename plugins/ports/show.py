@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ibtool.model.records import VL_CAP, Bond, LinkLayer, PKey, Port, PortState
-from ibtool.plugin.commands import Invocation, selector
-from ibtool.views import render
+from ibtool.api import VL_CAP, Bond, Invocation, LinkLayer, PKey, Port, PortState, render, selector
 
 # IB PortInfo CapabilityMask bit positions (sysfs cap_mask holds the low 32 bits).
 PORT_CAP_FLAGS = {

@@ -6,7 +6,7 @@ it); the bottom (ibtool.errors, .argtypes, .data, ._version, and the package ``i
 itself: ``__version__``, the ``hookimpl`` face) any of them may:
 
     ibtool.cli       plugin, snapshot, views, model              argument parsing, exit codes
-    ibtool.api       plugin, views, model                        the surface plugins import
+    ibtool.api       all but sources and cli                     the surface plugins import
     ibtool.tui       live, mesh, views, model                    the dashboard: never the data
                                                                  path, a source or the Host
     ibtool.live      health, plugin, snapshot, host, web, views, model
@@ -62,7 +62,20 @@ FOLDERS_OF = {  # a layer -> the modules (prefixes) it is
 }
 MAY_IMPORT = {
     "cli": {"plugin", "snapshot", "views", "model"},
-    "api": {"plugin", "views", "model"},
+    "api": {
+        "tui",
+        "live",
+        "health",
+        "doctor",
+        "mesh",
+        "plugin",
+        "snapshot",
+        "rdma",
+        "host",
+        "views",
+        "web",
+        "model",
+    },  # fmt: skip
     "tui": {"live", "mesh", "views", "model"},
     "live": {"health", "plugin", "snapshot", "host", "web", "views", "model"},
     "health": {"plugin", "snapshot", "host", "views", "model"},
@@ -281,9 +294,9 @@ def test_the_core_never_imports_a_plugin_nor_the_api():
     found = [
         f"{module}:{line} -> {imported}"
         for module in SOURCES
-        if module.startswith("ibtool.") and module != "ibtool.cli"
+        if module.startswith("ibtool.") and module != "ibtool.cli" and _folder(module) != "api"
         for line, imported, _ in _imports(module)
-        if imported.startswith("ibtool_plugins") or imported == "ibtool.api"
+        if imported.startswith("ibtool_plugins") or _folder(imported) == "api"
     ]
     assert found == []
 
@@ -383,6 +396,61 @@ def test_a_plugin_imports_no_other_plugin_and_reads_the_kernel_only_through_the_
         if isinstance(node, ast.Attribute) and node.attr in ("sysfs", "netlink_session")
     ]
     assert wrong == []
+
+
+# Plugins whose imports still go past ibtool.api, each with why; the list may only shrink.
+MOVING = "its imports move to ibtool.api once this change's work on it is in"
+PAST_THE_API: dict[str, str] = {
+    "ibtool_plugins.doctor": MOVING,
+    "ibtool_plugins.health": MOVING,
+    "ibtool_plugins.loopback": MOVING,
+    "ibtool_plugins.mesh": MOVING,
+    "ibtool_plugins.monitor": MOVING,
+    "ibtool_plugins.ping": MOVING,
+    "ibtool_plugins.ping.health": MOVING,
+    "ibtool_plugins.ping.options": MOVING,
+    "ibtool_plugins.ping.protocols": MOVING,
+    "ibtool_plugins.ping.report": MOVING,
+    "ibtool_plugins.tui": MOVING,
+}
+
+
+def _past_the_api(plugin: str) -> list[str]:
+    """The imports of `plugin` from ibtool that are not ibtool.api's (its own package's are
+    its own business)."""
+    return [
+        f"{SOURCES[plugin][0].relative_to(CHECKOUT)}:{line} -> {imported}"
+        + (f".{name}" if name else "")
+        for line, imported, name in _imports(plugin)
+        if imported.startswith("ibtool") and not imported.startswith("ibtool_plugins")
+        and _folder(imported) != "api"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("plugin", PLUGINS)
+def test_a_plugin_imports_ibtool_only_through_the_api(plugin):
+    """ibtool.api is the plugins' surface (ibtool-plugins(8)): the built-in plugins are held
+    to it as a third party's would be, so what they need is in it and the core may move
+    beneath it. hookimpl too is taken from ibtool.api, not from the package ibtool."""
+    if plugin in PAST_THE_API:
+        assert _past_the_api(plugin) != [], f"{plugin} is past the api no more: unlist it"
+    else:
+        assert _past_the_api(plugin) == []
+
+
+def test_the_api_check_sees_a_plugin_going_past_it():
+    SOURCES["ibtool_plugins.probe_only"] = (
+        CHECKOUT / "plugins" / "probe_only.py",
+        ast.parse("from ibtool.api import Host\nfrom ibtool.mesh.run import mesh\n"
+                  "from ibtool import hookimpl\n"),
+    )  # fmt: skip
+    try:
+        assert _past_the_api("ibtool_plugins.probe_only") == [
+            "plugins/probe_only.py:2 -> ibtool.mesh.run.mesh",
+            "plugins/probe_only.py:3 -> ibtool.hookimpl",
+        ]
+    finally:
+        del SOURCES["ibtool_plugins.probe_only"]
 
 
 FOLDERS = sorted(

@@ -3,6 +3,7 @@ faults isolated, and the types (ibtool.api) written exactly as Nagios and Promet
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import math
@@ -10,6 +11,7 @@ import re
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -554,6 +556,7 @@ def test_ibtool_api_imports_no_plugin_machinery_nor_the_host():
         "ibtool",
         "ibtool._version",  # written at build time (setuptools-scm)
         "ibtool.api",
+        "ibtool.errors",  # the errors a plugin raises
         "ibtool.model",
         "ibtool.model.health",
         "ibtool.model.names",  # a result's names escaped
@@ -562,3 +565,47 @@ def test_ibtool_api_imports_no_plugin_machinery_nor_the_host():
         "ibtool.views",
         "ibtool.views.prometheus",
     ]
+
+
+API_MODULES = ["ibtool.api"] + sorted(
+    f"ibtool.api.{p.stem}"
+    for p in (Path(__file__).resolve().parents[2] / "ibtool" / "api").glob("*.py")
+    if p.stem != "__init__"
+)
+NOT_THE_API = {"annotations", "importlib", "TYPE_CHECKING", "Any"}  # the modules' own imports
+
+
+@pytest.mark.parametrize("name", API_MODULES)
+def test_every_name_the_api_promises_is_there_and_no_other(name):
+    """What an __all__ lists is what ibtool-plugins(8) promises: each one resolves (the lazy
+    ones too), and the module shows no public name it does not list."""
+    module = importlib.import_module(name)
+    assert [n for n in module.__all__ if getattr(module, n, None) is None] == []
+    shown = {n for n in vars(module) if not n.startswith("_")} - NOT_THE_API
+    shown -= {m.rpartition(".")[2] for m in API_MODULES}  # the submodules, once imported
+    assert sorted(shown - set(module.__all__)) == []
+
+
+def test_each_lazy_name_is_what_type_checkers_are_told_it_is():
+    """ibtool.api loads most names on first use; its TYPE_CHECKING imports say where from, for
+    type checkers, readers and the layer test. Both must give the same objects."""
+    import ast
+
+    import ibtool.api as api
+
+    tree = ast.parse(Path(api.__file__).read_text())
+    block = next(
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"
+    )
+    told: dict = {}
+    exec(compile(ast.Module(body=block.body, type_ignores=[]), api.__file__, "exec"), told)
+    told.pop("__builtins__")
+    eager = {n for n in vars(api) if not n.startswith("_")} - NOT_THE_API - set(told)
+    assert sorted(set(api.__all__) - set(told) - eager) == []
+    assert {n: getattr(api, n) for n in told} == told
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        api.nope  # noqa: B018
