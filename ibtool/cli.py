@@ -192,7 +192,7 @@ def build_parser(
     return parser
 
 
-def _register_commands(plugins, registry: CommandRegistry, warn) -> None:
+def register_commands(plugins, registry: CommandRegistry, warn) -> None:
     """Every plugin's commands, ibtool's own first, then the others in load order: of two
     plugins registering one name, ibtool's own keeps it, else the first loaded
     (CommandRegistry)."""
@@ -230,7 +230,8 @@ def _register_commands(plugins, registry: CommandRegistry, warn) -> None:
             warn(f"plugin {command.plugin}: {said}")
 
 
-def _plugins_command(registry: CommandRegistry, plugins) -> None:
+def plugins_command(registry: CommandRegistry, plugins) -> None:
+    """Register `ibtool plugins`: the plugins loaded, their versions and hooks."""
     fields = [
         render.Field("name", lambda i: i.name, label=""),
         render.Field("version", lambda i: i.version),
@@ -380,8 +381,8 @@ def _main(
 
         loaded = build_plugins(blocked=blocked, extra=plugins, warn=warn, environ=environ)
         registry = CommandRegistry()
-        _register_commands(loaded, registry, warn)
-        _plugins_command(registry, loaded)
+        register_commands(loaded, registry, warn)
+        plugins_command(registry, loaded)
         parser = build_parser(registry, out, err)
         try:
             args = parser.parse_args(argv)

@@ -44,7 +44,7 @@ TEXTUAL_HINT = (
 )
 
 
-def _need_textual() -> None:
+def need_textual() -> None:
     """textual 8 or later, or one line saying which textual this Python has: the Debian
     package only recommends python3-textual, which Debian 12 ships as 0.1 and Debian 13 as 2.1,
     and the dashboard written for 8 fails inside either."""
@@ -138,7 +138,7 @@ def run(inv: Invocation) -> int:
             "ibtool tui needs a terminal",
             "in scripts use ibtool counters --watch, ibtool monitor or ibtool health",
         )
-    _need_textual()
+    need_textual()
     try:
         from ibtool.tui.app import Dashboard
     except ImportError as e:

@@ -179,7 +179,7 @@ def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
     device, port = pick_port(host, selector, first_route.dev if first_route else None)
     process = host.read_process(opts.pid, *opened) if opened is not None else None
     local = collect(host, device, port, opts.gid_index, process=process)
-    link, link_why = _link(host, local)
+    link, link_why = link_facts(host, local)
     peer, no_facts, no_facts_fix = (None, None, None)
     if query is not None:
         peer, no_facts, no_facts_fix = query.answer()
@@ -215,7 +215,7 @@ def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
     return report
 
 
-def _link(host, local: Facts):
+def link_facts(host, local: Facts):
     """The link modes of this end's netdev (Ethernet ports), or None and why not."""
     from ibtool.doctor import link
 

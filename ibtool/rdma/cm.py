@@ -270,7 +270,7 @@ class Connection(_Holder):
                 if name == "INIT":
                     pkey_index = attr.pkey_index
                 elif name == "RTR":
-                    used = _choose(attr, path, pkey_index)
+                    used = choose_path(attr, path, pkey_index)
                     if self._infiniband():
                         # cma.c, ucma_modify_qp_rtr: "Workaround for rdma_ucm kernel bug: mask
                         # off qp_attr_mask bits 21-24 which are used for RoCE".
@@ -342,7 +342,7 @@ class Connection(_Holder):
                 break
             self.turn_down(got.child)
         if got.kind != getattr(self.cm.e.rdma_cm_event_type, wanted):
-            raise _event_error(got.name, what, peer, got.private_data)
+            raise event_error(got.name, what, peer, got.private_data)
 
     def wait(self, opcode: int, deadline: float | None, what: str):
         """The next completion of `opcode` (others, a signaled send's, are passed over),
@@ -381,7 +381,7 @@ class Connection(_Holder):
                 raise Disconnected(f"the connection ended: {name}")
 
 
-def _choose(attr, path: PathSpec, pkey_index: int) -> PathSpec:
+def choose_path(attr, path: PathSpec, pkey_index: int) -> PathSpec:
     """Put the operator's choices of `path` into rdma_cm's RTR attributes `attr`; the path
     they then describe. The SL of an InfiniBand path comes from the SA's path record, on RoCE
     from the TOS (the netdev's priority map): 0 here leaves it so."""
@@ -417,7 +417,9 @@ def reject_request(child) -> None:
         child.close()
 
 
-def _event_error(name: str, what: str, peer: str, private_data: bytes = b"") -> IbtoolError:
+def event_error(name: str, what: str, peer: str, private_data: bytes = b"") -> IbtoolError:
+    """The error an unexpected RDMA CM event `name` during `what` with `peer` means; an ibtool
+    server's REJ carries its reason in the private data."""
     if name.endswith("REJECTED"):
         try:  # an ibtool server's REJ says why
             reason = wire.decode_cm(private_data, wire.CmMessage.REFUSE, 0)

@@ -23,7 +23,7 @@ VERSION = 1
 HEADER = struct.Struct("!4sBBH")
 MAX_PAYLOAD = 1024
 MAX_FACTS_PAYLOAD = 16384  # FACTS only: a port's facts as JSON (ibtool.model.doctor.MAX_FACTS)
-_ENDPOINT = struct.Struct("!IIHB16sQIIB")  # qpn psn lid mtu gid addr rkey size mode
+ENDPOINT = struct.Struct("!IIHB16sQIIB")  # qpn psn lid mtu gid addr rkey size mode
 MAX_BUFFER = 1 << 30  # no ping needs more than 1 GiB registered
 
 
@@ -110,7 +110,7 @@ def encode_endpoint(ep: Endpoint) -> bytes:
     ep.validate()
     return encode(
         MessageType.ENDPOINT,
-        _ENDPOINT.pack(ep.qpn, ep.psn, ep.lid, ep.mtu, ep.gid, ep.addr, ep.rkey, ep.size, ep.mode),
+        ENDPOINT.pack(ep.qpn, ep.psn, ep.lid, ep.mtu, ep.gid, ep.addr, ep.rkey, ep.size, ep.mode),
     )
 
 
@@ -135,9 +135,9 @@ def decode_header(header: bytes) -> tuple[MessageType, int]:
 
 def decode_payload(kind: MessageType, payload: bytes):
     if kind == MessageType.ENDPOINT:
-        if len(payload) != _ENDPOINT.size:
-            raise ProtocolError(f"endpoint of {len(payload)} bytes, want {_ENDPOINT.size}")
-        qpn, psn, lid, mtu, gid, addr, rkey, size, mode = _ENDPOINT.unpack(payload)
+        if len(payload) != ENDPOINT.size:
+            raise ProtocolError(f"endpoint of {len(payload)} bytes, want {ENDPOINT.size}")
+        qpn, psn, lid, mtu, gid, addr, rkey, size, mode = ENDPOINT.unpack(payload)
         try:
             mode = Mode(mode)
         except ValueError:
@@ -222,7 +222,7 @@ def receive(sock: socket.socket, timeout: float, expect: MessageType | None = No
 
 CM_MAGIC = b"IBCM"
 CM_VERSION = 1
-_CM_OFFER = struct.Struct("!BxxxIQI")  # mode, size, buffer address, rkey
+CM_OFFER = struct.Struct("!BxxxIQI")  # mode, size, buffer address, rkey
 CM_REQ_ROOM, CM_REP_ROOM, CM_REJ_ROOM = 56, 196, 148
 
 
@@ -261,7 +261,7 @@ def encode_cm(kind: CmMessage, value) -> bytes:
     if kind == CmMessage.REFUSE:
         body = value.encode("utf-8")[: CM_REJ_ROOM - HEADER.size]
     else:
-        body = _CM_OFFER.pack(value.mode, value.size, value.addr, value.rkey)
+        body = CM_OFFER.pack(value.mode, value.size, value.addr, value.rkey)
     return HEADER.pack(CM_MAGIC, CM_VERSION, kind, len(body)) + body
 
 
@@ -290,9 +290,9 @@ def decode_cm(data: bytes, expect: CmMessage, max_size: int):
     body = data[HEADER.size : end]
     if kind == CmMessage.REFUSE:
         return printable(body.decode("utf-8", errors="replace"))
-    if length != _CM_OFFER.size:
-        raise ProtocolError(f"{expect.name} of {length} bytes, want {_CM_OFFER.size}")
-    mode, size, addr, rkey = _CM_OFFER.unpack(body)
+    if length != CM_OFFER.size:
+        raise ProtocolError(f"{expect.name} of {length} bytes, want {CM_OFFER.size}")
+    mode, size, addr, rkey = CM_OFFER.unpack(body)
     try:
         mode = Mode(mode)
     except ValueError:

@@ -96,7 +96,7 @@ def save(
     finally:
         host.close()
     data.update(netlink=netlink, verbs=verbs, comm=comms, features=features)
-    _write(path, data)
+    write(path, data)
     return data
 
 
@@ -151,7 +151,8 @@ def _features(host) -> list[dict[str, Any]] | None:
     return [dataclasses.asdict(f) for f in features]
 
 
-def _write(path: str, data: dict[str, Any]) -> None:
+def write(path: str, data: dict[str, Any]) -> None:
+    """Write a snapshot's JSON to `path` atomically: a new file beside it, renamed over it."""
     # Key order is kept: a replayed dict (verbs capabilities, driver attributes) is printed in
     # the order the source gave it.
     text = (json.dumps(data, separators=(",", ":")) + "\n").encode("utf-8")

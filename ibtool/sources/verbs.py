@@ -152,7 +152,7 @@ def pyverbs() -> Pyverbs:
         modules = {name: importlib.import_module(f"pyverbs.{name}") for name in VERBS_CLASSES}
         errors = importlib.import_module("pyverbs.pyverbs_error")
     except ImportError as e:
-        raise _unavailable("pyverbs", e, PYVERBS_HINT) from None
+        raise unavailable("pyverbs", e, PYVERBS_HINT) from None
     for name, classes in VERBS_CLASSES.items():
         _require(modules[name], classes)
     enums_module, e = _enum_classes(VERBS_ENUM_MODULES, VERBS_ENUMS, "pyverbs", PYVERBS_HINT)
@@ -172,12 +172,12 @@ def rdmacm() -> RdmaCm:
     try:
         importlib.import_module("pyverbs")
     except ImportError as e:
-        raise _unavailable("pyverbs", e, PYVERBS_HINT) from None
+        raise unavailable("pyverbs", e, PYVERBS_HINT) from None
     what = "librdmacm's part of pyverbs"
     try:
         cmid = importlib.import_module("pyverbs.cmid")
     except ImportError as e:
-        raise _unavailable(what, e, RDMACM_HINT) from None
+        raise unavailable(what, e, RDMACM_HINT) from None
     _require(cmid, CM_CLASSES)
     for method in CMID_METHODS:
         if not hasattr(cmid.CMID, method):
@@ -192,7 +192,7 @@ def too_old(what: str, since: int | None = None) -> UnsupportedError:
     return UnsupportedError(f"this pyverbs has no {what}{release}", UPGRADE_HINT)
 
 
-def _unavailable(what: str, e: ImportError, hint: str) -> UnsupportedError:
+def unavailable(what: str, e: ImportError, hint: str) -> UnsupportedError:
     text = str(e)
     if "librdmacm" in text:
         hint = RDMACM_HINT
@@ -230,7 +230,7 @@ def _enum_classes(candidates, wanted, what: str, hint: str) -> tuple[str, Simple
         try:
             module = _optional_module(name)
         except ImportError as e:
-            raise _unavailable(what, e, hint) from None
+            raise unavailable(what, e, hint) from None
         if module is None:
             continue
         missing = [
@@ -319,7 +319,7 @@ def _import_pyverbs():
         from pyverbs.device import Context
         from pyverbs.pyverbs_error import PyverbsError
     except ImportError as e:
-        raise _unavailable("pyverbs", e, PYVERBS_HINT) from None
+        raise unavailable("pyverbs", e, PYVERBS_HINT) from None
     return Context, PyverbsError
 
 

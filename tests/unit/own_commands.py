@@ -8,7 +8,7 @@ rather than leaving its command out of every check.
 
 from __future__ import annotations
 
-from ibtool.cli import _plugins_command, _register_commands
+from ibtool.cli import plugins_command, register_commands
 from ibtool.plugin.commands import CommandRegistry
 from ibtool.plugin.manager import ENV_DISABLE_AUTOLOAD, build_plugins
 
@@ -18,7 +18,7 @@ def own_commands():
     warnings: list[str] = []
     plugins = build_plugins(environ={ENV_DISABLE_AUTOLOAD: "1"}, warn=warnings.append)
     registry = CommandRegistry()
-    _register_commands(plugins, registry, warnings.append)
-    _plugins_command(registry, plugins)
+    register_commands(plugins, registry, warnings.append)
+    plugins_command(registry, plugins)
     assert warnings == []
     return plugins, registry

@@ -68,7 +68,7 @@ def test_what_is_not_an_ibtool_request_is_refused_in_one_line(data, message):
 
 
 def offer_bytes(mode: int, size: int, addr: int = 0, rkey: int = 0) -> bytes:
-    body = wire._CM_OFFER.pack(mode, size, addr, rkey)
+    body = wire.CM_OFFER.pack(mode, size, addr, rkey)
     return wire.HEADER.pack(wire.CM_MAGIC, wire.CM_VERSION, CmMessage.REQUEST, len(body)) + body
 
 
@@ -172,14 +172,14 @@ def real_pyverbs():
 
 def test_nothing_asked_keeps_rdma_cms_path_and_says_it(real_pyverbs):
     attr = rtr_attr(real_pyverbs, sl=2, tclass=32, mtu=5)
-    used = cm._choose(attr, PathSpec(), pkey_index=0)
+    used = cm.choose_path(attr, PathSpec(), pkey_index=0)
     assert used == PathSpec(2, 32, 5, 0)
     assert (attr.ah_attr.sl, attr.ah_attr.traffic_class, attr.path_mtu) == (2, 32, 5)
 
 
 def test_the_operators_sl_tclass_and_smaller_mtu_reach_the_qps_attributes(real_pyverbs):
     attr = rtr_attr(real_pyverbs, sl=0, tclass=0, mtu=5)
-    used = cm._choose(attr, PathSpec(sl=3, traffic_class=104, mtu=3), pkey_index=1)
+    used = cm.choose_path(attr, PathSpec(sl=3, traffic_class=104, mtu=3), pkey_index=1)
     assert used == PathSpec(3, 104, 3, 1)
     ah = attr.ah_attr
     assert (ah.sl, ah.traffic_class, attr.path_mtu) == (3, 104, 3)
@@ -188,12 +188,12 @@ def test_the_operators_sl_tclass_and_smaller_mtu_reach_the_qps_attributes(real_p
 
 def test_an_mtu_cap_above_the_paths_leaves_the_path_mtu(real_pyverbs):
     attr = rtr_attr(real_pyverbs, sl=0, tclass=0, mtu=3)
-    assert cm._choose(attr, PathSpec(mtu=5), pkey_index=0).mtu == 3
+    assert cm.choose_path(attr, PathSpec(mtu=5), pkey_index=0).mtu == 3
 
 
 def test_an_infiniband_path_without_a_grh_has_no_traffic_class(real_pyverbs):
     attr = rtr_attr(real_pyverbs, sl=1, tclass=0, mtu=4, is_global=False)
-    used = cm._choose(attr, PathSpec(sl=5, traffic_class=104), pkey_index=0)
+    used = cm.choose_path(attr, PathSpec(sl=5, traffic_class=104), pkey_index=0)
     assert used == PathSpec(5, 0, 4, 0)
     assert not attr.ah_attr.is_global
 

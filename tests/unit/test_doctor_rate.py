@@ -240,17 +240,17 @@ def test_doctor_reads_the_link_only_on_the_running_kernel(monkeypatch):
     class Capture:
         live, root = False, "/tmp/capture"
 
-    assert run._link(Live(), port()) == (LinkSettings("enp3s0f0", 25000, CX5, ()), None)
-    assert run._link(Capture(), port()) == (
+    assert run.link_facts(Live(), port()) == (LinkSettings("enp3s0f0", 25000, CX5, ()), None)
+    assert run.link_facts(Capture(), port()) == (
         None, "enp3s0f0's supported link modes need the running kernel (ethtool)"
     )  # fmt: skip
-    assert run._link(Live(), port(link_layer="InfiniBand")) == (None, None)
+    assert run.link_facts(Live(), port(link_layer="InfiniBand")) == (None, None)
     assert seen == ["enp3s0f0"]
 
     def refused(netdev):
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
 
     monkeypatch.setattr(link, "link_settings", refused)
-    assert run._link(Live(), port()) == (
+    assert run.link_facts(Live(), port()) == (
         None, "enp3s0f0's link modes not known (ethtool: Operation not supported)"
     )  # fmt: skip

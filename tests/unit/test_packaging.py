@@ -28,10 +28,10 @@ from ibtool.errors import ExitCode, UnsupportedError
 def test_the_dashboard_names_a_textual_too_old(monkeypatch, version, ok):
     monkeypatch.setattr(metadata, "version", lambda name: version)
     if ok:
-        tui._need_textual()
+        tui.need_textual()
         return
     with pytest.raises(UnsupportedError) as e:
-        tui._need_textual()
+        tui.need_textual()
     assert e.value.exit_code == ExitCode.UNSUPPORTED
     assert f"needs textual 8 or later; this Python has textual {version}" in str(e.value)
 
@@ -41,7 +41,7 @@ def test_no_textual_is_left_to_the_import(monkeypatch):
         raise metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(metadata, "version", missing)
-    tui._need_textual()  # the import of the app says "needs the textual package"
+    tui.need_textual()  # the import of the app says "needs the textual package"
 
 
 # -- the Debian package and the wheel's files stay in step with the project ------------------

@@ -336,7 +336,7 @@ def endpoint(size: int = 64) -> bytes:
 
 def raw_endpoint(size: int) -> bytes:
     """An ENDPOINT asking for `size` bytes, as wire's encoder packs it (no check of ours)."""
-    payload = wire._ENDPOINT.pack(0x99, 1, 0, 3, bytes(15) + b"\x01", 0x1000, 1, size, 1)
+    payload = wire.ENDPOINT.pack(0x99, 1, 0, 3, bytes(15) + b"\x01", 0x1000, 1, size, 1)
     return wire.encode(wire.MessageType.ENDPOINT, payload)
 
 

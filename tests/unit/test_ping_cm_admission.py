@@ -675,11 +675,11 @@ def test_an_ibtool_client_says_the_servers_reason_once():
 
 def test_an_rping_client_says_an_ibtool_servers_reason():
     data = wire.encode_cm(wire.CmMessage.REFUSE, "refused: connection over --max-rate 10/s")
-    e = cm._event_error("RDMA_CM_EVENT_REJECTED", "connect", f"{SERVER}:7174", data)
+    e = cm.event_error("RDMA_CM_EVENT_REJECTED", "connect", f"{SERVER}:7174", data)
     assert e.message == (
         f"connect: the server at {SERVER}:7174 refused this client: connection over --max-rate 10/s"
     )
-    stock = cm._event_error("RDMA_CM_EVENT_REJECTED", "connect", f"{SERVER}:7174", bytes(148))
+    stock = cm.event_error("RDMA_CM_EVENT_REJECTED", "connect", f"{SERVER}:7174", bytes(148))
     assert (
         stock.message == f"connect: {SERVER}:7174 rejected the connection (RDMA_CM_EVENT_REJECTED)"
     )

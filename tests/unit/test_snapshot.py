@@ -262,7 +262,7 @@ def test_a_recorded_answer_keeps_its_key_order_through_the_file(tmp_path):
     replay.Recorder(type("V", (), {"device_caps": lambda self, name: caps})(), calls).device_caps(
         "rxe0"
     )
-    snapshot._write(str(tmp_path / "s.json"), {"calls": calls})
+    snapshot.write(str(tmp_path / "s.json"), {"calls": calls})
     with open(tmp_path / "s.json") as f:
         again = json.load(f)["calls"]
     replayed = replay.Replay(again, "verbs", "s.json").device_caps("rxe0")

@@ -289,7 +289,7 @@ def test_save_writes_nothing_through_a_planted_link(tmp_path, monkeypatch):
     out = tmp_path / "s.json"
     for pid in range(os.getpid() - 2, os.getpid() + 3):
         os.symlink(target, f"{out}.tmp{pid}")
-    snapshot._write(str(out), {"format": snapshot.FORMAT})
+    snapshot.write(str(out), {"format": snapshot.FORMAT})
     assert target.read_text() == "keep me\n"
     assert json.loads(out.read_text()) == {"format": snapshot.FORMAT}
     left = sorted(p.name for p in tmp_path.iterdir())
@@ -306,7 +306,7 @@ def test_save_that_fails_leaves_no_temporary_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", full)
     with pytest.raises(snapshot.IbtoolError, match="No space left on device"):
-        snapshot._write(str(out), {"format": snapshot.FORMAT})
+        snapshot.write(str(out), {"format": snapshot.FORMAT})
     assert list(tmp_path.iterdir()) == []
 
 

@@ -192,6 +192,6 @@ def test_the_data_path_s_error_gives_the_same_cause(venv):
     cfg, base, _ = venv
     cfg(True)
     missing = ModuleNotFoundError("No module named 'pyverbs'", name="pyverbs")
-    hint = verbs._unavailable("pyverbs", missing, verbs.PYVERBS_HINT).hint
+    hint = verbs.unavailable("pyverbs", missing, verbs.PYVERBS_HINT).hint
     assert hint.startswith(verbs.PYVERBS_INSTALL + "; this venv's base Python, ")
     assert f"in {base}, is not the distribution's python3" in hint
