@@ -151,7 +151,8 @@ class PeerQuery:
         return self.result
 
 
-def _route(host, destination: str | None, source: str | None = None):
+def route_for(host, destination: str | None, source: str | None = None):
+    """The kernel's route to `destination` (from `source`), or None on a capture."""
     if destination is None or not host.live:
         return None
     return host.route(destination, source)
@@ -196,7 +197,7 @@ def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
     route = first_route if target == peer_ip and source is None else None
     if route is None and target is not None:
         try:
-            route = _route(host, target, source)
+            route = route_for(host, target, source)
         except (IbtoolError, OSError) as e:
             warn(f"route to {target}: {getattr(e, 'message', None) or e}")
     siblings: tuple[str, ...] | None = None

@@ -106,7 +106,8 @@ class HealthConfig:
         return Thresholds()
 
 
-def _toml():
+def toml_parser():
+    """The TOML parser: tomllib from Python 3.11, tomli before it."""
     if sys.version_info >= (3, 11):
         import tomllib
 
@@ -175,7 +176,7 @@ def _parsed(path: str, text: str) -> dict[str, Any]:
     file is the user's (or anyone's who could write it), so its content, however hostile, is
     a mistake of the config, UNKNOWN, never an internal error that leaves a textfile's last OK
     in place."""
-    toml = _toml()
+    toml = toml_parser()
     try:
         return toml.loads(text)
     except toml.TOMLDecodeError as e:

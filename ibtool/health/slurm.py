@@ -24,7 +24,8 @@ TIMEOUT = 10.0
 Run = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 
 
-def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+def run_command(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run a Slurm command (scontrol), bounded by TIMEOUT; its output as text."""
     return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, check=False)
 
 
@@ -63,7 +64,7 @@ def parse_node(line: str) -> NodeState:
     return NodeState(flags, None if reason in (None, "", "(null)") else reason)
 
 
-def scontrol(args: list[str], run: Run = _run) -> str:
+def scontrol(args: list[str], run: Run = run_command) -> str:
     try:
         proc = run(["scontrol", *args])
     except FileNotFoundError:
@@ -79,7 +80,7 @@ def scontrol(args: list[str], run: Run = _run) -> str:
     return proc.stdout
 
 
-def node_state(node: str, run: Run = _run) -> NodeState:
+def node_state(node: str, run: Run = run_command) -> NodeState:
     return parse_node(scontrol(["show", "node", node, "-o"], run).strip())
 
 
@@ -88,7 +89,9 @@ def _reason(summary: str) -> str:
     return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
 
 
-def apply(critical: bool, summary: str, node: str | None = None, run: Run = _run) -> str | None:
+def apply(
+    critical: bool, summary: str, node: str | None = None, run: Run = run_command
+) -> str | None:
     """Drains `node` (default: this host's) with the summary as the reason when `critical`;
     otherwise resumes it if ibtool drained it. Says what it did, or None."""
     node = node or node_name()

@@ -82,7 +82,8 @@ class Event(NamedTuple):
     ud: object = None  # a MULTICAST_JOIN's UDParam (the group's AH attributes, Q_Key)
 
 
-def _rdma_cm_fds() -> set[int]:
+def rdma_cm_fds() -> set[int]:
+    """The descriptors this process has open on /dev/infiniband/rdma_cm."""
     fds = set()
     with contextlib.suppress(OSError):
         for name in os.listdir("/proc/self/fd"):
@@ -97,9 +98,9 @@ class EventChannel:
 
     def __init__(self, cm):
         self.cm = cm
-        before = _rdma_cm_fds()
+        before = rdma_cm_fds()
         self.channel = checked(cm.cmid.CMEventChannel, "create an rdma_cm event channel")
-        new = _rdma_cm_fds() - before
+        new = rdma_cm_fds() - before
         self.fd = new.pop() if len(new) == 1 else None  # None: every wait blocks
         self.listener = None  # the listening id whose connection requests arrive here
 

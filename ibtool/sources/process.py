@@ -47,7 +47,7 @@ FIND_PID = "pgrep -f COMMAND; a Slurm job's: scontrol listpids JOBID"
 # -- reading ---------------------------------------------------------------------------------
 
 
-def _read_strict(files: RootedFiles, path: str) -> str:
+def read_strict(files: RootedFiles, path: str) -> str:
     """A /proc file the run cannot do without, read bounded: OSError as the kernel gives it."""
     real = files.inside(path)
     if real is None:
@@ -80,7 +80,7 @@ def open_process(root: str, warn, pid: int) -> tuple[str, str | None]:
     for name in ("status", "limits"):
         path = files.path("proc", str(pid), name)
         try:
-            texts.append(_read_strict(files, path))
+            texts.append(read_strict(files, path))
         except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
             if name == "limits":
                 texts.append(None)

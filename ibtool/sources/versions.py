@@ -24,7 +24,7 @@ from importlib.util import find_spec
 _LIBIBVERBS = re.compile(r"libibverbs\.so\.1\.\d+\.(\d+\.\d+)$")
 
 
-def _library_dirs() -> list[str]:
+def library_dirs() -> list[str]:
     """Where the dynamic loader looks for libibverbs, in its usual order; Python's own LIBDIR
     (Debian: /usr/lib/x86_64-linux-gnu, RHEL: /usr/lib64) first."""
     dirs = [sysconfig.get_config_var("LIBDIR") or ""]
@@ -41,7 +41,7 @@ def _library_dirs() -> list[str]:
 
 def rdma_core() -> tuple[str, str] | None:
     """(rdma-core's version, the libibverbs file it was read from), or None without one."""
-    for d in _library_dirs():
+    for d in library_dirs():
         for path in sorted(glob.glob(os.path.join(glob.escape(d), "libibverbs.so.1.*"))):
             m = _LIBIBVERBS.search(os.path.basename(path))
             if m:
@@ -77,7 +77,7 @@ def pyverbs() -> tuple[str | None, str] | None:
 
 # Where distributions install python3-pyverbs: Debian and Ubuntu for their python3 alone
 # (dist-packages, version-neutral), Fedora and RHEL per interpreter (lib64 for the extension).
-_DISTRIBUTION_SITES = (
+DISTRIBUTION_SITES = (
     "/usr/lib/python3/dist-packages",
     "/usr/lib64/python3.*/site-packages",
     "/usr/lib/python3.*/site-packages",
@@ -100,7 +100,7 @@ def _venv_includes_system_site() -> bool | None:
 
 def _installed_elsewhere() -> str | None:
     """A distribution's pyverbs that this Python does not see, by where it lies."""
-    for pattern in _DISTRIBUTION_SITES:
+    for pattern in DISTRIBUTION_SITES:
         for site in sorted(glob.glob(pattern)):
             if os.path.isdir(os.path.join(site, "pyverbs")) and site not in sys.path:
                 return site

@@ -461,7 +461,7 @@ def test_a_pid_whose_files_cannot_be_read_is_one_error_line(tmp_path, monkeypatc
     def refused(files, path):
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(proc, "_read_strict", refused)
+    monkeypatch.setattr(proc, "read_strict", refused)
     r = doctor(job(tmp_path), "--pid", str(PID))
     assert (r.code, r.out) == (5, "")
     assert r.err == (
@@ -519,7 +519,7 @@ def test_permission_denied_is_its_own_error(tmp_path, monkeypatch):
     def refused(files, path):
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(proc, "_read_strict", refused)
+    monkeypatch.setattr(proc, "read_strict", refused)
     with pytest.raises(PermissionDeniedError) as e:
         Host("/", lambda m: None).open_process(os.getpid())
     assert e.value.exit_code == 5 and e.value.errno == 13

@@ -240,7 +240,7 @@ def test_any_failure_of_the_toml_parser_is_the_config_s_error(tmp_path, monkeypa
         def loads(text):
             raise IndexError("string index out of range")
 
-    monkeypatch.setattr(healthconfig, "_toml", lambda: Parser)
+    monkeypatch.setattr(healthconfig, "toml_parser", lambda: Parser)
     root, prom = tree(tmp_path), tmp_path / "ibtool.prom"
     config = healthy(tmp_path)
     r = health(root, None, "--config", str(config), "--textfile", str(prom))

@@ -54,7 +54,7 @@ def scontrol(monkeypatch):
         ran.append(argv)
         return subprocess.CompletedProcess(argv, 0, "NodeName=n State=IDLE Reason=(null)\n", "")
 
-    monkeypatch.setattr(slurm, "_run", run)
+    monkeypatch.setattr(slurm, "run_command", run)
     return ran
 
 

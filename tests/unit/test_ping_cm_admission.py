@@ -343,7 +343,7 @@ def world(monkeypatch):
     )
     monkeypatch.setattr(cm, "rdmacm", lambda: rdmacm)
     monkeypatch.setattr(cm, "pyverbs", lambda: pv)
-    monkeypatch.setattr(cm, "_rdma_cm_fds", lambda: {c.r for c in WORLD.channels})
+    monkeypatch.setattr(cm, "rdma_cm_fds", lambda: {c.r for c in WORLD.channels})
     monkeypatch.setattr(cm, "kernel_cm_ids", lambda device: WORLD.cm_ids(device))
     monkeypatch.setattr(cmping, "Session", Session)
     monkeypatch.setattr(cmping, "answer_pings", _answer_pings)

@@ -906,7 +906,7 @@ def test_doctor_looks_the_route_up_from_the_gid_s_address(tmp_path, monkeypatch)
 
     root = sysfs_trees.build("mlx5_roce", tmp_path)
     asked = []
-    monkeypatch.setattr(run, "_route", lambda host, dst, src=None: asked.append((dst, src)))
+    monkeypatch.setattr(run, "route_for", lambda host, dst, src=None: asked.append((dst, src)))
     opts = run.Options(peer="192.168.10.2", compat="rping", probe=False)
     run.diagnose(Host(str(root), lambda m: None), None, opts, lambda m: None)
     assert asked == [("192.168.10.2", "192.168.10.1")]  # GID 3's address, not the default's

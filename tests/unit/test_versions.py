@@ -19,7 +19,7 @@ from ibtool.sources import versions
 def libs(tmp_path, monkeypatch):
     d = tmp_path / "lib"
     d.mkdir()
-    monkeypatch.setattr(versions, "_library_dirs", lambda: [str(tmp_path / "absent"), str(d)])
+    monkeypatch.setattr(versions, "library_dirs", lambda: [str(tmp_path / "absent"), str(d)])
     return d
 
 
@@ -158,7 +158,7 @@ def venv(tmp_path, monkeypatch):
     (dist / "pyverbs").mkdir(parents=True)
     monkeypatch.setattr(sys, "prefix", str(prefix))
     monkeypatch.setattr(sys, "base_prefix", str(base))
-    monkeypatch.setattr(versions, "_DISTRIBUTION_SITES", (str(tmp_path / "absent"), str(dist)))
+    monkeypatch.setattr(versions, "DISTRIBUTION_SITES", (str(tmp_path / "absent"), str(dist)))
     monkeypatch.setattr(versions, "find_spec", lambda name: None)
 
     def cfg(system_site: bool) -> None:
