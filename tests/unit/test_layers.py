@@ -386,7 +386,6 @@ PRIVATE_IN_TESTS: dict[str, str] = {
     "tests/unit/test_mesh.py": MOVING_TOO,
     "tests/unit/test_ping_cm_admission.py": MOVING_TOO,
     "tests/unit/test_system_facts.py": MOVING_TOO,
-    "tests/unit/test_webconfig.py": MOVING_TOO,
 }
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from ibtool.errors import DataError, ExitCode, UnsupportedError
 from ibtool.web import config as webconfig
+from ibtool.web.auth import AuthCache
 from ibtool.web.config import Watcher, WebConfigError, load
 
 bcrypt = pytest.importorskip("bcrypt")
@@ -538,7 +539,7 @@ def test_checks_are_cached_failed_ones_too(users, checks):
 
 
 def test_the_cache_key_has_the_hash(tmp_path, checks):
-    cache = webconfig._AuthCache()
+    cache = AuthCache()
     one = load(
         write(tmp_path / "1.yml", f"basic_auth_users:\n  alice: '{hashed(b'one')}'\n"), _cache=cache
     )
