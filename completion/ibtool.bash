@@ -7,7 +7,7 @@
 
 # The command names and aliases.
 _ibtool_commands() {
-    _ibtool_r=(completion counters stats dev device doctor exporter gids gid health loopback mesh monitor ping plugins port link res resource snapshot system tui)
+    _ibtool_r=(completion counters stats dev device doctor exporter fabric gids gid health loopback mesh monitor ping plugins port link res resource snapshot system tui)
 }
 
 # A command's name or alias -> its name (empty when it is none).
@@ -18,6 +18,7 @@ _ibtool_command() {
         dev|device) _ibtool_name=dev ;;
         doctor) _ibtool_name=doctor ;;
         exporter) _ibtool_name=exporter ;;
+        fabric) _ibtool_name=fabric ;;
         gids|gid) _ibtool_name=gids ;;
         health) _ibtool_name=health ;;
         loopback) _ibtool_name=loopback ;;
@@ -43,6 +44,7 @@ _ibtool_options() {
         dev) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
         doctor) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --dev --port --compat --gid-index --tclass -c --count --size --timeout --no-probe --pid) ;;
         exporter) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --listen --interval --config --skip --web.max-requests --web.config.file) ;;
+        fabric) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --via --timeout --retries --max-smps) ;;
         gids) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --type --netdev --ip --port --best) ;;
         health) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --config --state --no-state --lock-wait --check --skip --datapath --textfile --slurm-drain -v --verbose --list --print-nhc) ;;
         loopback) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --ops --size --iters --gid-index --pkey-index --timeout --depth --sl --qkey) ;;
@@ -83,6 +85,10 @@ _ibtool_value() {
         'exporter --root') _ibtool_kind=dir ;;
         'exporter --snapshot'|'exporter --config'|'exporter --web.config.file') _ibtool_kind=file ;;
         'exporter --snapshot-limit'|'exporter --listen'|'exporter --interval'|'exporter --skip'|'exporter --web.max-requests') _ibtool_kind=none ;;
+        'fabric --root') _ibtool_kind=dir ;;
+        'fabric --snapshot') _ibtool_kind=file ;;
+        'fabric --snapshot-limit'|'fabric --timeout'|'fabric --retries'|'fabric --max-smps') _ibtool_kind=none ;;
+        'fabric --via') _ibtool_kind=devport ;;
         'gids --root') _ibtool_kind=dir ;;
         'gids --snapshot') _ibtool_kind=file ;;
         'gids --snapshot-limit'|'gids --netdev'|'gids --ip'|'gids --best') _ibtool_kind=none ;;
@@ -153,6 +159,11 @@ _ibtool_positional() {
         doctor)
             case $2 in
                 0) _ibtool_kind=host ;;
+            esac ;;
+        fabric)
+            case $2 in
+                0) _ibtool_kind=none ;;
+                *) (( $2 > 0 )) && _ibtool_kind=none ;;
             esac ;;
         gids)
             case $2 in

@@ -12,7 +12,7 @@ import os
 import platform
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ibtool.errors import DataError, IbtoolError, NotFoundError, NotLiveError, UsageError
 from ibtool.model.records import CounterSample, Device, Gid, LinkLayer, PKey, Port
@@ -30,6 +30,9 @@ from ibtool.model.system import (
 from ibtool.sources.sysfs.infiniband import PORT_DETAILS, PORT_FIELDS, PORT_NETDEV, SysfsSource
 from ibtool.sources.sysfs.rooted import RootedFiles
 from ibtool.sources.sysfs.stack import StackFiles, module_sign
+
+if TYPE_CHECKING:  # a scan's records are loaded only by a scan
+    from ibtool.model.fabric import Bounds, Fabric
 
 # What `ibtool port` shows without -d: state, rate, LIDs and the netdev, all from sysfs.
 PORT_SHOWN = PORT_FIELDS + PORT_NETDEV
@@ -547,3 +550,21 @@ class Host:
         from ibtool.sources import firewall
 
         return firewall.udp_filters(port, self.warn, self._run or firewall.run_command)
+
+    # -- the InfiniBand fabric beyond this host ----------------------------------------------
+
+    def fabric(self, via: str | None = None, bounds: Bounds | None = None) -> Fabric:
+        """The subnet as libibnetdisc discovers it through `via` (DEV[/PORT]; default: the
+        first active InfiniBand port), with MADs; the running host only (a capture holds no
+        fabric yet)."""
+        self.require_live(
+            "the fabric is asked with MADs through an InfiniBand port",
+            "run ibtool fabric on a node of the subnet",
+        )
+        from ibtool.model.fabric import Bounds
+        from ibtool.sources import mad
+
+        ca, port = parse_selector(via) if via else (None, None)
+        mad.check_access(self.warn)
+        start = mad.choose_port(mad.local_ports(self.warn), ca, port)
+        return mad.discover(start, bounds or Bounds(), self.warn)

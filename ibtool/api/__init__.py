@@ -19,6 +19,7 @@ what it uses. What belongs to one feature is in its submodule, imported where a 
     ibtool.api.live      the Engine and its faces: the TUI's feed, the event watch
     ibtool.api.exporter  the exporter: serve, its limits, the reload of its web config
     ibtool.api.snapshot  save, load, summary and diff of snapshots; a Host replaying one
+    ibtool.api.fabric    the InfiniBand fabric: a scan's bounds, its records, their view
     ibtool.api.events    port events: the record, the differ, their text and JSON
     ibtool.api.res       resource tables (rdma res): fields, summary, filters
     ibtool.api.tui       the dashboard and its loopback screen's defaults

@@ -42,6 +42,7 @@ BUILTIN = (
     "counters",
     "devices",
     "doctor",
+    "fabric",
     "gids",
     "health",
     "loopback",

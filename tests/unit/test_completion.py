@@ -164,6 +164,7 @@ def test_what_each_value_completes_with(parser):
         "doctor #0": "host",
         "doctor --compat": "choices",
         "doctor --dev": "devport",
+        "fabric --via": "devport",
         "exporter --config": "file",
         "exporter --web.config.file": "file",
         "gids #0": "devport",

@@ -1,0 +1,551 @@
+"""MADs through rdma-core's own libraries: libibumad (the /dev/infiniband/umadN transport and
+the local CAs), libibnetdisc (the subnet's discovery, as ibnetdiscover does it) and libibmad
+(SMP and PMA queries, and the decoding of every field with its own field table), through ctypes.
+
+The structures ctypes needs are declared here as rdma-core's public headers lay them out
+(libibmad/mad.h ib_portid_t, libibnetdisc/ibnetdisc.h ibnd_node_t, ibnd_port_t, ibnd_fabric_t,
+ibnd_config_t, libibumad/umad.h umad_ca_t, umad_port_t); the same in every release from v33,
+and tests/unit/test_mad_abi.py compiles the headers where they are installed and compares. A
+scan checks what it read against the field decoder (each node's GUID as its NodeInfo says it):
+a library laid out otherwise is refused in one line, never read wrong.
+
+Field numbers are libibmad's enum MAD_FIELDS, which rdma-core only appends to; the ones used
+here are in every release from v33.
+
+Bounded as libibnetdisc bounds itself: a window of outstanding SMPs (max_smps), a timeout and
+retries per MAD; a port that is up but whose far end never answered is named, not waited for.
+What the libraries print on their standard error during a call (ibwarn lines) is passed on
+as warnings, not left on the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes as C
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ibtool.errors import IbtoolError, NotFoundError, PermissionDeniedError, UnsupportedError
+from ibtool.model.fabric import Bounds, Fabric, FabricNode, FabricPort, NodeType, PortSpeed
+from ibtool.model.records import PhysState, PortState
+
+LIBRARIES = {"umad": "libibumad.so.3", "mad": "libibmad.so.5", "nd": "libibnetdisc.so.5"}
+INSTALL = (
+    "install rdma-core's MAD libraries (Debian/Ubuntu: apt install libibumad3 libibmad5 "
+    "libibnetdisc5; RHEL/Fedora: dnf install rdma-core infiniband-diags)"
+)
+UMAD_DIR = "/dev/infiniband"
+UMAD_SYSFS = "/sys/class/infiniband_mad"  # the umad devices the kernel has
+
+# libibmad/mad.h
+SMP_DATA_SIZE = 64  # IB_SMP_DATA_SIZE
+MAD_SIZE = 256  # IB_MAD_SIZE
+SUBNET_PATH_HOPS_MAX = 64  # IB_SUBNET_PATH_HOPS_MAX
+QP1_QKEY = 0x80010000  # IB_DEFAULT_QP1_QKEY
+SMI_CLASS, SMI_DIRECT_CLASS, SA_CLASS, PERFORMANCE_CLASS = 0x01, 0x81, 0x03, 0x04
+ATTR_NODE_DESC, ATTR_NODE_INFO, ATTR_SWITCH_INFO, ATTR_PORT_INFO = 0x10, 0x11, 0x12, 0x15
+ATTR_LINEAR_FORWARDING_TABLE, ATTR_SM_INFO = 0x19, 0x20
+GSI_PORT_COUNTERS, GSI_PORT_COUNTERS_EXT, GSI_CLASS_PORT_INFO = 0x12, 0x1D, 0x01
+# libibnetdisc/ibnetdisc.h
+CHASSIS_TYPE_SIZE = 20
+# libibumad/umad.h
+UMAD_CA_NAME_LEN, UMAD_CA_MAX_PORTS, UMAD_MAX_DEVICES = 20, 10, 32
+
+# enum MAD_FIELDS (libibmad/mad.h): the position of each field in libibmad's table
+FIELDS = {
+    "IB_PORT_LID_F": 29,
+    "IB_PORT_SMLID_F": 30,
+    "IB_PORT_CAPMASK_F": 31,
+    "IB_PORT_LINK_WIDTH_ENABLED_F": 35,
+    "IB_PORT_LINK_WIDTH_SUPPORTED_F": 36,
+    "IB_PORT_LINK_WIDTH_ACTIVE_F": 37,
+    "IB_PORT_LINK_SPEED_SUPPORTED_F": 38,
+    "IB_PORT_STATE_F": 39,
+    "IB_PORT_PHYS_STATE_F": 40,
+    "IB_PORT_LMC_F": 43,
+    "IB_PORT_LINK_SPEED_ACTIVE_F": 44,
+    "IB_PORT_LINK_SPEED_ENABLED_F": 45,
+    "IB_NODE_TYPE_F": 77,
+    "IB_NODE_NPORTS_F": 78,
+    "IB_NODE_SYSTEM_GUID_F": 79,
+    "IB_NODE_GUID_F": 80,
+    "IB_NODE_PORT_GUID_F": 81,
+    "IB_NODE_DEVID_F": 83,
+    "IB_NODE_LOCAL_PORT_F": 85,
+    "IB_NODE_VENDORID_F": 86,
+    "IB_SMINFO_GUID_F": 142,
+    "IB_SMINFO_KEY_F": 143,
+    "IB_SMINFO_ACT_F": 144,
+    "IB_SMINFO_PRIO_F": 145,
+    "IB_SMINFO_STATE_F": 146,
+    "IB_PORT_CAPMASK2_F": 323,
+    "IB_PORT_LINK_SPEED_EXT_ACTIVE_F": 324,
+    "IB_PORT_LINK_SPEED_EXT_SUPPORTED_F": 325,
+    "IB_PORT_LINK_SPEED_EXT_ENABLED_F": 326,
+}
+F = FIELDS
+IS_EXTENDED_SPEEDS_SUPPORTED = 1 << 14  # PortInfo.CapabilityMask bit 14 (IBTA 14.2.5.6)
+
+
+# -- the structures ------------------------------------------------------------------------
+
+
+class DrPath(C.Structure):  # ib_dr_path_t
+    _fields_ = [
+        ("cnt", C.c_int),
+        ("p", C.c_uint8 * SUBNET_PATH_HOPS_MAX),
+        ("drslid", C.c_uint16),
+        ("drdlid", C.c_uint16),
+    ]
+
+
+class PortId(C.Structure):  # ib_portid_t
+    _fields_ = [
+        ("lid", C.c_int),
+        ("drpath", DrPath),
+        ("grh_present", C.c_int),
+        ("gid", C.c_uint8 * 16),
+        ("qp", C.c_uint32),
+        ("qkey", C.c_uint32),
+        ("sl", C.c_uint8),
+        ("pkey_idx", C.c_uint),
+    ]
+
+
+class NdNode(C.Structure):  # ibnd_node_t
+    pass
+
+
+class NdPort(C.Structure):  # ibnd_port_t
+    pass
+
+
+NdNode._fields_ = [
+    ("next", C.POINTER(NdNode)),
+    ("path_portid", PortId),
+    ("smalid", C.c_uint16),
+    ("smalmc", C.c_uint8),
+    ("smaenhsp0", C.c_int),
+    ("switchinfo", C.c_uint8 * SMP_DATA_SIZE),
+    ("guid", C.c_uint64),
+    ("type", C.c_int),
+    ("numports", C.c_int),
+    ("info", C.c_uint8 * SMP_DATA_SIZE),
+    ("nodedesc", C.c_char * (SMP_DATA_SIZE + 1)),
+    ("ports", C.POINTER(C.POINTER(NdPort))),
+    ("next_chassis_node", C.POINTER(NdNode)),
+    ("chassis", C.c_void_p),
+    ("ch_type", C.c_ubyte),
+    ("ch_type_str", C.c_char * CHASSIS_TYPE_SIZE),
+    ("ch_anafanum", C.c_ubyte),
+    ("ch_slotnum", C.c_ubyte),
+    ("ch_slot", C.c_ubyte),
+    ("ch_found", C.c_ubyte),
+    ("htnext", C.POINTER(NdNode)),
+    ("type_next", C.POINTER(NdNode)),
+]
+NdPort._fields_ = [
+    ("guid", C.c_uint64),
+    ("portnum", C.c_int),
+    ("ext_portnum", C.c_int),
+    ("node", C.POINTER(NdNode)),
+    ("remoteport", C.POINTER(NdPort)),
+    ("base_lid", C.c_uint16),
+    ("lmc", C.c_uint8),
+    ("info", C.c_uint8 * SMP_DATA_SIZE),
+    ("ext_info", C.c_uint8 * SMP_DATA_SIZE),
+    ("htnext", C.POINTER(NdPort)),
+]
+
+
+class NdFabric(C.Structure):  # ibnd_fabric_t, as far as ibtool reads it
+    _fields_ = [
+        ("from_node", C.POINTER(NdNode)),
+        ("from_portnum", C.c_int),
+        ("nodes", C.POINTER(NdNode)),
+        ("chassis", C.c_void_p),
+        ("maxhops_discovered", C.c_uint),
+        ("total_mads_used", C.c_uint),
+    ]
+
+
+class NdConfig(C.Structure):  # ibnd_config_t
+    _fields_ = [
+        ("max_smps", C.c_uint),
+        ("show_progress", C.c_uint),
+        ("max_hops", C.c_uint),
+        ("debug", C.c_uint),
+        ("timeout_ms", C.c_uint),
+        ("retries", C.c_uint),
+        ("flags", C.c_uint32),
+        ("mkey", C.c_uint64),
+        ("pad", C.c_uint8 * 44),
+    ]
+
+
+class UmadPort(C.Structure):  # umad_port_t
+    _fields_ = [
+        ("ca_name", C.c_char * UMAD_CA_NAME_LEN),
+        ("portnum", C.c_int),
+        ("base_lid", C.c_uint),
+        ("lmc", C.c_uint),
+        ("sm_lid", C.c_uint),
+        ("sm_sl", C.c_uint),
+        ("state", C.c_uint),
+        ("phys_state", C.c_uint),
+        ("rate", C.c_uint),
+        ("capmask", C.c_uint32),
+        ("gid_prefix", C.c_uint64),
+        ("port_guid", C.c_uint64),
+        ("pkeys_size", C.c_uint),
+        ("pkeys", C.POINTER(C.c_uint16)),
+        ("link_layer", C.c_char * UMAD_CA_NAME_LEN),
+    ]
+
+
+class UmadCa(C.Structure):  # umad_ca_t
+    _fields_ = [
+        ("ca_name", C.c_char * UMAD_CA_NAME_LEN),
+        ("node_type", C.c_uint),
+        ("numports", C.c_int),
+        ("fw_ver", C.c_char * 20),
+        ("ca_type", C.c_char * 40),
+        ("hw_ver", C.c_char * 20),
+        ("node_guid", C.c_uint64),
+        ("system_guid", C.c_uint64),
+        ("ports", C.POINTER(UmadPort) * UMAD_CA_MAX_PORTS),
+    ]
+
+
+STRUCTS = {  # C name -> ctypes type, for the layout test
+    "ib_dr_path_t": DrPath,
+    "ib_portid_t": PortId,
+    "ibnd_node_t": NdNode,
+    "ibnd_port_t": NdPort,
+    "ibnd_config_t": NdConfig,
+    "umad_port_t": UmadPort,
+    "umad_ca_t": UmadCa,
+}
+PARTIAL = {"ibnd_fabric_t": NdFabric}  # declared as far as ibtool reads it: offsets, not size
+
+
+# -- the libraries -------------------------------------------------------------------------
+
+
+@dataclass
+class Libraries:
+    umad: C.CDLL
+    mad: C.CDLL
+    nd: C.CDLL
+
+
+_loaded: Libraries | None = None
+
+
+def libraries() -> Libraries:
+    """The three libraries, loaded once, their functions typed; UnsupportedError naming the
+    one missing and how to install it."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    found = {}
+    for key, soname in LIBRARIES.items():
+        try:
+            found[key] = C.CDLL(soname)
+        except OSError:
+            raise UnsupportedError(
+                f"ibtool fabric needs rdma-core's {soname}, which is not installed", INSTALL
+            ) from None
+    libs = Libraries(**found)
+    u, m, n = libs.umad, libs.mad, libs.nd
+    _sig(u.umad_init, C.c_int, [])
+    _sig(u.umad_get_cas_names, C.c_int, [C.c_void_p, C.c_int])
+    _sig(u.umad_get_ca, C.c_int, [C.c_char_p, C.POINTER(UmadCa)])
+    _sig(u.umad_release_ca, C.c_int, [C.POINTER(UmadCa)])
+    _sig(m.mad_get_field, C.c_uint32, [C.c_void_p, C.c_int, C.c_int])
+    _sig(m.mad_get_field64, C.c_uint64, [C.c_void_p, C.c_int, C.c_int])
+    _sig(m.mad_rpc_open_port, C.c_void_p, [C.c_char_p, C.c_int, C.POINTER(C.c_int), C.c_int])
+    _sig(m.mad_rpc_close_port, None, [C.c_void_p])
+    _sig(m.mad_rpc_set_timeout, None, [C.c_void_p, C.c_int])
+    _sig(m.mad_rpc_set_retries, None, [C.c_void_p, C.c_int])
+    _sig(m.madrpc_show_errors, None, [C.c_int])
+    query = [C.c_void_p, C.POINTER(PortId), C.c_uint, C.c_uint, C.c_uint, C.c_void_p]
+    _sig(m.smp_query_via, C.c_void_p, query)
+    _sig(m.pma_query_via, C.c_void_p, [C.c_void_p, C.POINTER(PortId), C.c_int, C.c_uint,
+                                        C.c_uint, C.c_void_p])  # fmt: skip
+    _sig(n.ibnd_discover_fabric, C.POINTER(NdFabric),
+         [C.c_char_p, C.c_int, C.POINTER(PortId), C.POINTER(NdConfig)])  # fmt: skip
+    _sig(n.ibnd_destroy_fabric, None, [C.POINTER(NdFabric)])
+    m.madrpc_show_errors(0)  # a MAD that times out is ours to name, not libibmad's to print
+    _loaded = libs
+    return libs
+
+
+def _sig(fn, restype, argtypes) -> None:
+    fn.restype, fn.argtypes = restype, argtypes
+
+
+def field(buf, name: str) -> int:
+    """A field of an attribute's data, decoded by libibmad's table (64-bit fields too)."""
+    m = libraries().mad
+    number = F[name]
+    if name.endswith("GUID_F") or name == "IB_SMINFO_KEY_F":
+        return int(m.mad_get_field64(buf, 0, number))
+    return int(m.mad_get_field(buf, 0, number))
+
+
+@contextlib.contextmanager
+def _stderr_to(warn: Callable[[str], None], prefix: str) -> Iterator[None]:
+    """Whatever C code writes to fd 2 while inside, passed to `warn` a line at a time."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            text = sink.read(64 * 1024).decode("utf-8", "replace")
+            for line in text.splitlines()[:50]:
+                if line.strip():
+                    warn(f"{prefix}: {line.strip()}")
+
+
+# -- the local ports -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LocalPort:
+    ca: str
+    port: int
+    link_layer: str
+    state: int
+    lid: int
+    sm_lid: int
+    guid: int
+
+
+def local_ports(warn: Callable[[str], None]) -> list[LocalPort]:
+    """Every port of every CA libibumad sees (the kernel's, or a simulator's under umad2sim),
+    with its link layer, state, LID and SM LID."""
+    u = libraries().umad
+    with _stderr_to(warn, "libibumad"):
+        if u.umad_init() < 0:
+            raise UnsupportedError("libibumad could not start (umad_init failed)")
+        names = (C.c_char * UMAD_CA_NAME_LEN * UMAD_MAX_DEVICES)()
+        count = u.umad_get_cas_names(names, UMAD_MAX_DEVICES)
+    found = []
+    for i in range(max(count, 0)):
+        name = names[i].value
+        ca = UmadCa()
+        if u.umad_get_ca(name, C.byref(ca)) < 0:
+            # With no CA at all, libibumad names a default one (mthca0) that is not there.
+            if os.path.isdir(UMAD_SYSFS):
+                warn(f"{name.decode(errors='replace')}: libibumad could not read it")
+            continue
+        try:
+            for p in ca.ports:
+                if not p:
+                    continue
+                port = p.contents
+                found.append(
+                    LocalPort(
+                        ca=name.decode(errors="replace"),
+                        port=port.portnum,
+                        link_layer=port.link_layer.decode(errors="replace"),
+                        state=port.state,
+                        lid=port.base_lid,
+                        sm_lid=port.sm_lid,
+                        guid=int.from_bytes(port.port_guid.to_bytes(8, "little"), "big"),
+                    )
+                )
+        finally:
+            u.umad_release_ca(C.byref(ca))
+    return found
+
+
+def choose_port(ports: list[LocalPort], ca: str | None, port: int | None) -> LocalPort:
+    """The port a scan goes out from: the one asked, else the first active InfiniBand port
+    (as libibumad's umad_get_port would pick). One line saying why none serves."""
+    if not ports:
+        raise UnsupportedError(
+            "no InfiniBand device here: libibumad sees no CA",
+            "ibtool fabric runs on a node with an InfiniBand HCA (or under ibsim's umad2sim)",
+        )
+    mine = [p for p in ports if (ca is None or p.ca == ca) and (port is None or p.port == port)]
+    if not mine:
+        shown = f"{ca}/{port}" if port is not None else str(ca)
+        have = ", ".join(f"{p.ca}/{p.port}" for p in ports)
+        raise NotFoundError(f"no port {shown} among libibumad's: {have}")
+    # the kernel says "InfiniBand" (sysfs link_layer), ibsim's umad2sim "IB"
+    ib = [p for p in mine if p.link_layer in ("InfiniBand", "IB")]
+    if not ib:
+        raise UnsupportedError(
+            f"{mine[0].ca}/{mine[0].port} is {mine[0].link_layer}: a RoCE port has no subnet "
+            "to scan",
+            "ibtool fabric needs an InfiniBand port",
+        )
+    active = [p for p in ib if p.state == PortState.ACTIVE]
+    if not active:
+        p = ib[0]
+        raise IbtoolError(
+            f"{p.ca}/{p.port} is not active (state {p.state}): no subnet answers through it",
+            "check its cable and that a subnet manager runs (ibtool fabric sm)",
+        )
+    return active[0]
+
+
+def check_access(warn: Callable[[str], None]) -> None:
+    """PermissionDeniedError when the umad devices exist and cannot be opened (not root)."""
+    try:
+        names = [n for n in os.listdir(UMAD_DIR) if n.startswith("umad")]
+    except OSError:
+        return  # no /dev/infiniband: libibumad says what it sees (a simulator, or nothing)
+    if names and not any(os.access(os.path.join(UMAD_DIR, n), os.R_OK | os.W_OK) for n in names):
+        raise PermissionDeniedError(
+            f"cannot open {UMAD_DIR}/{names[0]}: MADs need root (or the umad devices' group)",
+            "run it as root, or grant access to /dev/infiniband/umad* (udev rule)",
+        )
+
+
+# -- discovery -----------------------------------------------------------------------------
+
+
+def discover(start: LocalPort, bounds: Bounds, warn: Callable[[str], None]) -> Fabric:
+    """The subnet as libibnetdisc discovers it from `start`, read into records at once (the C
+    fabric is freed on every exit)."""
+    libs = libraries()
+    config = NdConfig(
+        max_smps=bounds.max_smps,
+        timeout_ms=bounds.timeout_ms,
+        retries=bounds.retries,
+        max_hops=bounds.max_hops,
+    )
+    with _stderr_to(warn, "libibnetdisc"):
+        raw = libs.nd.ibnd_discover_fabric(start.ca.encode(), start.port, None, C.byref(config))
+    if not raw:
+        raise IbtoolError(
+            f"the subnet could not be discovered through {start.ca}/{start.port}",
+            "is a subnet manager running? (ibtool fabric sm, sminfo)",
+        )
+    try:
+        return _read(raw.contents, start)
+    finally:
+        libs.nd.ibnd_destroy_fabric(raw)
+
+
+def _read(raw: NdFabric, start: LocalPort) -> Fabric:
+    nodes: dict[int, FabricNode] = {}
+    unanswered = []
+    node_p = raw.nodes
+    while node_p:
+        n = node_p.contents
+        said = field(n.info, "IB_NODE_GUID_F")
+        if said != n.guid:
+            raise UnsupportedError(
+                "libibnetdisc's node structure is not laid out as ibtool reads it "
+                f"(GUID {n.guid:#x} beside NodeInfo's {said:#x})",
+                "report this rdma-core release to ibtool's authors",
+            )
+        try:
+            kind = NodeType(n.type)
+        except ValueError:
+            kind = None
+        ports = {}
+        first = 0 if kind == NodeType.SWITCH else 1
+        for number in range(first, n.numports + 1):
+            p = n.ports[number]
+            if not p:
+                continue
+            port = _port(p.contents, n, kind)
+            ports[number] = port
+            if (
+                port.remote is None
+                and number
+                and port.state in (PortState.INIT, PortState.ARMED, PortState.ACTIVE)
+            ):
+                unanswered.append((n.nodedesc, number))
+        desc = n.nodedesc.decode("utf-8", "replace")
+        if kind is not None:
+            nodes[n.guid] = FabricNode(
+                guid=n.guid,
+                type=kind,
+                description=desc,
+                port_count=n.numports,
+                ports=ports,
+                system_guid=field(n.info, "IB_NODE_SYSTEM_GUID_F"),
+                vendor_id=field(n.info, "IB_NODE_VENDORID_F"),
+                device_id=field(n.info, "IB_NODE_DEVID_F"),
+            )
+        node_p = n.next
+    local = (0, start.port)
+    if raw.from_node:
+        local = (raw.from_node.contents.guid, raw.from_portnum)
+    return Fabric(
+        nodes=nodes,
+        local=local,
+        ca=start.ca,
+        ca_port=start.port,
+        mads=raw.total_mads_used,
+        max_hops=raw.maxhops_discovered,
+        unanswered=tuple(
+            f"{d.decode('utf-8', 'replace')}/{p}: up, and its far end did not answer"
+            for d, p in unanswered
+        ),
+    )
+
+
+def _port(p: NdPort, n: NdNode, kind: NodeType | None) -> FabricPort:
+    info = p.info
+    # A switch's external ports carry no LID of their own: port 0's is the switch's.
+    lid = p.base_lid
+    capmask = field(info, "IB_PORT_CAPMASK_F")
+    extended = bool(capmask & IS_EXTENDED_SPEEDS_SUPPORTED)
+    if kind == NodeType.SWITCH and p.portnum != 0:
+        # port 0's capability mask says whether the switch speaks the extended speeds
+        p0 = n.ports[0]
+        if p0:
+            extended = bool(
+                field(p0.contents.info, "IB_PORT_CAPMASK_F") & IS_EXTENDED_SPEEDS_SUPPORTED
+            )
+    speed = PortSpeed(
+        active=field(info, "IB_PORT_LINK_SPEED_ACTIVE_F"),
+        enabled=field(info, "IB_PORT_LINK_SPEED_ENABLED_F"),
+        supported=field(info, "IB_PORT_LINK_SPEED_SUPPORTED_F"),
+        ext_active=field(info, "IB_PORT_LINK_SPEED_EXT_ACTIVE_F") if extended else 0,
+        ext_enabled=field(info, "IB_PORT_LINK_SPEED_EXT_ENABLED_F") if extended else 0,
+        ext_supported=field(info, "IB_PORT_LINK_SPEED_EXT_SUPPORTED_F") if extended else 0,
+    )
+    remote = None
+    if p.remoteport:
+        r = p.remoteport.contents
+        if r.node:
+            remote = (r.node.contents.guid, r.portnum)
+    return FabricPort(
+        number=p.portnum,
+        guid=p.guid,
+        lid=lid,
+        lmc=p.lmc,
+        state=_enum(PortState, field(info, "IB_PORT_STATE_F")),
+        phys_state=_enum(PhysState, field(info, "IB_PORT_PHYS_STATE_F")),
+        width_active=field(info, "IB_PORT_LINK_WIDTH_ACTIVE_F"),
+        width_enabled=field(info, "IB_PORT_LINK_WIDTH_ENABLED_F"),
+        width_supported=field(info, "IB_PORT_LINK_WIDTH_SUPPORTED_F"),
+        speed=speed,
+        remote=remote,
+        ext_number=p.ext_portnum,
+    )
+
+
+def _enum(kind, value: int):
+    try:
+        return kind(value)
+    except ValueError:
+        return None

@@ -1,0 +1,61 @@
+"""Simulated fabrics, one per topology for the whole session (ibsim + opensm, on the host)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.fabric.ibsim import SimFabric, fat_tree, missing
+
+# Two leaves of three HCAs and two spines: the small tree most tests read.
+SMALL = fat_tree(2, 3, 2)
+# ibsim's own example (net-examples/net.2sw2path4hca, two-port HCAs with a port left dark,
+# switches with ports down) in its format, with a node description a hostile capture would use.
+ODD = """Switch\t8 "Switch1"
+[1]\t"Hca1"[1]
+[2]\t"Hca3"[1]
+[3]\t"Switch2"[3]
+[5]\t"Switch2"[5]
+
+Switch\t8 "Switch2"
+[1]\t"Hca2"[1]
+[2]\t"Hca4\x1b[31m red"[1]
+[3]\t"Switch1"[3]
+[5]\t"Switch1"[5]
+
+Hca\t2 "Hca1"
+[1]\t"Switch1"[1]
+
+Hca\t2 "Hca2"
+[1]\t"Switch2"[1]
+
+Hca\t2 "Hca3"
+[1]\t"Switch1"[2]
+
+Hca\t2 "Hca4\x1b[31m red"
+[1]\t"Switch2"[2]
+"""
+
+
+def _need_the_simulator() -> None:
+    gone = missing()
+    if gone:
+        why = f"no simulated fabric here: {', '.join(gone)} missing (ibsim-utils, opensm)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def small(tmp_path_factory):
+    _need_the_simulator()
+    with SimFabric(SMALL, tmp_path_factory.mktemp("small")) as fabric:
+        yield fabric
+
+
+@pytest.fixture(scope="session")
+def odd(tmp_path_factory):
+    _need_the_simulator()
+    with SimFabric(ODD, tmp_path_factory.mktemp("odd")) as fabric:
+        yield fabric

@@ -1,0 +1,48 @@
+"""infiniband-diags' answers on a simulated fabric, parsed: what ibtool's must equal."""
+
+from __future__ import annotations
+
+import re
+
+# ibnetdiscover (default output): a node's header line and its ports' lines
+_NODE = re.compile(r'^(Switch|Ca|Rt)\s+(\d+)\s+"([SHR])-([0-9a-f]{16})"\s+#\s+"(.*)"(.*)$')
+_SWITCH_LID = re.compile(r"\blid (\d+)\b")
+_PORT = re.compile(r'^\[(\d+)\].*?"([SHR])-([0-9a-f]{16})"\[(\d+)\].*?#.*?lid (\d+)')
+# ibnetdiscover -p: one line a port, "CA 22 1 0x... 4x SDR - SW 9 4 0x... ( 'a' - 'b' )"
+_P = re.compile(
+    r"^(CA|SW|RT)\s+(\d+)\s+(\d+)\s+0x([0-9a-f]{16})\s+(\S+)\s+(\S+)"
+    r"(?:\s+-\s+(CA|SW|RT)\s+(\d+)\s+(\d+)\s+0x([0-9a-f]{16}))?"
+)
+TYPES = {"Switch": "SW", "Ca": "CA", "Rt": "RT"}
+
+
+def nodes(text: str) -> dict[str, dict]:
+    """Node GUID -> type, port count and description, from ibnetdiscover's output. A CA's
+    LID is its ports'; a switch's is on its header line."""
+    found = {}
+    for line in text.splitlines():
+        m = _NODE.match(line)
+        if m:
+            kind, ports, _, guid, desc, rest = m.groups()
+            lid = _SWITCH_LID.search(rest)
+            found["0x" + guid] = {
+                "type": TYPES[kind],
+                "ports": int(ports),
+                "description": desc,
+                "lid": int(lid.group(1)) if lid else None,
+            }
+    return found
+
+
+def ports(text: str) -> list[tuple]:
+    """(type, lid, port, port GUID, width, speed, far (type, lid, port, GUID) or None) of
+    every port line of `ibnetdiscover -p`."""
+    found = []
+    for line in text.splitlines():
+        m = _P.match(line)
+        if not m:
+            continue
+        t, lid, port, guid, width, speed, ft, flid, fport, fguid = m.groups()
+        far = (ft, int(flid), int(fport), "0x" + fguid) if ft else None
+        found.append((t, int(lid), int(port), "0x" + guid, width, speed, far))
+    return found

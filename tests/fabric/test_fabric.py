@@ -1,0 +1,149 @@
+"""`ibtool fabric` on simulated fabrics, answer for answer against ibnetdiscover's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.fabric import oracle
+
+IBTOOL = [sys.executable, "-m", "ibtool"]
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def ibtool(fabric, *argv, host=None):
+    env = fabric.env(host)
+    env["PYTHONPATH"] = CHECKOUT
+    return subprocess.run(
+        [*IBTOOL, *argv], env=env, capture_output=True, text=True, timeout=120, cwd=CHECKOUT
+    )
+
+
+def said(r) -> list[str]:
+    """ibtool's standard error, without the line umad2sim prints as it loads (the simulator's,
+    before any of ibtool's code runs)."""
+    return [line for line in r.stderr.splitlines() if "sim_connect: attached" not in line]
+
+
+def scan(fabric, host=None):
+    r = ibtool(fabric, "-j", "fabric", host=host)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def diags(fabric, *argv, host=None) -> str:
+    r = fabric.run(list(argv), host=host)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("host", [None, "node005 mlx5_0"])
+def test_the_nodes_are_ibnetdiscovers(small, host):
+    ours = scan(small, host)
+    theirs = oracle.nodes(diags(small, "ibnetdiscover", host=host))
+    assert {n["guid"]: n["type"] for n in ours["nodes"]} == {
+        g: t["type"] for g, t in theirs.items()
+    }
+    for n in ours["nodes"]:
+        t = theirs[n["guid"]]
+        assert (n["ports"], n["description"]) == (t["ports"], t["description"])
+        if n["type"] == "SW":
+            assert n["lid"] == t["lid"]
+    assert len(ours["nodes"]) == 4 + 6
+
+
+def _their_links(text: str) -> set:
+    """Each cable once, as the set of its two ends (port GUID, port number, LID)."""
+    links = set()
+    for _, lid, port, guid, _, _, far in oracle.ports(text):
+        if far is not None:
+            links.add(frozenset({(guid, port, lid), (far[3], far[2], far[1])}))
+    return links
+
+
+def _our_links(ours: dict) -> set:
+    return {
+        frozenset({(lk[e]["port_guid"], lk[e]["port"], lk[e]["lid"]) for e in ("a", "b")})
+        for lk in ours["links"]
+    }
+
+
+@pytest.mark.parametrize("fabric", ["small", "odd"])
+def test_the_links_are_ibnetdiscovers_with_both_ends(fabric, request):
+    sim = request.getfixturevalue(fabric)
+    ours = scan(sim)
+    text = diags(sim, "ibnetdiscover", "-p")
+    assert _our_links(ours) == _their_links(text)
+    widths = {(g, p): (w, s) for _, _, p, g, w, s, far in oracle.ports(text) if far}
+    for lk in ours["links"]:
+        w, s = widths[(lk["a"]["port_guid"], lk["a"]["port"])]
+        assert (lk["width"].lower(), lk["speed"]) == (w.lower(), s)
+        assert lk["state"] == "ACTIVE"
+
+
+def test_the_text_names_both_ends_of_every_cable_and_escapes_what_is_not_printable(odd):
+    r = ibtool(odd, "fabric")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("subnet through ibsim0/0 (Switch1): 2 switches, 4 channel adapters")
+    assert "\x1b" not in r.stdout and "Hca4\\x1b[31m red" in r.stdout
+    assert any(
+        line.split()[:1] == ["Switch2/2"] and "Hca4\\x1b[31m red/1" in line for line in lines
+    )
+    assert sum(1 for line in lines if line.startswith(("Switch1/", "Switch2/"))) == 6
+
+
+def test_an_uplink_unlinked_is_gone_from_both_answers_and_back_when_relinked(small):
+    before = _our_links(scan(small))
+    small.console('Unlink "spine02"[1]')
+    try:
+        deadline = time.monotonic() + 60
+        while len(_our_links(scan(small))) == len(before):
+            assert time.monotonic() < deadline, "the unlinked cable is still there after 60 s"
+        ours = _our_links(scan(small))
+        assert ours == _their_links(diags(small, "ibnetdiscover", "-p"))
+        assert len(ours) == len(before) - 1
+    finally:
+        small.console('ReLink "spine02"[1]')  # ibsim's word for putting a cable back
+        deadline = time.monotonic() + 60
+        while _our_links(scan(small)) != before:
+            assert time.monotonic() < deadline, "the cable did not come back"
+
+
+def test_an_unknown_port_to_scan_through_is_named_with_the_ports_there_are(small):
+    r = ibtool(small, "fabric", "--via", "mlx5_9")
+    assert (r.returncode, r.stdout) == (4, "")
+    assert said(r) == ["ibtool: error: no port mlx5_9 among libibumad's: ibsim0/0"]
+
+
+def test_an_unknown_action_is_a_usage_error(small):
+    r = ibtool(small, "fabric", "frobnicate")
+    assert r.returncode == 2 and "unknown fabric action 'frobnicate'" in r.stderr
+
+
+def test_without_a_simulator_or_an_infiniband_hca_it_says_there_is_none_here(tmp_path):
+    """This host's own libibumad: no CA here (the test hosts have none), one line, exit 6."""
+    if os.path.isdir("/sys/class/infiniband") and os.listdir("/sys/class/infiniband"):
+        pytest.skip("this host has RDMA devices: its fabric would be scanned")
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SIM_HOST")}
+    env["PYTHONPATH"] = CHECKOUT
+    r = subprocess.run([*IBTOOL, "fabric"], env=env, capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout) == (6, "")
+    assert r.stderr.splitlines() == [
+        "ibtool: error: no InfiniBand device here: libibumad sees no CA (hint: ibtool fabric "
+        "runs on a node with an InfiniBand HCA (or under ibsim's umad2sim))"
+    ]
+
+
+def test_a_root_tree_has_no_fabric_to_ask(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SIM_HOST")}
+    env["PYTHONPATH"] = CHECKOUT
+    r = subprocess.run([*IBTOOL, "--root", str(tmp_path), "fabric"], env=env,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert (r.returncode, r.stdout) == (2, "")
+    assert "the fabric is asked with MADs" in r.stderr
