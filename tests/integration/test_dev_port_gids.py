@@ -209,3 +209,17 @@ def test_unloaded_driver_is_no_rdma_devices_with_the_hint(rxe_unloaded):
     proc = ibtool_raw("dev")
     assert proc.returncode == 3 and proc.stdout == ""
     assert "no RDMA devices" in proc.stderr and "rdma link add" in proc.stderr
+
+
+def test_fabric_on_a_roce_only_host_says_there_is_no_subnet_to_scan():
+    """SoftRoCE has no InfiniBand port: `ibtool fabric` says so through the real libibumad,
+    whether the kernel gives rxe a umad device (a RoCE port) or none (no CA), in one line."""
+    r = subprocess.run(
+        [sys.executable, "-m", "ibtool", "fabric"], capture_output=True, text=True, timeout=300
+    )
+    assert (r.returncode, r.stdout) == (6, "")
+    lines = [line for line in r.stderr.splitlines() if not line.startswith("ibtool: warning:")]
+    assert len(lines) == 1
+    assert (
+        "a RoCE port has no subnet to scan" in lines[0] or "no InfiniBand device here" in lines[0]
+    )
