@@ -145,7 +145,7 @@ def run(inv: Invocation) -> int:
         raise UnsupportedError(
             f"ibtool tui needs the textual package ({e})", TEXTUAL_HINT
         ) from None
-    from ibtool.host import Host
+    from ibtool.plugin.commands import open_host
     from ibtool.plugin.hooks import panel_factories
 
     closing: list = []
@@ -154,17 +154,18 @@ def run(inv: Invocation) -> int:
         loopback = None
         if feed.live:
 
+            def live_host():
+                return open_host(inv, feed.note, details=False).host
+
             def gid_index(device: str, port: int):
-                host = Host(warn=feed.note)
+                host = live_host()
                 try:
                     return host.roce_gid_index(device, port)
                 finally:
                     host.close()
 
             loopback = loopback_runner(gid_index)
-            doctor = doctor_runner(
-                lambda: Host(warn=feed.note), lambda h: h.close(), True, feed.note
-            )
+            doctor = doctor_runner(live_host, lambda h: h.close(), True, feed.note)
         else:  # the capture's one host, as the polls read it (Hosts.done closes no capture)
             hosts = feed.engine.hosts
             doctor = doctor_runner(hosts.open, hosts.done, False, feed.note)

@@ -12,7 +12,6 @@ each poll, a capture is read once and kept.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from ibtool.model.events import Event, Seen, diff
 from ibtool.model.health import HealthResult
 from ibtool.model.rates import Rated, Sampler
 from ibtool.model.records import Port
+from ibtool.plugin.commands import open_host
 
 KEEP = Kept  # the default state: kept in memory between the polls of one process
 
@@ -73,13 +73,14 @@ class Hosts:
 
 
 def hosts_for(inv, warn: Callable[[str], None], *, own_capture: bool = True) -> Hosts:
-    """The hosts a command's options name: this host (no --root, no --snapshot) anew at each
+    """The hosts a command's options name, each opened by `open_host` (the one place that
+    decides where a host comes from): this host (no --root, no --snapshot) anew at each
     poll, each warning to `warn`; else the capture, read once. `own_capture`: the capture is
-    built here with `warn` (and closed by `Hosts.close`); otherwise it is the invocation's host,
-    its warnings the command's."""
+    opened here with `warn` (and closed by `Hosts.close`); otherwise it is the invocation's
+    host, its warnings the command's."""
 
-    def make():  # through the command's host factory (a test's seam), warnings to `warn`
-        return inv.host_factory(dataclasses.replace(inv, warn=warn, details=False))
+    def make():
+        return open_host(inv, warn, details=False).host
 
     if inv.root == "/" and inv.snapshot is None:
         return Hosts(make, live=True, source="this host")
@@ -87,9 +88,7 @@ def hosts_for(inv, warn: Callable[[str], None], *, own_capture: bool = True) -> 
     if not own_capture:
         return Hosts(lambda: inv.host, live=False, source=source)
     if inv.snapshot is not None:
-        from ibtool.snapshot.save import SnapshotHost
-
-        capture = SnapshotHost(inv.snapshot, warn, False, **inv.snapshot_kwargs())
+        capture = open_host(inv, warn, details=False)
         return Hosts(lambda: capture.host, live=False, source=source, close=capture.close)
     return Hosts(make, live=False, source=source)
 

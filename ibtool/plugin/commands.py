@@ -126,6 +126,33 @@ class CommandRegistry:
 HostFactory = Callable[["Invocation"], Any]
 
 
+class Opened:
+    """A host opened for a poll or a command: `host`, and `close()` ending what it holds (a
+    snapshot's tree with it)."""
+
+    def __init__(self, host, close: Callable[[], None]) -> None:
+        self.host, self.close = host, close
+
+
+def open_host(
+    inv: Invocation, warn: Callable[[str], None] | None = None, details: bool | None = None
+) -> Opened:
+    """The one place that decides where a host comes from: the snapshot file `inv` names
+    (--snapshot), else its host factory (the running host, a --root tree, a test's fixture).
+    `warn` and `details` default to the invocation's."""
+    warn = inv.warn if warn is None else warn
+    details = inv.details if details is None else details
+    if inv.snapshot is not None:
+        from ibtool.snapshot.save import SnapshotHost
+
+        capture = SnapshotHost(inv.snapshot, warn, details, **inv.snapshot_kwargs())
+        return Opened(capture.host, capture.close)
+    if warn is not inv.warn or details != inv.details:
+        inv = dataclasses.replace(inv, warn=warn, details=details)
+    host = inv.host_factory(inv)
+    return Opened(host, host.close)
+
+
 def default_host(inv: Invocation):
     """The host `inv` names by its options: the running one, or a --root tree."""
     from ibtool.host import Host
@@ -152,23 +179,14 @@ class Invocation:
     # of each (`ibtool completion` writes the shells' completion from it).
     parser: argparse.ArgumentParser | None = None
 
-    _host: Any = field(default=None, init=False, repr=False)
-    _snapshot: Any = field(default=None, init=False, repr=False)
+    _opened: Any = field(default=None, init=False, repr=False)
 
     @property
     def host(self):
         """The facade over the host's sources (or a snapshot's), built on first use."""
-        if self._host is None:
-            if self.snapshot is not None:
-                from ibtool.snapshot.save import SnapshotHost
-
-                self._snapshot = SnapshotHost(
-                    self.snapshot, self.warn, self.details, **self.snapshot_kwargs()
-                )
-                self._host = self._snapshot.host
-            else:
-                self._host = self.host_factory(self)
-        return self._host
+        if self._opened is None:
+            self._opened = open_host(self)
+        return self._opened.host
 
     def snapshot_kwargs(self) -> dict[str, Any]:
         """What SnapshotHost takes of the command line, for every snapshot a command reads."""
@@ -178,10 +196,8 @@ class Invocation:
         """Ends what the run opened (the host's netlink session, a snapshot's tree), and
         removes every snapshot tree the run made, whatever interrupted it."""
         try:
-            if self._snapshot is not None:
-                self._snapshot.close()
-            elif self._host is not None:
-                self._host.close()
+            if self._opened is not None:
+                self._opened.close()
         finally:
             from ibtool import snapshot
 
