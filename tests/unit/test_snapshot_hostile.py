@@ -510,6 +510,8 @@ def test_ctrl_c_or_sigterm_at_any_moment_of_a_replay_leaves_nothing(tmp_path, vf
             while not os.listdir(scratch) and child.poll() is None:
                 assert time.monotonic() < deadline, "the replay made no tree in 120 s"
                 time.sleep(0.002)
+            # The random delay is what is under test: a signal at a moment nothing announces
+            # (no readiness to wait for stands for "somewhere inside the build").
             time.sleep(rng.uniform(0, 0.3))
         else:  # at a random moment from the start: loading, parsing, checking, building
             time.sleep(rng.uniform(0, 1.5))
