@@ -61,6 +61,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 def run(inv: Invocation) -> None:
     from ibtool.live.watch import watching
+    from ibtool.plugin.commands import open_host
     from ibtool.views.events import event_json, event_line
 
     args = inv.args
@@ -87,7 +88,10 @@ def run(inv: Invocation) -> None:
         if args.count is not None and shown >= args.count:
             raise _Enough
 
-    with watching(inv.host, args.interval) as watch:
+    def reopen(warn):  # each sysfs poll's host, opened where every face opens one
+        return open_host(inv, warn, details=False).host
+
+    with watching(inv.host, args.interval, reopen) as watch:
         if watch.note:
             inv.warn(watch.note)
         try:

@@ -124,15 +124,22 @@ class Watch:
 
 
 @contextmanager
-def watching(host, interval: float) -> Iterator[Watch]:
+def watching(
+    host, interval: float, reopen: Callable[[Callable[[str], None]], Any] | None = None
+) -> Iterator[Watch]:
     """A Watch on the host: netlink polls and kernel events where it has them, sysfs polls
-    (each through a Host of its own, as the engine reads the running host) where not."""
-    from ibtool.host import Host
-
+    (each through a Host of its own, `reopen(warn)`, as the engine reads the running host)
+    where not. Without `reopen`, each is a Host on the same root."""
     every = f"every {interval:g} s"
 
+    if reopen is None:
+        from ibtool.host import Host
+
+        def reopen(warn: Callable[[str], None]):
+            return Host(root=host.root, warn=warn)
+
     def sysfs() -> SysfsPoller:
-        return SysfsPoller(lambda warn: Host(root=host.root, warn=warn), host.warn)
+        return SysfsPoller(reopen, host.warn)
 
     try:
         session = host.netlink("monitor polls RDMA netlink")
