@@ -114,57 +114,66 @@ class PortId(C.Structure):  # ib_portid_t
     ]
 
 
-class NdNode(C.Structure):  # ibnd_node_t
-    pass
+def _node_fields(node, port, desc: int) -> list:
+    return [
+        ("next", C.POINTER(node)),
+        ("path_portid", PortId),
+        ("smalid", C.c_uint16),
+        ("smalmc", C.c_uint8),
+        ("smaenhsp0", C.c_int),
+        ("switchinfo", C.c_uint8 * SMP_DATA_SIZE),
+        ("guid", C.c_uint64),
+        ("type", C.c_int),
+        ("numports", C.c_int),
+        ("info", C.c_uint8 * SMP_DATA_SIZE),
+        ("nodedesc", C.c_char * desc),
+        ("ports", C.POINTER(C.POINTER(port))),
+        ("next_chassis_node", C.POINTER(node)),
+        ("chassis", C.c_void_p),
+        ("ch_type", C.c_ubyte),
+        ("ch_type_str", C.c_char * CHASSIS_TYPE_SIZE),
+        ("ch_anafanum", C.c_ubyte),
+        ("ch_slotnum", C.c_ubyte),
+        ("ch_slot", C.c_ubyte),
+        ("ch_found", C.c_ubyte),
+        ("htnext", C.POINTER(node)),
+        ("type_next", C.POINTER(node)),
+    ]
 
 
 class NdPort(C.Structure):  # ibnd_port_t
+    _fields_ = [
+        ("guid", C.c_uint64),
+        ("portnum", C.c_int),
+        ("ext_portnum", C.c_int),
+        ("node", C.c_void_p),  # the node's address: read through the layout in use
+        ("remoteport", C.c_void_p),  # an NdPort
+        ("base_lid", C.c_uint16),
+        ("lmc", C.c_uint8),
+        ("info", C.c_uint8 * SMP_DATA_SIZE),
+        ("ext_info", C.c_uint8 * SMP_DATA_SIZE),
+        ("htnext", C.c_void_p),
+    ]
+
+
+class NdNode(C.Structure):  # ibnd_node_t from rdma-core v43: nodedesc[IB_SMP_DATA_SIZE + 1]
     pass
 
 
-NdNode._fields_ = [
-    ("next", C.POINTER(NdNode)),
-    ("path_portid", PortId),
-    ("smalid", C.c_uint16),
-    ("smalmc", C.c_uint8),
-    ("smaenhsp0", C.c_int),
-    ("switchinfo", C.c_uint8 * SMP_DATA_SIZE),
-    ("guid", C.c_uint64),
-    ("type", C.c_int),
-    ("numports", C.c_int),
-    ("info", C.c_uint8 * SMP_DATA_SIZE),
-    ("nodedesc", C.c_char * (SMP_DATA_SIZE + 1)),
-    ("ports", C.POINTER(C.POINTER(NdPort))),
-    ("next_chassis_node", C.POINTER(NdNode)),
-    ("chassis", C.c_void_p),
-    ("ch_type", C.c_ubyte),
-    ("ch_type_str", C.c_char * CHASSIS_TYPE_SIZE),
-    ("ch_anafanum", C.c_ubyte),
-    ("ch_slotnum", C.c_ubyte),
-    ("ch_slot", C.c_ubyte),
-    ("ch_found", C.c_ubyte),
-    ("htnext", C.POINTER(NdNode)),
-    ("type_next", C.POINTER(NdNode)),
-]
-NdPort._fields_ = [
-    ("guid", C.c_uint64),
-    ("portnum", C.c_int),
-    ("ext_portnum", C.c_int),
-    ("node", C.POINTER(NdNode)),
-    ("remoteport", C.POINTER(NdPort)),
-    ("base_lid", C.c_uint16),
-    ("lmc", C.c_uint8),
-    ("info", C.c_uint8 * SMP_DATA_SIZE),
-    ("ext_info", C.c_uint8 * SMP_DATA_SIZE),
-    ("htnext", C.POINTER(NdPort)),
-]
+class NdNode42(C.Structure):  # ibnd_node_t to rdma-core v42: nodedesc[IB_SMP_DATA_SIZE]
+    pass
+
+
+NdNode._fields_ = _node_fields(NdNode, NdPort, SMP_DATA_SIZE + 1)
+NdNode42._fields_ = _node_fields(NdNode42, NdPort, SMP_DATA_SIZE)
+NODE_DESC_GREW = 43  # rdma-core v43.0 (its commit d974c4e39): the node description's NUL
 
 
 class NdFabric(C.Structure):  # ibnd_fabric_t, as far as ibtool reads it
     _fields_ = [
-        ("from_node", C.POINTER(NdNode)),
+        ("from_node", C.c_void_p),
         ("from_portnum", C.c_int),
-        ("nodes", C.POINTER(NdNode)),
+        ("nodes", C.c_void_p),
         ("chassis", C.c_void_p),
         ("maxhops_discovered", C.c_uint),
         ("total_mads_used", C.c_uint),
@@ -219,10 +228,9 @@ class UmadCa(C.Structure):  # umad_ca_t
     ]
 
 
-STRUCTS = {  # C name -> ctypes type, for the layout test
+STRUCTS = {  # C name -> ctypes type, for the layout test (ibnd_node_t: structs() picks it)
     "ib_dr_path_t": DrPath,
     "ib_portid_t": PortId,
-    "ibnd_node_t": NdNode,
     "ibnd_port_t": NdPort,
     "ibnd_config_t": NdConfig,
     "umad_port_t": UmadPort,
@@ -239,6 +247,38 @@ class Libraries:
     umad: C.CDLL
     mad: C.CDLL
     nd: C.CDLL
+    version: int | None  # rdma-core's major release, from libibnetdisc's file name
+    node: type  # ibnd_node_t as that release lays it out
+
+
+def rdma_core_version(soname: str, maps: str = "/proc/self/maps") -> int | None:
+    """The rdma-core release a loaded library comes from: rdma-core names the file
+    <soname>.<minor>.<release> (buildlib/rdma_functions.cmake), e.g. libibnetdisc.so.5.0.44.0,
+    and the process's maps say which file was loaded."""
+    try:
+        with open(maps) as f:
+            text = f.read(1 << 22)
+    except OSError:
+        return None
+    for line in text.splitlines():
+        path = line.rpartition(" ")[2]
+        name = os.path.basename(path)
+        if name.startswith(soname + "."):
+            parts = name[len(soname) + 1 :].split(".")
+            if len(parts) >= 2 and parts[1].isdigit():
+                return int(parts[1])
+    return None
+
+
+def node_struct(version: int | None) -> type:
+    """ibnd_node_t's layout for an rdma-core release (the newer one when unknown: a scan then
+    checks it against each node's ports before trusting it)."""
+    return NdNode42 if version is not None and version < NODE_DESC_GREW else NdNode
+
+
+def structs() -> dict[str, type]:
+    """STRUCTS with the ibnd_node_t of the libibnetdisc loaded."""
+    return {**STRUCTS, "ibnd_node_t": libraries().node}
 
 
 _loaded: Libraries | None = None
@@ -258,7 +298,8 @@ def libraries() -> Libraries:
             raise UnsupportedError(
                 f"ibtool fabric needs rdma-core's {soname}, which is not installed", INSTALL
             ) from None
-    libs = Libraries(**found)
+    version = rdma_core_version(LIBRARIES["nd"])
+    libs = Libraries(**found, version=version, node=node_struct(version))
     u, m, n = libs.umad, libs.mad, libs.nd
     _sig(u.umad_init, C.c_int, [])
     _sig(u.umad_get_cas_names, C.c_int, [C.c_void_p, C.c_int])
@@ -442,29 +483,28 @@ def discover(start: LocalPort, bounds: Bounds, warn: Callable[[str], None]) -> F
 
 
 def _read(raw: NdFabric, start: LocalPort) -> Fabric:
+    node_type = libraries().node
+    as_node = C.POINTER(node_type)
     nodes: dict[int, FabricNode] = {}
     unanswered = []
-    node_p = raw.nodes
-    while node_p:
-        n = node_p.contents
-        said = field(n.info, "IB_NODE_GUID_F")
-        if said != n.guid:
-            raise UnsupportedError(
-                "libibnetdisc's node structure is not laid out as ibtool reads it "
-                f"(GUID {n.guid:#x} beside NodeInfo's {said:#x})",
-                "report this rdma-core release to ibtool's authors",
-            )
+    address = raw.nodes
+    while address:
+        n = C.cast(address, as_node).contents
+        _check_layout(n, address)
         try:
             kind = NodeType(n.type)
         except ValueError:
             kind = None
+        p0 = n.ports[0] if kind == NodeType.SWITCH else None
+        # a switch's port 0 says whether it speaks the extended speeds, for all its ports
+        switch_caps = field(p0.contents.info, "IB_PORT_CAPMASK_F") if p0 else None
         ports = {}
         first = 0 if kind == NodeType.SWITCH else 1
         for number in range(first, n.numports + 1):
             p = n.ports[number]
             if not p:
                 continue
-            port = _port(p.contents, n, kind)
+            port = _port(p.contents, as_node, switch_caps)
             ports[number] = port
             if (
                 port.remote is None
@@ -484,10 +524,10 @@ def _read(raw: NdFabric, start: LocalPort) -> Fabric:
                 vendor_id=field(n.info, "IB_NODE_VENDORID_F"),
                 device_id=field(n.info, "IB_NODE_DEVID_F"),
             )
-        node_p = n.next
+        address = C.cast(n.next, C.c_void_p).value
     local = (0, start.port)
     if raw.from_node:
-        local = (raw.from_node.contents.guid, raw.from_portnum)
+        local = (C.cast(raw.from_node, as_node).contents.guid, raw.from_portnum)
     return Fabric(
         nodes=nodes,
         local=local,
@@ -502,19 +542,32 @@ def _read(raw: NdFabric, start: LocalPort) -> Fabric:
     )
 
 
-def _port(p: NdPort, n: NdNode, kind: NodeType | None) -> FabricPort:
+def _check_layout(n, address: int) -> None:
+    """The node as read must be the node libibnetdisc wrote: its GUID as its NodeInfo says,
+    and each of its ports pointing back at it. Otherwise the library is laid out otherwise
+    than this rdma-core release's headers say, and nothing more is read."""
+    said = field(n.info, "IB_NODE_GUID_F")
+    ports_ok = bool(n.ports) and 0 <= n.numports <= 255
+    if ports_ok:
+        for i in range(n.numports + 1):
+            p = n.ports[i]
+            if p and p.contents.node != address:
+                ports_ok = False
+                break
+    if said != n.guid or not ports_ok:
+        raise UnsupportedError(
+            "libibnetdisc's node structure is not laid out as ibtool reads it "
+            f"(rdma-core {libraries().version or 'of unknown release'})",
+            "report this rdma-core release to ibtool's authors",
+        )
+
+
+def _port(p: NdPort, as_node, switch_caps: int | None) -> FabricPort:
     info = p.info
     # A switch's external ports carry no LID of their own: port 0's is the switch's.
     lid = p.base_lid
-    capmask = field(info, "IB_PORT_CAPMASK_F")
+    capmask = field(info, "IB_PORT_CAPMASK_F") if switch_caps is None else switch_caps
     extended = bool(capmask & IS_EXTENDED_SPEEDS_SUPPORTED)
-    if kind == NodeType.SWITCH and p.portnum != 0:
-        # port 0's capability mask says whether the switch speaks the extended speeds
-        p0 = n.ports[0]
-        if p0:
-            extended = bool(
-                field(p0.contents.info, "IB_PORT_CAPMASK_F") & IS_EXTENDED_SPEEDS_SUPPORTED
-            )
     speed = PortSpeed(
         active=field(info, "IB_PORT_LINK_SPEED_ACTIVE_F"),
         enabled=field(info, "IB_PORT_LINK_SPEED_ENABLED_F"),
@@ -525,9 +578,9 @@ def _port(p: NdPort, n: NdNode, kind: NodeType | None) -> FabricPort:
     )
     remote = None
     if p.remoteport:
-        r = p.remoteport.contents
+        r = C.cast(p.remoteport, C.POINTER(NdPort)).contents
         if r.node:
-            remote = (r.node.contents.guid, r.portnum)
+            remote = (C.cast(r.node, as_node).contents.guid, r.portnum)
     return FabricPort(
         number=p.portnum,
         guid=p.guid,

@@ -27,8 +27,8 @@ def _compiled(tmp_path) -> dict[str, int]:
         pytest.skip(why)
     lines = [f"#include <{h}>" for h in HEADERS]
     lines += ["#include <stdio.h>", "#include <stddef.h>", "int main(void) {"]
-    for cname, ctype in {**mad.STRUCTS, **mad.PARTIAL}.items():
-        if cname in mad.STRUCTS:
+    for cname, ctype in {**mad.structs(), **mad.PARTIAL}.items():
+        if cname in mad.structs():
             lines.append(f'printf("{cname} %zu\\n", sizeof({cname}));')
         for name, *_ in ctype._fields_:
             lines.append(f'printf("{cname}.{name} %zu\\n", offsetof({cname}, {name}));')
@@ -43,8 +43,8 @@ def _compiled(tmp_path) -> dict[str, int]:
 
 def _ours() -> dict[str, int]:
     found = {}
-    for cname, ctype in {**mad.STRUCTS, **mad.PARTIAL}.items():
-        if cname in mad.STRUCTS:
+    for cname, ctype in {**mad.structs(), **mad.PARTIAL}.items():
+        if cname in mad.structs():
             found[cname] = ctypes.sizeof(ctype)
         for name, *_ in ctype._fields_:
             found[f"{cname}.{name}"] = getattr(ctype, name).offset
@@ -59,3 +59,18 @@ def test_a_layout_that_differs_is_seen(tmp_path, monkeypatch):
     theirs = _compiled(tmp_path)
     monkeypatch.setitem(mad.FIELDS, "IB_NODE_GUID_F", mad.FIELDS["IB_NODE_GUID_F"] + 1)
     assert _ours() != theirs
+
+
+def test_the_node_layout_is_the_libraries_release(tmp_path):
+    """rdma-core 43 gave ibnd_node_t's description its NUL (one byte, eight with padding):
+    the release is read from the loaded file's name, and its layout picked."""
+    maps = tmp_path / "maps"
+    lib = "/usr/lib/x86_64-linux-gnu/libibnetdisc.so.5"
+    for release, size in ((33, 408), (42, 408), (43, 416), (65, 416)):
+        maps.write_text(f"7f00-7f01 r-xp 0 08:01 1 {lib}.0.{release}.2\n")
+        version = mad.rdma_core_version("libibnetdisc.so.5", str(maps))
+        assert version == release
+        assert ctypes.sizeof(mad.node_struct(version)) == size
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib64/libibnetdisc.so.5\n")
+    assert mad.rdma_core_version("libibnetdisc.so.5", str(maps)) is None
+    assert ctypes.sizeof(mad.node_struct(None)) == 416
