@@ -4,9 +4,7 @@ RDMA probe along the path."""
 
 from __future__ import annotations
 
-from ibtool import hookimpl
-from ibtool.argtypes import number
-from ibtool.plugin.commands import Invocation
+from ibtool.api import Invocation, hookimpl, number
 
 COMPAT = {"rc_pingpong": 18515, "rping": 7174}  # ibv_rc_pingpong's -p, rping's -p defaults
 NATIVE_PORT = 18520  # ibtool ping --server's
@@ -52,8 +50,7 @@ def configure(parser) -> None:
 
 
 def run(inv: Invocation) -> int:
-    from ibtool.doctor.run import Options, diagnose
-    from ibtool.views import doctor as view
+    from ibtool.api.doctor import Options, diagnose, view
 
     args = inv.args
     opts = Options(

@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import time
 
-from ibtool import hookimpl
-from ibtool.api import Status
-from ibtool.argtypes import number
-from ibtool.errors import IbtoolError, UsageError
-from ibtool.plugin.commands import Invocation
+from ibtool.api import IbtoolError, Invocation, Status, UsageError, hookimpl, number
 
 LOCK_WAIT = 30.0
 # An hour bounds both: a lock held longer is a run that hangs (cron has started 60 more), and
@@ -99,7 +95,7 @@ def _names(values: list[str]) -> list[str]:
 
 
 def _state_path(inv: Invocation) -> str | None:
-    from ibtool.health import state as healthstate
+    from ibtool.api import health as healthstate
 
     if inv.args.no_state:
         return None
@@ -107,13 +103,13 @@ def _state_path(inv: Invocation) -> str | None:
         return inv.args.state
     if inv.root != "/" or inv.snapshot is not None:
         return None  # a capture has no last run
-    return healthstate.default_path()
+    return healthstate.state_path()
 
 
 def _report(inv: Invocation, checks: dict, config):
     """One poll of the Engine on the invocation's host: the checks, with their state file."""
-    from ibtool.health import state as healthstate
-    from ibtool.live.engine import Engine, Hosts
+    from ibtool.api import health as healthstate
+    from ibtool.api.live import Engine, Hosts
 
     path = _state_path(inv)
     engine = Engine(
@@ -143,7 +139,7 @@ def _counter_names(inv: Invocation):
 
 
 def _load_config(inv: Invocation, checks: dict | None = None):
-    from ibtool.health.config import load_config
+    from ibtool.api.health import load_config
 
     return load_config(inv.args.config, _counter_names(inv), checks)
 
@@ -161,9 +157,8 @@ def _list(inv: Invocation, checks: dict) -> None:
 
 
 def run(inv: Invocation) -> int:
-    from ibtool.health import run as health
-    from ibtool.health.run import select_checks
-    from ibtool.plugin.hooks import health_checks
+    from ibtool.api import health, health_checks
+    from ibtool.api.health import select_checks
 
     if inv.args.print_nhc:
         from importlib import resources
@@ -218,12 +213,12 @@ def run(inv: Invocation) -> int:
 def _slurm(report) -> None:
     """Drains this node when CRITICAL, resumes it when OK or WARNING if ibtool drained it;
     what it did is a note, a failure a fault of the run."""
-    from ibtool.health import slurm
+    from ibtool.api.health import apply_slurm
 
     if report.status == Status.UNKNOWN:
         return  # a run that could not decide neither drains nor resumes
     try:
-        done = slurm.apply(report.status == Status.CRITICAL, report.summary)
+        done = apply_slurm(report.status == Status.CRITICAL, report.summary)
     except IbtoolError as e:
         hint = f" (hint: {e.hint})" if e.hint else ""
         report.fault(f"slurm: {e.message}{hint}")
@@ -237,14 +232,13 @@ def _textfile(inv: Invocation, report, collect: bool = True) -> None:
     UNKNOWN note of the report, whose results are still printed. A run that failed before its
     checks (`collect` false) writes its UNKNOWN status and why, without the host's metrics:
     node_exporter would otherwise serve the last good run's status as this run's."""
-    from ibtool.health import run as health
-    from ibtool.health import textfile as metrics
+    from ibtool.api import health
 
     try:
         families = health.status_families(report)
         if collect:
-            families += metrics.collected(inv.plugins, inv.host, inv.warn)
-        metrics.write_textfile(inv.args.textfile, families)
+            families += health.collected(inv.plugins, inv.host, inv.warn)
+        health.write_textfile(inv.args.textfile, families)
     except IbtoolError as e:
         hint = f" (hint: {e.hint})" if e.hint else ""
         if collect:
@@ -257,7 +251,7 @@ def _textfile(inv: Invocation, report, collect: bool = True) -> None:
 
 
 def configure_exporter(parser) -> None:
-    from ibtool.live.exporter import DEFAULT_PORT, MAX_REQUESTS, MAX_REQUESTS_MAX
+    from ibtool.api.exporter import DEFAULT_PORT, MAX_REQUESTS, MAX_REQUESTS_MAX
 
     parser.add_argument(
         "--listen",
@@ -293,16 +287,15 @@ def configure_exporter(parser) -> None:
 
 
 def run_exporter(inv: Invocation) -> None:
-    from ibtool.health.run import select_checks
-    from ibtool.live import exporter
-    from ibtool.plugin.hooks import health_checks
+    from ibtool.api import exporter, health_checks
+    from ibtool.api.health import select_checks
 
     listen = exporter.parse_listen(inv.args.listen)
     web = None
     if inv.args.web_config_file is not None:
-        from ibtool.web import config as webconfig
+        from ibtool.api.exporter import WebConfigWatcher
 
-        web = webconfig.Watcher(inv.args.web_config_file, inv.warn)
+        web = WebConfigWatcher(inv.args.web_config_file, inv.warn)
     config = _load_config(inv)
     checks = health_checks(inv.plugins, inv.warn)
     config.check_names(checks)

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import ipaddress
 
-from ibtool import hookimpl
-from ibtool.argtypes import number
-from ibtool.errors import CommandFailed, IbtoolError, UsageError
-from ibtool.host import parse_selector
-from ibtool.model.records import PortState
-from ibtool.plugin.commands import Invocation, selector
-from ibtool.views import render
+from ibtool.api import (
+    CommandFailed,
+    IbtoolError,
+    Invocation,
+    PortState,
+    UsageError,
+    hookimpl,
+    number,
+    parse_selector,
+    render,
+    selector,
+)
 
 # The ranges of the numbers the command line takes, each where it comes from:
 # - IBTA caps a message at 2^31 bytes (a port's max_msg_sz, struct ibv_port_attr, is at most
@@ -96,7 +101,7 @@ def _qkey(text: str | None) -> int | None:
     return value
 
 
-def _ipv4_of(netdev: str) -> str | None:
+def ipv4_of(netdev: str) -> str | None:
     """The IPv4 address of a netdev (SIOCGIFADDR), or None."""
     import fcntl
     import socket
@@ -119,7 +124,7 @@ def _mcast_source(host, device: str, port: int, gid_index: int | None) -> str | 
                 return None if ipaddress.ip_address(g.ip).is_link_local else g.ip
         return None
     netdev = host.port(device, port, ("netdev",)).netdev
-    return _ipv4_of(netdev) if netdev else None
+    return ipv4_of(netdev) if netdev else None
 
 
 SL_NOTES = {
@@ -148,10 +153,8 @@ FIELDS = [
 
 
 def run(inv: Invocation) -> int:
-    from ibtool.rdma.ladder import PathSpec
-    from ibtool.rdma.loopback.results import OPS
-    from ibtool.rdma.loopback.results import Status as OpStatus
-    from ibtool.rdma.loopback.selftest import run as selftest  # pyverbs is imported only here
+    from ibtool.api.datapath import PathSpec
+    from ibtool.api.loopback import OPS, OpStatus, selftest  # pyverbs is imported only here
 
     args = inv.args
     inv.host.require_live("ibtool loopback uses this host's RDMA devices through verbs")
@@ -254,8 +257,7 @@ def _datapath_port(ctx, device: str, port: int):
     import time
 
     from ibtool.api import HealthResult, Perfdata, Status
-    from ibtool.rdma.loopback.results import Status as OpStatus
-    from ibtool.rdma.loopback.selftest import run as selftest
+    from ibtool.api.loopback import OpStatus, selftest
 
     subject = f"{device}/{port}"
     left = ctx.deadline - time.monotonic()

@@ -8,11 +8,8 @@ import argparse
 import shlex
 import sys
 
-from ibtool import hookimpl
-from ibtool.argtypes import number
-from ibtool.errors import UsageError
-from ibtool.plugin.commands import Invocation
-from ibtool.rdma.wire import MODES
+from ibtool.api import WIRE_MODES as MODES
+from ibtool.api import Invocation, UsageError, hookimpl, number
 
 TCP_PORT = 18521  # the agents' ping servers (ibtool ping --server's is 18520)
 
@@ -55,13 +52,13 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--dev",
-        type=_ports,
+        type=device_ports,
         metavar="DEV[/PORT],...",
         help="only these ports of each node, as shell patterns (mlx5_[0-7], mlx5_*/1)",
     )
     parser.add_argument(
         "--exclude",
-        type=_ports,
+        type=device_ports,
         metavar="DEV[/PORT],...",
         help="leave these ports of each node out (a storage NIC, an uncabled port)",
     )
@@ -261,15 +258,15 @@ def run(inv: Invocation) -> int:
         )
     if args.agent:
         inv.host.require_live("an ibtool mesh agent serves and pings this host's RDMA ports")
-        from ibtool.mesh import agent
+        from ibtool.api.mesh import PortChoice, agent_main
 
-        return agent.main(
-            inv.host, chosen=agent.PortChoice(args.dev, args.exclude), gid_index=args.gid_index,
+        return agent_main(
+            inv.host, chosen=PortChoice(args.dev, args.exclude), gid_index=args.gid_index,
             connect=args.connect, detach=args.detach,
         )  # fmt: skip
     _check_outputs(args)  # before the mesh: a wrong path is known in a second, not after it
-    engine, argv = _engine(inv)
-    from ibtool.mesh.run import Options, mesh
+    engine, argv = engine_for(inv)
+    from ibtool.api.mesh import Options, mesh
 
     options = Options(
         count=args.count,
@@ -307,7 +304,7 @@ def run(inv: Invocation) -> int:
 
 
 def _rail_map(text: str):
-    from ibtool.mesh.rails import parse_map
+    from ibtool.api.mesh import parse_map
 
     try:
         return parse_map(text)
@@ -316,7 +313,7 @@ def _rail_map(text: str):
 
 
 def _listen(text: str) -> tuple[str, int]:
-    from ibtool.mesh.channel import parse_listen
+    from ibtool.api.mesh import parse_listen
 
     try:
         return parse_listen(text)
@@ -324,7 +321,7 @@ def _listen(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _ports(text: str) -> tuple[str, ...]:
+def device_ports(text: str) -> tuple[str, ...]:
     """--dev and --exclude: DEV or DEV/PORT shell patterns, comma separated."""
     patterns = tuple(p for p in text.split(",") if p)
     if not patterns or any(not p.isprintable() or p.count("/") > 1 for p in patterns):
@@ -332,9 +329,9 @@ def _ports(text: str) -> tuple[str, ...]:
     return patterns
 
 
-def _engine(inv: Invocation):
+def engine_for(inv: Invocation):
     """The engine the command line asks for, and the agent's command line on the nodes."""
-    from ibtool.mesh import engines
+    from ibtool.api import mesh as engines
 
     args = inv.args
     agent = ["mesh", "--agent"]
@@ -368,7 +365,7 @@ def _engine(inv: Invocation):
 
 
 def _outputs(inv: Invocation, result) -> None:
-    from ibtool.views import mesh as view
+    from ibtool.api.mesh import view
 
     args = inv.args
     if inv.json:
@@ -383,21 +380,21 @@ def _outputs(inv: Invocation, result) -> None:
     if args.textfile:
         _textfile(args.textfile, view.textfile(result))
     if args.plot:
-        from ibtool.views.mesh_plot import plot
+        from ibtool.api.mesh import plot
 
         plot(result, args.plot)
     if not args.no_save:
-        from ibtool.mesh import last
+        from ibtool.api.mesh import last_path, save_last
 
-        path = last.default_path()
+        path = last_path()
         try:
-            last.save(result, path)
+            save_last(result, path)
         except OSError as e:
             inv.warn(f"the mesh is not kept for ibtool tui: {path}: {e.strerror or e}")
 
 
 def _textfile(path: str, text: str) -> None:
-    from ibtool.health.textfile import write_text
+    from ibtool.api.health import write_text
 
     write_text(path, text)
 
@@ -406,7 +403,7 @@ def _check_outputs(args) -> None:
     import os
 
     if args.textfile:
-        from ibtool.health.textfile import check_path
+        from ibtool.api.health import check_path
 
         check_path(args.textfile)
     for opt, path in (("--textfile", args.textfile), ("--plot", args.plot)):
@@ -415,7 +412,7 @@ def _check_outputs(args) -> None:
                 f"{opt} {path}: no such directory", "give a path in a directory that exists"
             )
     if args.plot:
-        from ibtool.views.mesh_plot import require
+        from ibtool.api.mesh import require_plot as require
 
         require()
 

@@ -13,13 +13,10 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ibtool import hookimpl
-from ibtool.argtypes import number
-from ibtool.errors import UsageError
-from ibtool.plugin.commands import Invocation
+from ibtool.api import Invocation, UsageError, hookimpl, number
 
 if TYPE_CHECKING:
-    from ibtool.model.events import Event
+    from ibtool.api.events import Event
 
 DEFAULT_INTERVAL = 1.0
 
@@ -60,9 +57,9 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(inv: Invocation) -> None:
-    from ibtool.live.watch import watching
-    from ibtool.plugin.commands import open_host
-    from ibtool.views.events import event_json, event_line
+    from ibtool.api import open_host
+    from ibtool.api.events import event_json, event_line
+    from ibtool.api.live import watching
 
     args = inv.args
     if inv.snapshot is not None:

@@ -7,10 +7,7 @@ import re
 import sys
 from collections.abc import Callable
 
-from ibtool import hookimpl
-from ibtool.argtypes import number
-from ibtool.errors import UnsupportedError, UsageError
-from ibtool.plugin.commands import Invocation
+from ibtool.api import Invocation, UnsupportedError, UsageError, hookimpl, number
 
 INTERVAL = (0.2, 10.0)  # as rdmatop's refresh bounds
 # The checks run at a poll: more often than every second is every poll at the default
@@ -64,11 +61,10 @@ def need_textual() -> None:
 
 def _feed(inv: Invocation, closing: list):
     """The dashboard's face of the Engine, on the hosts the options name."""
-    from ibtool.health import state as healthstate
-    from ibtool.health.config import load_config
-    from ibtool.live.engine import hosts_for
-    from ibtool.live.feed import Feed
-    from ibtool.plugin.hooks import health_checks
+    from ibtool.api import health as healthstate
+    from ibtool.api import health_checks
+    from ibtool.api.health import load_config
+    from ibtool.api.live import Feed, hosts_for
 
     checks = health_checks(inv.plugins, inv.warn)
     feed: Feed | None = None
@@ -92,11 +88,10 @@ def _feed(inv: Invocation, closing: list):
 def loopback_runner(host_gid_index: Callable[[str, int], int | None]):
     """The dashboard's loopback test: ibtool loopback's, on the live host's verbs, as the
     screen's Runner (SIZE bytes, ITERS iterations, TIMEOUT seconds per operation)."""
-    from ibtool.tui.screens.loopback import ITERS, SIZE, TIMEOUT
+    from ibtool.api.tui import ITERS, SIZE, TIMEOUT
 
     def runner(device, port, ops, report, cancelled) -> None:
-        from ibtool.rdma.loopback.operations import Loopback
-        from ibtool.rdma.loopback.selftest import run_op
+        from ibtool.api.loopback import Loopback, run_op
 
         gid_index = host_gid_index(device, port)
         with Loopback(device, port, gid_index, SIZE, 16) as lb:
@@ -118,7 +113,7 @@ def doctor_runner(
     defaults otherwise: 3 round trips, 2 s."""
 
     def runner(device: str, port: int, peer, cancelled):
-        from ibtool.doctor.run import Options, diagnose
+        from ibtool.api.doctor import Options, diagnose
 
         opts = Options(peer=peer or None, probe=live and bool(peer), count=3, timeout=2.0)
         host = open_host()
@@ -140,13 +135,12 @@ def run(inv: Invocation) -> int:
         )
     need_textual()
     try:
-        from ibtool.tui.app import Dashboard
+        from ibtool.api.tui import Dashboard
     except ImportError as e:
         raise UnsupportedError(
             f"ibtool tui needs the textual package ({e})", TEXTUAL_HINT
         ) from None
-    from ibtool.plugin.commands import open_host
-    from ibtool.plugin.hooks import panel_factories
+    from ibtool.api import open_host, panel_factories
 
     closing: list = []
     try:

@@ -78,7 +78,7 @@ if TYPE_CHECKING:  # what _LAZY loads, for type checkers and readers
         PortState,
         Protocol,
     )
-    from ibtool.plugin.commands import Invocation, add_selector, selector
+    from ibtool.plugin.commands import Invocation, add_selector, open_host, selector
     from ibtool.plugin.hooks import health_checks, panel_factories
     from ibtool.rdma.wire import MODES as WIRE_MODES
     from ibtool.views import render
@@ -118,6 +118,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Invocation": ("ibtool.plugin.commands", "Invocation"),
     "add_selector": ("ibtool.plugin.commands", "add_selector"),
     "selector": ("ibtool.plugin.commands", "selector"),
+    "open_host": ("ibtool.plugin.commands", "open_host"),
     "health_checks": ("ibtool.plugin.hooks", "health_checks"),
     "panel_factories": ("ibtool.plugin.hooks", "panel_factories"),
     "WIRE_MODES": ("ibtool.rdma.wire", "MODES"),
@@ -190,6 +191,7 @@ __all__ = [
     "hookimpl",
     "is_saturated",
     "number",
+    "open_host",
     "panel_factories",
     "parse_selector",
     "parse_size",

@@ -194,7 +194,7 @@ RTM_NEWADDR, RTM_GETADDR, RTM_NEWROUTE, RTM_GETROUTE = 20, 22, 24, 26
 NLM_F_DUMP = 0x300
 RTA_DST, RTA_SRC, RTA_OIF, RTA_GATEWAY, RTA_PREFSRC = 1, 2, 4, 5, 7
 IFA_ADDRESS, IFA_LOCAL, IFA_LABEL = 1, 2, 3
-_RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope,
+RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope,
 # type, flags
 _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 
@@ -230,18 +230,18 @@ class RouteSocket:
     def route(self, command: str, dst: str, family: int, src: str | None = None) -> list[_Message]:
         addr = ipaddress.ip_address(dst).packed
         source = ipaddress.ip_address(src).packed if src else b""
-        body = _RTMSG.pack(family, len(addr) * 8, len(source) * 8, 0, 0, 0, 0, 0, 0)
+        body = RTMSG.pack(family, len(addr) * 8, len(source) * 8, 0, 0, 0, 0, 0, 0)
         body += struct.pack("=HH", 4 + len(addr), RTA_DST) + addr
         if source:  # `ip route get DST from SRC`: the policy rules that select by source
             body += struct.pack("=HH", 4 + len(source), RTA_SRC) + source
         replies = _ask(self.sock, RTM_GETROUTE, NLM_F_REQUEST, body)
         out = []
         for kind, payload in replies:
-            if kind != RTM_NEWROUTE or len(payload) < _RTMSG.size:
+            if kind != RTM_NEWROUTE or len(payload) < RTMSG.size:
                 continue
-            rtm_type = _RTMSG.unpack_from(payload)[7]
+            rtm_type = RTMSG.unpack_from(payload)[7]
             attrs: dict[str, Any] = {}
-            for a_kind, value in _attrs(payload, _RTMSG.size):
+            for a_kind, value in _attrs(payload, RTMSG.size):
                 if a_kind == RTA_OIF and len(value) >= 4:
                     attrs["RTA_OIF"] = struct.unpack_from("=I", value)[0]
                 elif a_kind == RTA_PREFSRC:

@@ -117,7 +117,7 @@ _LISTEN, _WAKE = object(), object()
 # poller reads sysfs and netlink while connections are open
 _FD_RESERVE = 64
 _SAY_EVERY = 60.0  # a repeated log line is said at most once a minute, with its count
-_WORKER_IDLE = 60.0  # an idle handler thread exits after this
+WORKER_IDLE = 60.0  # an idle handler thread exits after this
 # Go's net/http closeWriteAndWait: after a final response, half-close and wait a little for the
 # client to read it, so that unread input does not make the kernel reset the connection (and
 # destroy the response) on close (rstAvoidanceDelay, 500 ms; RFC 9112 9.6's staged close)
@@ -273,7 +273,7 @@ class _Pool:
         me = threading.current_thread()
         while True:
             try:
-                fn = self.tasks.get(timeout=_WORKER_IDLE)
+                fn = self.tasks.get(timeout=WORKER_IDLE)
             except queue.Empty:
                 with self.lock:
                     # the others idle can take whatever is queued

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ibtool_plugins.ping import health, options, protocols
 
-from ibtool import hookimpl
+from ibtool.api import hookimpl
 
 
 @hookimpl

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ibtool.errors import IbtoolError
-from ibtool.model.records import PortState
+from ibtool.api import IbtoolError, PortState
 
 PEER_PINGS = 3
 
@@ -12,10 +11,8 @@ def _ping_peer(ctx, device: str, port: int, gid_index, peer: str):
     import time
 
     from ibtool.api import HealthResult, Perfdata, Status
-    from ibtool.rdma import wire
-    from ibtool.rdma.ladder import Ladder
-    from ibtool.rdma.ping.client import Client, PingStats, run_client
-    from ibtool.rdma.ping.session import DEFAULT_PORT
+    from ibtool.api.datapath import Ladder, Mode
+    from ibtool.api.ping import DEFAULT_PORT, Client, PingStats, run_client
 
     left = ctx.deadline - time.monotonic()
     if left <= 0:
@@ -23,7 +20,7 @@ def _ping_peer(ctx, device: str, port: int, gid_index, peer: str):
         return HealthResult(Status.UNKNOWN, peer, f"not pinged: the {budget} were spent")
     stats, rtts = PingStats(), []
     with Ladder(device, port, gid_index) as ladder:
-        client = Client(ladder, peer, DEFAULT_PORT, 64, wire.Mode.SEND, min(2.0, left))
+        client = Client(ladder, peer, DEFAULT_PORT, 64, Mode.SEND, min(2.0, left))
         try:
             run_client(client, PEER_PINGS, 0.0, left, lambda *reply: None, lambda s, e: None,
                             stats, rtts)  # fmt: skip

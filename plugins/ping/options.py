@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-from ibtool.argtypes import number, parse_size
-from ibtool.errors import CommandFailed, UsageError
-from ibtool.host import parse_selector
-from ibtool.model.records import PortState
-from ibtool.plugin.commands import Invocation
-from ibtool.rdma.wire import MODES
+from ibtool.api import WIRE_MODES as MODES
+from ibtool.api import (
+    CommandFailed,
+    Invocation,
+    PortState,
+    UsageError,
+    number,
+    parse_selector,
+    parse_size,
+)
 
 COMPAT_TOOLS = ("rc_pingpong", "rping")
 MTUS = (256, 512, 1024, 2048, 4096)
@@ -53,7 +57,7 @@ def _bytes(text: str) -> int:
 
 def _network(text: str):
     """--allow: an IPv4 or IPv6 network (CIDR) or address."""
-    from ibtool.rdma.ping.admission import parse_network
+    from ibtool.api.ping import parse_network
 
     try:
         return parse_network(text)
@@ -243,7 +247,7 @@ DEFAULTS = {
 
 def settle(args) -> None:
     """Fill in what the command line left out, by the peer; refuse what cannot work."""
-    from ibtool.rdma.ping.session import MAX_PING_SIZE
+    from ibtool.api.ping import MAX_PING_SIZE
 
     port, size, count, interval, mtu = DEFAULTS[args.compat]
     args.port = port if args.port is None else args.port
@@ -302,7 +306,7 @@ def settle(args) -> None:
 
 
 def _settle_rping(args) -> None:
-    from ibtool.rdma.ping import rping
+    from ibtool.api.ping import RPING_MAX_SIZE, RPING_MIN_SIZE
 
     if args.dev or args.gid_index is not None:
         raise UsageError(
@@ -331,9 +335,9 @@ def _settle_rping(args) -> None:
             f"--compat rping takes no {' or '.join(chosen)}",
             "rdma_cm sets the path of an rping connection from the route to the address",
         )
-    if not args.server and not rping.MIN_SIZE <= args.size <= rping.MAX_SIZE:
+    if not args.server and not RPING_MIN_SIZE <= args.size <= RPING_MAX_SIZE:
         raise UsageError(
-            f"-s {args.size}: an rping ping is {rping.MIN_SIZE}..{rping.MAX_SIZE} bytes",
+            f"-s {args.size}: an rping ping is {RPING_MIN_SIZE}..{RPING_MAX_SIZE} bytes",
             "a stock `rping -s` reads into its own -S buffer (default 64): start it with -S "
             "at least this size",
         )
@@ -369,7 +373,7 @@ LIMITS = ("max_sessions", "max_per_source", "idle_timeout", "max_rate", "max_mem
 
 def server_limits(args):
     """The server's admission.Limits: the options given, the defaults for the others."""
-    from ibtool.rdma.ping.admission import Limits
+    from ibtool.api.ping import Limits
 
     given = {name: getattr(args, name) for name in LIMITS if getattr(args, name) is not None}
     if "allow" in given:
@@ -379,7 +383,7 @@ def server_limits(args):
 
 def path_spec(args):
     """The path the options ask for: service level, traffic class, MTU cap, P_Key index."""
-    from ibtool.rdma.ladder import MTU_CODES, PathSpec
+    from ibtool.api.datapath import MTU_CODES, PathSpec
 
     mtu = MTU_CODES[args.mtu] if args.mtu else None
     ack = getattr(args, "qp_timeout", None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ibtool_plugins.ping.options import path_spec, pick_port, server_limits, settle
 from ibtool_plugins.ping.report import header, ping_and_report
 
-from ibtool.plugin.commands import Invocation
+from ibtool.api import Invocation
 
 
 def run(inv: Invocation) -> int:
@@ -49,7 +49,7 @@ def _facts(inv: Invocation, device: str, port: int, gid_index):
     lock = threading.Lock()
 
     def facts() -> bytes:
-        from ibtool.doctor.facts import collect
+        from ibtool.api.doctor import collect
 
         with lock:
             return collect(inv.host, device, port, gid_index).to_wire()
@@ -58,13 +58,13 @@ def _facts(inv: Invocation, device: str, port: int, gid_index):
 
 
 def _serve(args, device: str, port: int, gid_index, log, pkey, facts) -> None:
-    from ibtool.rdma.ping import pingpong, server  # pyverbs is imported only here
+    from ibtool.api import ping  # pyverbs is imported only here
 
     where = (device, port, gid_index, args.bind, args.port, log, args.max_clients, path_spec(args))
     if args.compat == "rc_pingpong":
-        pingpong.serve(*where, idle=args.timeout, pkey=pkey, limits=server_limits(args))
+        ping.serve_pingpong(*where, idle=args.timeout, pkey=pkey, limits=server_limits(args))
     else:
-        server.serve(*where, pkey=pkey, limits=server_limits(args), facts=facts)
+        ping.serve(*where, pkey=pkey, limits=server_limits(args), facts=facts)
 
 
 def _server_log(inv: Invocation):
@@ -80,11 +80,11 @@ def _server_log(inv: Invocation):
 
 def _rping(inv: Invocation) -> int:
     """--compat rping: librdmacm's rping protocol over rdma_cm, either side."""
-    from ibtool.rdma.ping import rping  # pyverbs is imported only here
+    from ibtool.api import ping  # pyverbs is imported only here
 
     args = inv.args
     if args.server:
-        serve, limits = rping.serve, server_limits(args)
+        serve, limits = ping.serve_rping, server_limits(args)
         return _run_server(
             inv,
             lambda log: serve(
@@ -93,7 +93,7 @@ def _rping(inv: Invocation) -> int:
         )
 
     def open_client(stack):
-        client = rping.Client(args.host, args.port, args.size, args.timeout)
+        client = ping.RpingClient(args.host, args.port, args.size, args.timeout)
         stack.callback(client.close)
         # rdma_cm's own choice of path: an rping connection takes none of ours
         return (client, *_over_rdma_cm(args, client, "rping", None, "compat rping"))
@@ -103,20 +103,20 @@ def _rping(inv: Invocation) -> int:
 
 def _cm(inv: Invocation) -> int:
     """--cm: ibtool's own ping, connected through rdma_cm, either side."""
-    from ibtool.rdma import wire  # pyverbs is imported only here
-    from ibtool.rdma.ping import cmping
+    from ibtool.api import ping  # pyverbs is imported only here
+    from ibtool.api.datapath import MODES
 
     args = inv.args
     if args.server:
-        serve, limits = cmping.serve, server_limits(args)
+        serve, limits = ping.serve_cmping, server_limits(args)
         where, idle = (args.bind, args.port), limits.idle_timeout
         return _run_server(
             inv, lambda log: serve(*where, log, args.max_clients, path_spec(args), idle, limits)
         )
 
     def open_client(stack):
-        mode = wire.MODES[args.mode]
-        client = cmping.Client(
+        mode = MODES[args.mode]
+        client = ping.CmpingClient(
             args.host, args.port, args.size, mode, args.timeout, path_spec(args), args.hw_timestamps
         )
         stack.callback(client.close)
@@ -130,7 +130,7 @@ def _over_rdma_cm(args, client, compat, mode, what: str) -> tuple[str, dict]:
     """The first line and what the report says of the path, for a client that rdma_cm
     connected: `client.used` is the path its QP is on (None: not known); the P_Key is the
     address's, not ibtool's to say."""
-    from ibtool.rdma.ladder import MTU_BYTES
+    from ibtool.api.datapath import MTU_BYTES
 
     header = f"PING {client.server} over rdma_cm ({client.device}): {args.size} bytes, {what}"
     path = dict(compat=compat, cm=True, mode=mode, mtu=None, sl=None, tclass=None)
@@ -149,8 +149,7 @@ def through_lo(host, ladder, target: str) -> str | None:
     (ibtool mesh sets such pairs aside for the same reason). The note, or None."""
     import ipaddress
 
-    from ibtool.errors import IbtoolError
-    from ibtool.model.records import LinkLayer
+    from ibtool.api import IbtoolError, LinkLayer
 
     if ladder.link_layer != LinkLayer.ETHERNET:
         return None  # InfiniBand goes by LID, not by the kernel's routes
@@ -178,11 +177,8 @@ def through_lo(host, ladder, target: str) -> str | None:
 
 def _verbs_client(inv: Invocation, device: str, port: int, gid_index, pkey) -> int:
     """ibtool's own protocol, or --compat rc_pingpong: an RC QP on DEVICE/PORT."""
-    from ibtool.rdma import wire  # pyverbs is imported only here
-    from ibtool.rdma.hwclock import HwClock
-    from ibtool.rdma.ladder import MTU_BYTES, Ladder
-    from ibtool.rdma.ping import client as native
-    from ibtool.rdma.ping import pingpong
+    from ibtool.api import ping  # pyverbs is imported only here
+    from ibtool.api.datapath import MODES, MTU_BYTES, HwClock, Ladder
 
     args = inv.args
     path = path_spec(args)
@@ -191,12 +187,12 @@ def _verbs_client(inv: Invocation, device: str, port: int, gid_index, pkey) -> i
         ladder = stack.enter_context(Ladder(device, port, gid_index))
         hw = HwClock(ladder) if args.hw_timestamps else None
         if args.compat == "rc_pingpong":
-            client = pingpong.PingpongClient(
+            client = ping.PingpongClient(
                 ladder, args.host, args.port, args.size, args.timeout, path, args.count, hw
             )
         else:
-            mode = wire.MODES[args.mode]
-            client = native.Client(
+            mode = MODES[args.mode]
+            client = ping.Client(
                 ladder, args.host, args.port, args.size, mode, args.timeout, path, hw
             )
         stack.callback(client.close)

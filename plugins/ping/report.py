@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import contextlib
 
-from ibtool.errors import IbtoolError, Terminated
-from ibtool.plugin.commands import Invocation
+from ibtool.api import IbtoolError, Invocation, Terminated
 
 
 def ping_and_report(inv: Invocation, open_client) -> int:
     """Ping and report like ping(8). `open_client(stack)` opens the client, pushing its
     close (and that of whatever else it opens) on `stack`, so every way out closes it; it
     gives the client, the first line, and what the report says of the path."""
-    from ibtool.rdma.ping.client import PingStats, run_client
+    from ibtool.api.ping import PingStats, run_client
 
     args = inv.args
     stats, rtts, replies, hw_rtts = PingStats(), [], [], []

@@ -642,7 +642,7 @@ def test_at_the_cap_with_every_connection_busy_new_ones_wait(serve):
 def test_idle_handler_threads_exit(serve, monkeypatch):
     from ibtool.web import server as httpserve
 
-    monkeypatch.setattr(httpserve, "_WORKER_IDLE", 0.2)
+    monkeypatch.setattr(httpserve, "WORKER_IDLE", 0.2)
     before = threading.active_count()
     handler = Blocking()
     server, port = serve(handler=handler, max_requests=4)

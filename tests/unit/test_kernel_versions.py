@@ -356,7 +356,7 @@ def test_probes_ask_nothing_that_could_change_the_kernel(cli, linux):
     kernel = linux(LINUX_6_12)
     cli("-d", "system")
     admin = [(c, a, p) for c, a, p in kernel.requests if c in ADMIN]
-    assert {c for c, _, _ in admin} == set(features._ADMIN)
+    assert {c for c, _, _ in admin} == set(features.ADMIN_COMMANDS)
     # sent without attributes, and on the socket the kernel refuses them on
     assert all(a == {} and not p for _, a, p in admin)
 
@@ -379,7 +379,7 @@ def test_without_an_unprivileged_socket_the_admin_commands_are_unknown(cli, linu
     result = cli("-j", "-d", "system")
     found = result.json["features"]
     unknown = {k for k, f in found.items() if f["supported"] is None}
-    assert unknown == {features.key(A.COMMANDS[c]) for c in features._ADMIN}
+    assert unknown == {features.key(A.COMMANDS[c]) for c in features.ADMIN_COMMANDS}
     assert found["newlink"]["note"].startswith("not probed: no socket without CAP_NET_ADMIN")
     assert found["res-ctx-get"]["supported"] is True
     text = cli("-d", "system").out
@@ -389,7 +389,7 @@ def test_without_an_unprivileged_socket_the_admin_commands_are_unknown(cli, linu
 def test_without_a_device_the_per_device_commands_say_they_were_not_probed(cli, linux):
     linux(LINUX_5_10, devices=[])
     found = cli("-j", "-d", "system").json["features"]
-    per_device = {features.key(A.COMMANDS[c]) for c in features._DEVICE_READS}
+    per_device = {features.key(A.COMMANDS[c]) for c in features.DEVICE_READS}
     assert {k for k, f in found.items() if f["supported"] is None} == per_device
     assert {found[k]["note"] for k in per_device} == {"not probed: no RDMA device to ask about"}
     assert found["res-get"]["supported"] is True and found["newdev"]["supported"] is False

@@ -378,15 +378,7 @@ def test_no_private_name_crosses_a_module():
 
 
 # Tests still reading a private name of ibtool, by file, with why; the list may only shrink.
-MOVING_TOO = "the module it reads is being reworked in this change: its test follows it"
-PRIVATE_IN_TESTS: dict[str, str] = {
-    "tests/unit/test_httpserve.py": MOVING_TOO,
-    "tests/unit/test_kernel_versions.py": MOVING_TOO,
-    "tests/unit/test_loopback_fabric.py": MOVING_TOO,
-    "tests/unit/test_mesh.py": MOVING_TOO,
-    "tests/unit/test_ping_cm_admission.py": MOVING_TOO,
-    "tests/unit/test_system_facts.py": MOVING_TOO,
-}
+PRIVATE_IN_TESTS: dict[str, str] = {}
 
 
 def _private_reads(tree: ast.Module) -> list[str]:
@@ -483,20 +475,7 @@ def test_a_plugin_imports_no_other_plugin_and_reads_the_kernel_only_through_the_
 
 
 # Plugins whose imports still go past ibtool.api, each with why; the list may only shrink.
-MOVING = "its imports move to ibtool.api once this change's work on it is in"
-PAST_THE_API: dict[str, str] = {
-    "ibtool_plugins.doctor": MOVING,
-    "ibtool_plugins.health": MOVING,
-    "ibtool_plugins.loopback": MOVING,
-    "ibtool_plugins.mesh": MOVING,
-    "ibtool_plugins.monitor": MOVING,
-    "ibtool_plugins.ping": MOVING,
-    "ibtool_plugins.ping.health": MOVING,
-    "ibtool_plugins.ping.options": MOVING,
-    "ibtool_plugins.ping.protocols": MOVING,
-    "ibtool_plugins.ping.report": MOVING,
-    "ibtool_plugins.tui": MOVING,
-}
+PAST_THE_API: dict[str, str] = {}
 
 
 def _past_the_api(plugin: str) -> list[str]:

@@ -36,7 +36,7 @@ def infiniband(fake_pyverbs, tmp_path, monkeypatch):
     from tests.unit.conftest import on_live_host
 
     ibtool = on_live_host(sysfs_trees.build("mlx5_ib_hca", tmp_path))
-    monkeypatch.setattr(loopback_plugin, "_ipv4_of", {"ib0": "10.1.0.1"}.get)
+    monkeypatch.setattr(loopback_plugin, "ipv4_of", {"ib0": "10.1.0.1"}.get)
     fabric = fake_pyverbs("rdma-core-56")
     fabric.add_port("mlx5_0", 1, link_layer=1, lid=0x1C, lmc=2, cap_flags=AUTO_PATH_MIG)
     fabric.ipoib["10.1.0.1"] = ("mlx5_0", 1)
@@ -198,7 +198,7 @@ def test_a_kernel_that_cannot_join_such_a_group_is_unsupported(roce):
 
 def test_a_port_without_an_ip_address_cannot_do_multicast(infiniband, monkeypatch):
     fabric, ibtool = infiniband
-    monkeypatch.setattr(loopback_plugin, "_ipv4_of", lambda netdev: None)  # IPoIB unconfigured
+    monkeypatch.setattr(loopback_plugin, "ipv4_of", lambda netdev: None)  # IPoIB unconfigured
     r = ibtool("-j", "loopback", "--ops", "mcast", "--iters", "2")
     assert r.code == 0, r.err
     assert results(r)["mcast"]["error"] == (

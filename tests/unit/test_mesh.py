@@ -517,7 +517,7 @@ def test_local_on_a_host_without_rdma_devices_is_one_error_line(tmp_path, monkey
     from tests.unit.conftest import run_cli
     from tests.unit.fake_host import sysfs_from
 
-    monkeypatch.setattr("ibtool.mesh.last.default_path", lambda env=None: str(tmp_path / "m.json"))
+    monkeypatch.setattr("ibtool.api.mesh.last_path", lambda env=None: str(tmp_path / "m.json"))
     empty = tmp_path / "sys" / "class" / "infiniband"
     empty.mkdir(parents=True)
     r = run_cli(["mesh", "--local"], host_factory=sysfs_from(tmp_path))
@@ -537,18 +537,18 @@ def test_dev_and_exclude_reach_every_node_s_agent(monkeypatch):
     from ibtool_plugins import mesh as plugin
 
     monkeypatch.setenv("SLURM_JOB_NODELIST", "c[1-2]")
-    dev, exclude = plugin._ports("mlx5_[0-7]"), plugin._ports("mlx5_3/1")
+    dev, exclude = plugin.device_ports("mlx5_[0-7]"), plugin.device_ports("mlx5_3/1")
     args = SimpleNamespace(local=False, nodeset=None, srun=True, ibtool="ibtool",
                            dev=dev, exclude=exclude, gid_index=None)  # fmt: skip
-    monkeypatch.setattr("ibtool.mesh.engines.slurm_overlap", lambda srun="srun": False)
+    monkeypatch.setattr("ibtool.api.mesh.slurm_overlap", lambda srun="srun": False)
     monkeypatch.setattr("ibtool.mesh.engines.expand_hostlist", lambda text, srun="srun": ["c1"])
-    _, argv = plugin._engine(SimpleNamespace(args=args))
+    _, argv = plugin.engine_for(SimpleNamespace(args=args))
     assert argv == ["ibtool", "mesh", "--agent", "--dev", "mlx5_[0-7]", "--exclude", "mlx5_3/1"]
     args.gid_index = 3  # the GID the job uses: the agents choose their addresses by it
-    _, argv = plugin._engine(SimpleNamespace(args=args))
+    _, argv = plugin.engine_for(SimpleNamespace(args=args))
     assert argv[-2:] == ["--gid-index", "3"]
     with pytest.raises(argparse.ArgumentTypeError, match="not DEV"):
-        plugin._ports("a/b/c")
+        plugin.device_ports("a/b/c")
 
 
 def test_clustershell_raises_the_open_files_limit_as_clush_does():

@@ -587,11 +587,11 @@ def test_limits_given_to_a_client_are_usage_errors(roce, live_roce):
 
 @pytest.mark.parametrize("over", [["--cm"], ["--compat", "rping"]])
 def test_the_limits_given_reach_the_rdma_cm_servers(roce, live_roce, monkeypatch, over):
-    from ibtool.rdma.ping import cmping, rping
+    from ibtool.api import ping
 
     got = {}
-    monkeypatch.setattr(cmping, "serve", lambda *a: got.update(args=a))
-    monkeypatch.setattr(rping, "serve", lambda *a: got.update(args=a))
+    monkeypatch.setattr(ping, "serve_cmping", lambda *a: got.update(args=a))
+    monkeypatch.setattr(ping, "serve_rping", lambda *a: got.update(args=a))
     r = live_roce(
         "ping", "--server", *over, "--bind", "192.0.2.1", "--allow", "10.0.0.0/8",
         "--max-per-source", "2", "--max-rate", "0.5", "--idle-timeout", "30",
@@ -626,7 +626,7 @@ def test_bad_limits_are_refused_as_the_command_line_is_parsed(live_roce, option,
 
 def test_the_limits_given_reach_the_server(roce, live_roce, monkeypatch):
     got = {}
-    monkeypatch.setattr(ping_server, "serve", lambda *a, **kw: got.update(kw))
+    monkeypatch.setattr("ibtool.api.ping.serve", lambda *a, **kw: got.update(kw))
     r = live_roce(
         "ping", "--server", "--max-sessions", "3", "--max-memory", "2G", "--allow",
         "10.1.2.3/16", "--allow", "fd77::/64", "--idle-timeout", "30",

@@ -650,7 +650,7 @@ def test_a_request_over_the_memory_a_client_may_register_is_refused_before_it_is
 
 def test_an_admitted_requests_slot_and_memory_come_back_when_it_closes():
     listener = SimpleNamespace(source=lambda cmid: cm.Source("192.168.77.2", 40000))
-    gate = cmping.Gate(listener, Limits(), [].append, cmping._asked_memory)
+    gate = cmping.Gate(listener, Limits(), [].append, cmping.asked_memory)
     conn = Held()
     assert gate.admit(conn) is None
     admission: Admission = gate.admission

@@ -894,7 +894,7 @@ def test_a_route_from_a_source_is_asked_as_ip_route_get_from_asks_it():
     body = sock.sent[0][16:]
     family, dst_len, src_len = struct.unpack_from("=BBB", body)
     assert (family, dst_len, src_len) == (socket.AF_INET, 32, 32)
-    attrs = body[rtnetlink._RTMSG.size :]
+    attrs = body[rtnetlink.RTMSG.size :]
     assert attrs == struct.pack("=HH", 8, rtnetlink.RTA_DST) + bytes([10, 99, 0, 2]) + struct.pack(
         "=HH", 8, rtnetlink.RTA_SRC
     ) + bytes([10, 99, 0, 1])

@@ -280,7 +280,7 @@ def _address(source: cm.Source):
     return None if source.address is None else source_of(source.address)
 
 
-def _asked_memory(conn: cm.Connection) -> int:
+def asked_memory(conn: cm.Connection) -> int:
     """The bytes a request's Session would register: its ping size (0 for a request that is
     no ibtool's: _serve_client refuses it, nothing registered)."""
     try:
@@ -315,7 +315,7 @@ def serve(
                 f"in /proc/self/fd (no {cm.RDMA_CM_DEVICE})",
                 "ping over TCP instead (leave --cm out)",
             )
-        gate = Gate(listener, limits, log, _asked_memory)
+        gate = Gate(listener, limits, log, asked_memory)
         log(f"listening on {listener.where} (rdma_cm), {listener.device}")
         serve_clients(
             lambda: listener.request(gate.admit, gate.tick),

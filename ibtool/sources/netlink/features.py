@@ -39,7 +39,7 @@ RDMA_NODE_IB_SWITCH = 2  # a switch's only port is port 0 (rdma_start_port)
 CAP_NET_ADMIN = 12
 
 # Commands asked about something that exists: the first device (and its first port).
-_DEVICE_READS = (
+DEVICE_READS = (
     A.RDMA_NLDEV_CMD_PORT_GET,
     A.RDMA_NLDEV_CMD_RES_QP_GET,
     A.RDMA_NLDEV_CMD_RES_CM_ID_GET,
@@ -52,7 +52,7 @@ _DEVICE_READS = (
     A.RDMA_NLDEV_CMD_STAT_GET_STATUS,
 )
 # RDMA_NL_ADMIN_PERM commands (nldev.c nldev_cb_table).
-_ADMIN = (
+ADMIN_COMMANDS = (
     A.RDMA_NLDEV_CMD_NEWLINK,
     A.RDMA_NLDEV_CMD_DELLINK,
     A.RDMA_NLDEV_CMD_SYS_SET,
@@ -67,8 +67,8 @@ _ADMIN = (
 )
 COMMANDS = sorted(
     (A.RDMA_NLDEV_CMD_GET, A.RDMA_NLDEV_CMD_SYS_GET, A.RDMA_NLDEV_CMD_RES_GET)
-    + _DEVICE_READS
-    + _ADMIN
+    + DEVICE_READS
+    + ADMIN_COMMANDS
 )
 SYS_ATTRIBUTES = tuple(A.SYS_ATTRIBUTE_SINCE)
 NOTES = {
@@ -228,7 +228,7 @@ def probe(
 
     answers[A.RDMA_NLDEV_CMD_GET] = _asked(list_devices)
     answers[A.RDMA_NLDEV_CMD_RES_GET] = _asked(nl.resource_summaries)
-    for command in _DEVICE_READS:
+    for command in DEVICE_READS:
         if not devices:
             answers[command] = (None, "not probed: no RDMA device to ask about")
         elif command == A.RDMA_NLDEV_CMD_STAT_GET_STATUS:
@@ -250,10 +250,10 @@ def _admin_answers(nl, admin) -> dict[int, tuple[bool | None, str | None]]:
         unprivileged = admin(nl)
     except IbtoolError as e:
         why = f"not probed: no socket without CAP_NET_ADMIN to ask on ({e.message})"
-        return dict.fromkeys(_ADMIN, (None, why))
+        return dict.fromkeys(ADMIN_COMMANDS, (None, why))
     try:
         # No attributes: however the kernel answered, no handler could act on it.
-        return {c: _asked(lambda c=c: unprivileged.request(c)) for c in _ADMIN}
+        return {c: _asked(lambda c=c: unprivileged.request(c)) for c in ADMIN_COMMANDS}
     finally:
         if unprivileged is not nl:
             unprivileged.close()
