@@ -274,7 +274,7 @@ def test_the_runner_probes_a_peer_only_on_the_live_host(monkeypatch):
     no peer, or a capture, no probe; the host is given back however the run ends."""
     from ibtool_plugins.tui import doctor_runner
 
-    import ibtool.doctor.run as doctor
+    import ibtool.api.doctor as doctor
 
     seen = []
 
