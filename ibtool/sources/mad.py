@@ -328,13 +328,15 @@ def _sig(fn, restype, argtypes) -> None:
     fn.restype, fn.argtypes = restype, argtypes
 
 
+WIDE = frozenset(n for n in FIELDS if n.endswith("GUID_F") or n == "IB_SMINFO_KEY_F")
+
+
 def field(buf, name: str) -> int:
     """A field of an attribute's data, decoded by libibmad's table (64-bit fields too)."""
-    m = libraries().mad
-    number = F[name]
-    if name.endswith("GUID_F") or name == "IB_SMINFO_KEY_F":
-        return int(m.mad_get_field64(buf, 0, number))
-    return int(m.mad_get_field(buf, 0, number))
+    m = (_loaded or libraries()).mad
+    if name in WIDE:
+        return m.mad_get_field64(buf, 0, F[name])
+    return m.mad_get_field(buf, 0, F[name])
 
 
 @contextlib.contextmanager
