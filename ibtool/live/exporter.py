@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from ibtool.errors import UnsupportedError, UsageError
-from ibtool.views.prometheus import MetricFamily
+from ibtool.views.prometheus import METRIC_TYPES, MetricFamily, exposition
 
 DEFAULT_PORT = 9877
 # exporter-toolkit's --web.max-requests default (node_exporter). Each answer is built from the
@@ -196,7 +196,8 @@ def _build_info() -> MetricFamily:
 
 
 def _client_families(families: list[MetricFamily]):
-    """ibtool's families as prometheus_client's, sample for sample."""
+    """ibtool's families as prometheus_client's, sample for sample: for the OpenMetrics format,
+    which ibtool does not write itself."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     for family in families:
@@ -208,10 +209,24 @@ def _client_families(families: list[MetricFamily]):
         yield out
 
 
-def _named(metric, names: set[str]) -> bool:
-    """Prometheus' `name[]` parameter: a family is wanted when the name is the family's or one
-    of its samples' (a counter `x` exposes `x_total`)."""
-    return metric.name in names or any(s.name in names for s in metric.samples)
+def _process_families(process) -> list[MetricFamily]:
+    """prometheus_client's process_* metrics (its ProcessCollector reads /proc/self) as
+    ibtool's families: a counter and gauges, which is all it collects."""
+    families = []
+    for metric in process.collect():
+        if metric.type not in METRIC_TYPES:
+            continue
+        family = MetricFamily(metric.name, metric.documentation, metric.type)
+        for sample in metric.samples:
+            family.add(sample.labels, sample.value)
+        families.append(family)
+    return families
+
+
+def _named(family: MetricFamily, names: set[str]) -> bool:
+    """Prometheus' `name[]` parameter: a family is wanted when the name is the family's or its
+    samples' (a counter `x` exposes `x_total`)."""
+    return family.name in names or family.exposed_name in names
 
 
 LANDING = """<!DOCTYPE html>
@@ -337,23 +352,35 @@ class Endpoint:
         return Response(200, headers, body)
 
     def metrics(self, accept: str, names: list[str] | None) -> tuple[bytes, str]:
-        from prometheus_client.exposition import choose_encoder
-        from prometheus_client.registry import CollectorRegistry
+        """The answer in the format the scraper asks for (prometheus_client's choice from its
+        Accept header): the text format 0.0.4 from ibtool's encoder, the one its textfiles are
+        written by; OpenMetrics, and the text format 1.0.0 with its name escaping, from
+        prometheus_client's."""
+        from prometheus_client.exposition import choose_encoder, generate_latest
 
-        families = self.latest.snapshot() + _server_families(self.server_stats()) + [self.info]
-        wanted = set(names) if names else None
-        process = self.process
+        families = self.families(names)
+        encoder, content_type = choose_encoder(accept)
+        if encoder is generate_latest:
+            return exposition(families).encode(), content_type
+        from prometheus_client.registry import CollectorRegistry
 
         class Collector:
             def collect(self):
-                for metric in list(_client_families(families)) + list(process.collect()):
-                    if wanted is None or _named(metric, wanted):
-                        yield metric
+                return _client_families(families)
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(Collector())
-        encoder, content_type = choose_encoder(accept)
         return encoder(registry), content_type
+
+    def families(self, names: list[str] | None = None) -> list[MetricFamily]:
+        """What an answer holds: the last poll's families, the server's, the build and the
+        process; only those `names` (Prometheus' `name[]`) asks for, if any."""
+        families = self.latest.snapshot() + _server_families(self.server_stats()) + [self.info]
+        families += _process_families(self.process)
+        if names:
+            wanted = set(names)
+            families = [f for f in families if _named(f, wanted)]
+        return families
 
     @staticmethod
     def _headers(config, content_type: str) -> list[tuple[str, str]]:

@@ -1,7 +1,10 @@
 """Metric families and their Prometheus text exposition.
 
 The Prometheus data model and text exposition format 0.0.4, written exactly as
-prometheus_client's ``generate_latest`` writes them (ibtool does not depend on it for this).
+prometheus_client's ``generate_latest`` writes them. ibtool's one encoder of that format: the
+textfiles (`health --textfile`, the mesh's `--textfile`) are written by it without importing
+prometheus_client, and the exporter answers a text-format scrape with it too (prometheus_client
+is left what ibtool does not write: OpenMetrics, and its process_* metrics).
 """
 
 from __future__ import annotations

@@ -258,6 +258,58 @@ def test_gzip_and_openmetrics_as_the_scraper_asks(served):
     assert body.endswith(b"# EOF\n")
 
 
+def test_the_text_format_is_ibtools_encoder_and_byte_for_byte_prometheus_clients():
+    """One encoder of the text format 0.0.4 in ibtool, the textfiles' (views.prometheus): the
+    exporter answers with it, and its answer, process_* metrics and name[] included, is what
+    prometheus_client's generate_latest writes for the same families. OpenMetrics stays the
+    library's."""
+    from prometheus_client import ProcessCollector, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.registry import CollectorRegistry
+
+    from ibtool.live.exporter import Endpoint, Latest
+
+    latest = Latest()
+    rate = family(3)[0]
+    polls = MetricFamily("ibtool_port_xmit_data", "Bytes sent \\ \n", "counter", "bytes")
+    polls.add({"device": 'mlx5_"0"', "port": "1"}, 1234567.0)
+    latest.store([rate, polls], time.time(), 0.01)
+    stats = {"responses": {200: 3}, "closed": {}, "connections": 1, "in_flight": 1, "accepted": 4}
+    endpoint = Endpoint(latest, lambda: stats)
+    once = list(ProcessCollector(registry=None).collect())  # one reading of /proc/self, kept
+
+    class Process:
+        def collect(self):
+            return iter(once)
+
+    endpoint.process = Process()
+    body, content_type = endpoint.metrics("text/plain;version=0.0.4", None)
+    assert content_type.startswith("text/plain; version=0.0.4")
+    assert "\nprocess_cpu_seconds_total " in body.decode()
+
+    class Theirs:  # the same families as prometheus_client's own, its process_* metrics too
+        def collect(self):
+            for f in endpoint.families():
+                if f.name.startswith("process_"):
+                    continue
+                kind = CounterMetricFamily if f.type == "counter" else GaugeMetricFamily
+                keys = sorted({k for sample in f.samples for k in sample.labels})
+                theirs = kind(f.name, f.documentation, labels=keys)
+                for labels, value in f.samples:
+                    theirs.add_metric([labels[k] for k in keys], value)
+                yield theirs
+            yield from once
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Theirs())
+    assert body == generate_latest(registry)
+    body, _ = endpoint.metrics("", ["ibtool_port_xmit_data_bytes_total", "process_open_fds"])
+    names = {ln.split()[0].split("{")[0] for ln in body.decode().splitlines() if ln[0] != "#"}
+    assert names == {"ibtool_port_xmit_data_bytes_total", "process_open_fds"}
+    body, content_type = endpoint.metrics("application/openmetrics-text;version=1.0.0", None)
+    assert content_type.startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
+
+
 def test_every_kind_of_poll_failure_is_counted(tmp_path):
     """A poll that raises (EMFILE when the process is out of descriptors) and one that could not
     read part of the host (each thing a warning) both count as poll errors."""
