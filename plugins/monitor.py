@@ -57,7 +57,6 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(inv: Invocation) -> None:
-    from ibtool.api import open_host
     from ibtool.api.events import event_json, event_line
     from ibtool.api.live import watching
 
@@ -85,10 +84,7 @@ def run(inv: Invocation) -> None:
         if args.count is not None and shown >= args.count:
             raise _Enough
 
-    def reopen(warn):  # each sysfs poll's host, opened where every face opens one
-        return open_host(inv, warn, details=False).host
-
-    with watching(inv.host, args.interval, reopen) as watch:
+    with watching(inv, args.interval) as watch:
         if watch.note:
             inv.warn(watch.note)
         try:

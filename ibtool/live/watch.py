@@ -16,7 +16,6 @@ import select
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from ibtool.errors import (
     EventsLost,
@@ -28,73 +27,82 @@ from ibtool.errors import (
 from ibtool.model.events import Event, Seen, diff
 
 
-class NetlinkPoller:
-    """Devices and ports from the host's netlink session (GET and PORT_GET dumps)."""
-
-    source = "netlink"
-
-    def __init__(self, session):
-        self.session = session
-
-    def poll(self) -> Seen:
-        devices, ports = self.session.poll_ports()
-        return Seen.of(devices, ports)
+def netlink_seen(host) -> Seen:
+    """Devices (with their kernel index, so that a rename is known) and ports from the host's
+    RDMA netlink session: its GET and PORT_GET dumps."""
+    devices, ports = host.netlink("monitor polls RDMA netlink").poll_ports()
+    return Seen.of(devices, ports)
 
 
-class SysfsPoller:
-    """Devices and ports as sysfs has them (--root's tree, or a host without RDMA netlink),
-    each poll read through a Host of its own (`open_host(warn)`): what the poll before warned
-    about is news again, and cli shows each warning once."""
+def sysfs_seen(host, warn: Callable[[str], None], said: list[str]) -> Seen:
+    """Devices and ports as sysfs has them (--root's tree, or a host without RDMA netlink).
+    `said` holds what the host warned about while reading: a device removed while it was read
+    is left out with its warnings (its unreadable files are no news: the next poll says it is
+    gone); the others' warnings are given to `warn`."""
+    try:
+        names = host.device_names()
+    except NoDevicesError:
+        return Seen({}, {})  # no devices (yet): waiting for some is what monitors do
+    found = {}
+    for name in names:
+        start = len(said)
+        ports = [host.port(name, n) for n in host.port_numbers(name)]
+        found[name] = (ports, said[start:])
+    try:
+        still = set(host.device_names())
+    except NoDevicesError:
+        still = set()
+    devices: dict[str, int | None] = {}
+    seen = []
+    for name, (read, notes) in found.items():
+        if name not in still:
+            continue
+        for message in notes:
+            warn(message)
+        devices[name] = None
+        seen.extend(read)
+    return Seen.of(devices, seen)
 
-    source = "sysfs"
 
-    def __init__(self, open_host: Callable[[Callable[[str], None]], Any], warn):
-        self.open_host = open_host
-        self.warn = warn
+class Poll:
+    """Each poll of a watch, as an Engine face: the Engine opens the poll's host where every
+    face gets one (live.engine.Hosts: the running host anew each time, a --root tree kept) and
+    this reads what a watch compares, by netlink or by sysfs (`source`)."""
 
-    def poll(self) -> Seen:
-        notes: list[str] = []
-        host = self.open_host(notes.append)
-        try:
-            try:
-                names = host.device_names()
-            except NoDevicesError:
-                return Seen({}, {})  # no devices (yet): waiting for some is what monitors do
-            found = {}
-            for name in names:
-                start = len(notes)
-                ports = [host.port(name, n) for n in host.port_numbers(name)]
-                found[name] = (ports, notes[start:])
-            try:
-                still = set(host.device_names())
-            except NoDevicesError:
-                still = set()
-        finally:
-            host.close()
-        devices: dict[str, int | None] = {}
-        ports = []
-        for name, (read, said) in found.items():
-            if name not in still:
-                continue  # removed while being read: its unreadable files are no news
-            for message in said:
+    def __init__(self, engine, source: str, said: list[str], warn: Callable[[str], None]):
+        self.engine, self.source, self.said, self.warn = engine, source, said, warn
+
+    def __call__(self) -> Seen:
+        self.said.clear()
+        return self.engine.poll(read=self._read).extra
+
+    def _read(self, host, ports) -> Seen:
+        if self.source == "netlink":
+            seen = netlink_seen(host)
+            for message in self.said:
                 self.warn(message)
-            devices[name] = None
-            ports.extend(read)
-        return Seen.of(devices, ports)
+            return seen
+        return sysfs_seen(host, self.warn, self.said)
 
 
 class Watch:
-    """A poller, the kernel's event listener where there is one, and what was last seen."""
+    """The polls, the kernel's event listener where there is one, and what was last seen."""
 
     def __init__(
-        self, poller, listener, note: str | None, interval: float, warn, first: Seen | None = None
+        self,
+        poll: Poll,
+        listener,
+        note: str | None,
+        interval: float,
+        warn,
+        first: Seen | None = None,
     ):
-        self.poller = poller
+        self.poll = poll
         self.listener = listener
         self.note = note  # to say once the first poll is done
         self.interval = interval
         self.warn = warn
-        self.last = first if first is not None else poller.poll()
+        self.last = first if first is not None else poll()
 
     def events(self, deadline: float) -> Iterator[Event]:
         """Events as they happen, until `deadline` (time.monotonic())."""
@@ -116,65 +124,67 @@ class Watch:
                     self.warn(f"{e.message}: the next poll reports device changes too")
                     resync = True
             if time.monotonic() >= next_poll:
-                new = self.poller.poll()
+                new = self.poll()
                 devices = not from_kernel or resync
-                yield from diff(self.last, new, self.poller.source, devices=devices)
+                yield from diff(self.last, new, self.poll.source, devices=devices)
                 self.last, resync = new, False
                 next_poll = max(next_poll + self.interval, time.monotonic())
 
 
 @contextmanager
-def watching(
-    host, interval: float, reopen: Callable[[Callable[[str], None]], Any] | None = None
-) -> Iterator[Watch]:
-    """A Watch on the host: netlink polls and kernel events where it has them, sysfs polls
-    (each through a Host of its own, `reopen(warn)`, as the engine reads the running host)
-    where not. Without `reopen`, each is a Host on the same root."""
+def watching(inv, interval: float) -> Iterator[Watch]:
+    """A Watch on the invocation's host: netlink polls and kernel events where it has them,
+    sysfs polls where not, each poll through an Engine (where its host comes from is said by
+    live.engine.hosts_for, as for every face)."""
+    from ibtool.live.engine import Engine, hosts_for
+
+    host, warn = inv.host, inv.warn
     every = f"every {interval:g} s"
+    said: list[str] = []  # what the poll under way's host warned about
+    engine = Engine(hosts_for(inv, said.append), ports=False, counters=False)
 
-    if reopen is None:
-        from ibtool.host import Host
-
-        def reopen(warn: Callable[[str], None]):
-            return Host(root=host.root, warn=warn)
-
-    def sysfs() -> SysfsPoller:
-        return SysfsPoller(reopen, host.warn)
+    def polls(source: str) -> Poll:
+        return Poll(engine, source, said, warn)
 
     try:
-        session = host.netlink("monitor polls RDMA netlink")
-    except NotLiveError:
-        yield Watch(sysfs(), None, None, interval, host.warn)  # a --root tree: sysfs only
-        return
-    poller = NetlinkPoller(session)
-    first = fallback = None
-    try:
-        events = session.system().monitor
-    except IbtoolError as e:
         try:
-            first = poller.poll()  # the session's client opens, or says why it cannot
-        except IbtoolError as opening:
-            fallback = f"monitor events are not supported by this kernel ({opening.message})"
-        else:
-            if not isinstance(e, UnsupportedError):
-                raise
-            events = False  # no SYS_GET: a kernel before 5.2
-    if fallback is not None:
-        yield Watch(sysfs(), None, f"{fallback}; polling sysfs {every}", interval, host.warn)
-        return
-    listener = None
-    note = None
-    try:
-        if not events:
-            note = f"monitor events are not supported by this kernel (needs 6.12); polling {every}"
-        else:
-            # Joined before the first poll: a change between the two is in one or the other.
+            session = host.netlink("monitor polls RDMA netlink")
+        except NotLiveError:
+            yield Watch(polls("sysfs"), None, None, interval, warn)  # a --root tree: sysfs only
+            return
+        first = fallback = None
+        try:
+            events = session.system().monitor
+        except IbtoolError as e:
             try:
-                listener = session.event_listener()
-            except IbtoolError as e:
-                hint = f" ({e.hint})" if e.hint else ""
-                note = f"no monitor events: {e.message}{hint}; polling {every}"
-        yield Watch(poller, listener, note, interval, host.warn, first)
+                first = polls("netlink")()  # the session's client opens, or says why it cannot
+            except IbtoolError as opening:
+                fallback = f"monitor events are not supported by this kernel ({opening.message})"
+            else:
+                if not isinstance(e, UnsupportedError):
+                    raise
+                events = False  # no SYS_GET: a kernel before 5.2
+        if fallback is not None:
+            note = f"{fallback}; polling sysfs {every}"
+            yield Watch(polls("sysfs"), None, note, interval, warn)
+            return
+        listener = None
+        note = None
+        try:
+            if not events:
+                note = (
+                    f"monitor events are not supported by this kernel (needs 6.12); polling {every}"
+                )
+            else:
+                # Joined before the first poll: a change between the two is in one or the other.
+                try:
+                    listener = session.event_listener()
+                except IbtoolError as e:
+                    hint = f" ({e.hint})" if e.hint else ""
+                    note = f"no monitor events: {e.message}{hint}; polling {every}"
+            yield Watch(polls("netlink"), listener, note, interval, warn, first)
+        finally:
+            if listener is not None:
+                listener.close()
     finally:
-        if listener is not None:
-            listener.close()
+        engine.hosts.close()

@@ -550,32 +550,43 @@ def test_on_this_host_without_rdma_netlink_it_polls_sysfs():
 # -- the sysfs poll, through a Host of its own ---------------------------------------------------
 
 
-def test_the_sysfs_poll_reads_through_the_host_and_a_device_removed_while_read_is_no_news(
+def test_the_sysfs_poll_reads_through_the_engine_and_a_device_removed_while_read_is_no_news(
     tmp_path,
 ):
     from ibtool.host import Host
-    from ibtool.live.watch import SysfsPoller
+    from ibtool.live.engine import Engine, Hosts
+    from ibtool.live.watch import Poll
 
     root = sysfs_trees.build("mlx5_ib_hca", tmp_path / "root")
     link = root / "sys/class/infiniband/mlx5_0"
     state = link / "ports/1/state"
     warned: list[str] = []
+    said: list[str] = []
     removing = []
+    opened = []
 
     class Vanishing(Host):
         def port_numbers(self, device):
             numbers = super().port_numbers(device)
+            self.warn(f"{device}: cannot read a file")
             if removing:
-                self.warn(f"{device}: cannot read a file")
                 link.rename(link.with_name("gone"))  # unregistered half-way through the read
             return numbers
 
-    poller = SysfsPoller(lambda warn: Vanishing(root=str(root), warn=warn), warned.append)
-    first = poller.poll()
+    def make():
+        opened.append(1)
+        return Vanishing(root=str(root), warn=said.append)
+
+    engine = Engine(Hosts(make, live=True), ports=False, counters=False)
+    poll = Poll(engine, "sysfs", said, warned.append)
+    first = poll()
     assert list(first.devices) == ["mlx5_0"]
+    assert warned == ["mlx5_0: cannot read a file"]  # a device still there: its warnings given
     state.write_text("1: DOWN\n")
-    events = diff(first, poller.poll(), poller.source)
+    events = diff(first, poll(), poll.source)
     assert [(e.event, e.device, e.source) for e in events] == [("port_state", "mlx5_0", "sysfs")]
     removing.append(True)
-    assert poller.poll().devices == {}
+    warned.clear()
+    assert poll().devices == {}
     assert warned == []  # what the removed device could not give is not warned about
+    assert len(opened) == 3  # the running host: anew at every poll, as the Engine opens it
