@@ -5,7 +5,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from ibtool.model.fabric import Fabric, FabricNode, Link, LinkEnd, NodeType
+from ibtool.model.fabric import (
+    WIDTHS,
+    Fabric,
+    FabricNode,
+    Link,
+    LinkEnd,
+    LinkFinding,
+    NodeType,
+    Norm,
+    judge_links,
+    names_of,
+    tier,
+    up,
+)
+from ibtool.model.health import Status
+from ibtool.model.names import escaped
 from ibtool.views import render
 
 
@@ -121,4 +136,124 @@ def as_json(fabric: Fabric) -> dict[str, Any]:
             for lk in links_in_order(fabric)
         ],
         "unanswered": list(fabric.unanswered),
+    }
+
+
+# -- `ibtool fabric links`: each link against its ends and its tier's norm -----------------------
+
+
+def _cable(lk: Link) -> str:
+    return f"{_name(lk.a)} <-> {_name(lk.b)}"
+
+
+def _enabled(p) -> str:
+    """A port's enabled widths and speeds, as `4X SDR,DDR` (what it may train at)."""
+    widths = "/".join(names_of(p.width_enabled, WIDTHS)) or "?"
+    speeds = ",".join(p.speed.enabled_names()) or "?"
+    return f"{widths} {speeds}"
+
+
+def _key(lk: Link) -> tuple[int, int, int, int]:
+    return (lk.a.node.guid, lk.a.port.number, lk.b.node.guid, lk.b.port.number)
+
+
+def _by_link(findings: list[LinkFinding]) -> dict[tuple[int, int, int, int], list[LinkFinding]]:
+    found: dict[tuple[int, int, int, int], list[LinkFinding]] = {}
+    for f in findings:
+        found.setdefault(_key(f.link), []).append(f)
+    return found
+
+
+def links_checked(fabric: Fabric) -> tuple[list[Link], dict[str, Norm], list[LinkFinding]]:
+    """The links in order, their tiers' norms and their findings, worst first."""
+    links = links_in_order(fabric)
+    norms, findings = judge_links(links)
+    findings.sort(key=lambda f: -int(f.status == Status.CRITICAL))
+    return links, norms, findings
+
+
+def links_status(findings: list[LinkFinding]) -> Status:
+    return Status.worst(f.status for f in findings)
+
+
+Checked = "tuple[list[Link], dict[str, Norm], list[LinkFinding]]"
+
+
+def links_text(fabric: Fabric, checked: Checked | None = None) -> list[str]:
+    links, norms, findings = checked or links_checked(fabric)
+    found = _by_link(findings)
+
+    def check(lk: Link) -> str:
+        first = found.get(_key(lk))
+        if not first:
+            return "ok" if up(lk) else "-"
+        return f"{first[0].status.name} {first[0].kind}"
+
+    fields = [
+        *LINK_FIELDS,
+        render.Field("enabled_a", lambda lk: _enabled(lk.a.port), header="ENABLED A"),
+        render.Field("enabled_b", lambda lk: _enabled(lk.b.port), header="ENABLED B"),
+        render.Field("check", check, header="CHECK"),
+    ]
+    said = ", ".join(f"{t} {n.width} {n.speed} ({n.count} of {n.of})" for t, n in norms.items())
+    lines = [
+        f"{len(links)} links through {fabric.ca}/{fabric.ca_port}; "
+        + (f"the norm: {said}" if said else "no tier has enough links for a norm"),
+        "",
+    ]
+    lines += render.table(links, fields, False)
+    lines.append("")
+    for f in findings:
+        lines.append(escaped(f"{f.status.name} {_cable(f.link)}: {f.what}"))
+        lines.append(escaped(f"  fix: {f.fix}"))
+    if findings:
+        cables = len({_cable(f.link) for f in findings})
+        lines.append(f"{cables} of {len(links)} links need attention")
+    else:
+        lines.append("every link runs at what both its ends enable and its tier's norm")
+    return lines
+
+
+def links_json(fabric: Fabric, checked: Checked | None = None) -> dict[str, Any]:
+    links, norms, findings = checked or links_checked(fabric)
+    found = _by_link(findings)
+
+    def end(e: LinkEnd) -> dict[str, Any]:
+        p = e.port
+        return {
+            **_end(e),
+            "width_enabled": list(names_of(p.width_enabled, WIDTHS)),
+            "width_supported": list(names_of(p.width_supported, WIDTHS)),
+            "speed_enabled": list(p.speed.enabled_names()),
+            "speed_supported": list(p.speed.supported_names()),
+        }
+
+    return {
+        "via": {"ca": fabric.ca, "port": fabric.ca_port},
+        "status": links_status(findings).name,
+        "norms": {
+            t: {"width": n.width, "speed": n.speed, "links": n.count, "of": n.of}
+            for t, n in norms.items()
+        },
+        "links": [
+            {
+                "a": end(lk.a),
+                "b": end(lk.b),
+                "tier": tier(lk),
+                "width": lk.a.port.width,
+                "speed": lk.a.port.speed.active_name(),
+                "state": lk.a.port.state.label if lk.a.port.state else None,
+                "findings": [
+                    {
+                        "status": f.status.name,
+                        "kind": f.kind,
+                        "what": f.what,
+                        "fix": f.fix,
+                        "end": None if f.end is None else "ab"[f.end],
+                    }
+                    for f in found.get(_key(lk), [])
+                ],
+            }
+            for lk in links
+        ],
     }

@@ -10,6 +10,13 @@ from tests.fabric.ibsim import SimFabric, fat_tree, missing
 
 # Two leaves of three HCAs and two spines: the small tree most tests read.
 SMALL = fat_tree(2, 3, 2)
+# The small tree with two cables at 1X: leaf01/1 <-> node001 (both ends enable only 1X, as a
+# cable left at 1X by its ends' settings is) and leaf01/2 <-> node002 (the switch end enables
+# only 1X, the HCA 1X and 4X). ibsim trains a link at what both ends enable.
+NARROW = fat_tree(
+    2, 3, 2,
+    widths={("leaf01", 1): 1, ("node001 mlx5_0", 1): 1, ("leaf01", 2): 1, ("node002 mlx5_0", 1): 3},
+)  # fmt: skip
 # ibsim's own example (net-examples/net.2sw2path4hca, two-port HCAs with a port left dark,
 # switches with ports down) in its format, with a node description a hostile capture would use.
 ODD = """Switch\t8 "Switch1"
@@ -51,6 +58,13 @@ def _need_the_simulator() -> None:
 def small(tmp_path_factory):
     _need_the_simulator()
     with SimFabric(SMALL, tmp_path_factory.mktemp("small")) as fabric:
+        yield fabric
+
+
+@pytest.fixture(scope="session")
+def narrow(tmp_path_factory):
+    _need_the_simulator()
+    with SimFabric(NARROW, tmp_path_factory.mktemp("narrow")) as fabric:
         yield fabric
 
 

@@ -46,3 +46,29 @@ def ports(text: str) -> list[tuple]:
         far = (ft, int(flid), int(fport), "0x" + fguid) if ft else None
         found.append((t, int(lid), int(port), "0x" + guid, width, speed, far))
     return found
+
+
+# iblinkinfo --line: "0x... "  node005 mlx5_0"  9  1[  ] ==( 4X  2.5 Gbps Active/  LinkUp)==>
+# 0x...  6  2[  ] "leaf02" ( ... )"; a lane's rate as it prints it (ibdiag_common.c)
+_LINE = re.compile(
+    r'^0x([0-9a-f]{16})\s+".*?"\s+(\d+)\s+(\d+)\[.*?\]\s+==\(\s*(\d+X)\s+([\d.]+) Gbps\s+'
+    r"(\w+)/\s*(\w+)\)==>\s+0x([0-9a-f]{16})\s+(\d+)\s+(\d+)\["
+)
+LANE_SPEEDS = {
+    "2.5": "SDR", "5.0": "DDR", "10.0": "QDR", "14.0625": "FDR", "25.78125": "EDR",
+    "53.125": "HDR", "106.25": "NDR", "212.5": "XDR",
+}  # fmt: skip
+
+
+def linkinfo(text: str) -> dict[tuple[str, int], tuple]:
+    """(port GUID, port) -> (width, speed name, state, far (port GUID, port)) of every port
+    with a link in `iblinkinfo --line`."""
+    found = {}
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m:
+            guid, _, port, width, gbps, state, _, fguid, _, fport = m.groups()
+            found["0x" + guid, int(port)] = (
+                width, LANE_SPEEDS[gbps], state.upper(), ("0x" + fguid, int(fport))
+            )  # fmt: skip
+    return found

@@ -115,6 +115,57 @@ def test_an_uplink_unlinked_is_gone_from_both_answers_and_back_when_relinked(sma
             assert time.monotonic() < deadline, "the cable did not come back"
 
 
+@pytest.mark.parametrize("fabric", ["small", "narrow", "odd"])
+def test_each_links_width_and_speed_are_iblinkinfos_at_both_ends(fabric, request):
+    sim = request.getfixturevalue(fabric)
+    r = ibtool(sim, "-j", "fabric", "links")
+    assert r.returncode in (0, 1), r.stderr
+    ours = json.loads(r.stdout)
+    theirs = oracle.linkinfo(diags(sim, "iblinkinfo", "--line"))
+    assert len(theirs) == 2 * len(ours["links"])
+    for lk in ours["links"]:
+        for near, far in (("a", "b"), ("b", "a")):
+            width, speed, state, other = theirs[lk[near]["port_guid"], lk[near]["port"]]
+            assert (lk["width"], lk["speed"], lk["state"]) == (width, speed, state)
+            assert other == (lk[far]["port_guid"], lk[far]["port"])
+
+
+def test_a_fabric_whose_links_all_run_at_their_norm_says_so_exit_0(small):
+    r = ibtool(small, "fabric", "links")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == (
+        "10 links through ibsim0/0; the norm: switch-to-CA 4X SDR (6 of 6), "
+        "switch-to-switch 4X SDR (4 of 4)"
+    )
+    assert lines[-1] == "every link runs at what both its ends enable and its tier's norm"
+    assert all(line.endswith(" ok") for line in lines[3:-2])
+
+
+def test_a_cable_at_1x_and_an_end_set_narrow_are_named_both_ends_and_nothing_else(narrow):
+    r = ibtool(narrow, "-j", "fabric", "links")
+    assert r.returncode == 1, r.stderr  # Nagios' WARNING
+    ours = json.loads(r.stdout)
+    assert ours["status"] == "WARNING"
+    assert ours["norms"]["switch-to-CA"] == {"width": "4X", "speed": "SDR", "links": 4, "of": 6}
+    named = {
+        (lk["a"]["node"], lk["a"]["port"], lk["b"]["node"], f["kind"], f["end"])
+        for lk in ours["links"]
+        for f in lk["findings"]
+    }
+    assert named == {
+        ("leaf01", 1, "node001 mlx5_0", "below_norm", None),
+        ("leaf01", 2, "node002 mlx5_0", "width_enabled_below", "a"),
+    }
+    text = ibtool(narrow, "fabric", "links")
+    assert text.returncode == 1
+    assert (
+        "WARNING leaf01/2 <-> node002 mlx5_0/1: leaf01/2 enables at most 1X; it supports 4X "
+        "and node002 mlx5_0/1 enables it"
+    ) in text.stdout.splitlines()
+    assert text.stdout.splitlines()[-1] == "2 of 10 links need attention"
+
+
 def test_an_unknown_port_to_scan_through_is_named_with_the_ports_there_are(small):
     r = ibtool(small, "fabric", "--via", "mlx5_9")
     assert (r.returncode, r.stdout) == (4, "")
