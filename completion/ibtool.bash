@@ -44,7 +44,7 @@ _ibtool_options() {
         dev) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
         doctor) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --dev --port --compat --gid-index --tclass -c --count --size --timeout --no-probe --pid) ;;
         exporter) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --listen --interval --config --skip --web.max-requests --web.config.file) ;;
-        fabric) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --via --timeout --retries --max-smps) ;;
+        fabric) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --thresholds --state --no-state --via --timeout --retries --max-smps) ;;
         gids) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --type --netdev --ip --port --best) ;;
         health) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --config --state --no-state --lock-wait --check --skip --datapath --textfile --slurm-drain -v --verbose --list --print-nhc) ;;
         loopback) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --ops --size --iters --gid-index --pkey-index --timeout --depth --sl --qkey) ;;
@@ -86,7 +86,7 @@ _ibtool_value() {
         'exporter --snapshot'|'exporter --config'|'exporter --web.config.file') _ibtool_kind=file ;;
         'exporter --snapshot-limit'|'exporter --listen'|'exporter --interval'|'exporter --skip'|'exporter --web.max-requests') _ibtool_kind=none ;;
         'fabric --root') _ibtool_kind=dir ;;
-        'fabric --snapshot') _ibtool_kind=file ;;
+        'fabric --snapshot'|'fabric --thresholds'|'fabric --state') _ibtool_kind=file ;;
         'fabric --snapshot-limit'|'fabric --timeout'|'fabric --retries'|'fabric --max-smps') _ibtool_kind=none ;;
         'fabric --via') _ibtool_kind=devport ;;
         'gids --root') _ibtool_kind=dir ;;
@@ -162,7 +162,7 @@ _ibtool_positional() {
             esac ;;
         fabric)
             case $2 in
-                0) _ibtool_kind=none _ibtool_r=(links) ;;
+                0) _ibtool_kind=none _ibtool_r=(links errors) ;;
                 *) (( $2 > 0 )) && _ibtool_kind=none ;;
             esac ;;
         gids)

@@ -32,7 +32,7 @@ from ibtool.sources.sysfs.rooted import RootedFiles
 from ibtool.sources.sysfs.stack import StackFiles, module_sign
 
 if TYPE_CHECKING:  # a scan's records are loaded only by a scan
-    from ibtool.model.fabric import Bounds, Fabric
+    from ibtool.model.fabric import Bounds, Fabric, PortCounters
 
 # What `ibtool port` shows without -d: state, rate, LIDs and the netdev, all from sysfs.
 PORT_SHOWN = PORT_FIELDS + PORT_NETDEV
@@ -568,3 +568,31 @@ class Host:
         mad.check_access(self.warn)
         start = mad.choose_port(mad.local_ports(self.warn), ca, port)
         return mad.discover(start, bounds or Bounds(), self.warn)
+
+    def fabric_counters(
+        self, fabric: Fabric, bounds: Bounds | None = None
+    ) -> tuple[list[PortCounters], list[str]]:
+        """The PMA counters of every port of a scanned fabric that ibqueryerrors reads, asked
+        through the port the scan went out from; and what did not answer, named (a node whose
+        PMA did not answer is not asked again for its other ports)."""
+        from ibtool.model.fabric import Bounds, PortCounters
+        from ibtool.sources import mad
+
+        start = mad.choose_port(mad.local_ports(self.warn), fabric.ca, fabric.ca_port)
+        wanted = fabric.counter_ports()
+        got, dead = mad.port_counters(
+            start, [(lid, port) for _, port, lid in wanted], bounds or Bounds(), self.warn
+        )
+        found, silent = [], {}
+        for node, port, lid in wanted:
+            q = got.get((lid, port))
+            if q is not None:
+                found.append(PortCounters(node.guid, port, lid, q.values, q.bits))
+            elif lid in dead:
+                silent.setdefault(lid, [node, 0])[1] += 1
+        unanswered = [
+            f"{node.description} (LID {lid}): its performance agent did not answer; "
+            f"{count} port{'s' if count != 1 else ''} not read"
+            for lid, (node, count) in silent.items()
+        ]
+        return found, unanswered

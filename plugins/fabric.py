@@ -1,23 +1,45 @@
 """`ibtool fabric`: the InfiniBand subnet beyond this host, discovered with MADs through
 rdma-core's libibnetdisc: every switch, channel adapter and router, and every link with both
 ends, as ibnetdiscover finds them; `links`: each link against what its ends enable and its
-tier's norm."""
+tier's norm; `errors`: every port's error counters over their thresholds, with the cable's
+other end and their growth since the last run."""
 
 from __future__ import annotations
 
+import time
+
 from ibtool.api import Invocation, UsageError, hookimpl, number
 
-USAGE = "ibtool fabric [links] [--via DEV[/PORT]]"
-ACTIONS = ("links",)
+USAGE = "ibtool fabric [links | errors] [--via DEV[/PORT]]"
+ACTIONS = ("links", "errors")
+STATE_CHECK = "fabric_errors"  # its entry in the state file
 
 
 def _configure(parser) -> None:
     parser.add_argument(
         "words",
         nargs="*",
-        metavar="links",
-        help="links: each link's width and speed against its ends and its tier's norm "
-        "(default: the subnet's nodes and links)",
+        metavar="links | errors",
+        help="links: each link's width and speed against its ends and its tier's norm; "
+        "errors: each port's error counters over their thresholds (default: the subnet's "
+        "nodes and links)",
+    )
+    parser.add_argument(
+        "--thresholds",
+        metavar="FILE",
+        help="errors: the thresholds, in infiniband-diags' error_thresholds format (default: "
+        "/etc/infiniband-diags/error_thresholds where it exists, else none: any error counts)",
+    )
+    parser.add_argument(
+        "--state",
+        metavar="FILE",
+        help="errors: where the counters are kept between runs (default: "
+        "/var/lib/ibtool/fabric.json as root)",
+    )
+    parser.add_argument(
+        "--no-state",
+        action="store_true",
+        help="errors: keep no state (every counter over its threshold counts)",
     )
     parser.add_argument(
         "--via",
@@ -57,9 +79,20 @@ def run(inv: Invocation) -> int:
     bounds = Bounds(
         max_smps=inv.args.max_smps, timeout_ms=inv.args.timeout, retries=inv.args.retries
     )
+    errors = words == ["errors"]
+    if not errors:
+        given = [o for o, v in (("--thresholds", inv.args.thresholds), ("--state", inv.args.state),
+                                ("--no-state", inv.args.no_state)) if v]  # fmt: skip
+        if given:
+            raise UsageError(f"{given[0]} is for ibtool fabric errors", USAGE)
+    elif inv.args.state and inv.args.no_state:
+        raise UsageError("--state and --no-state: one or the other", USAGE)
+    thresholds = _thresholds(inv.args.thresholds) if errors else None
     fabric = inv.host.fabric(inv.args.via, bounds)
     for line in fabric.unanswered:
         inv.warn(line)
+    if errors:
+        return _errors(inv, fabric, bounds, *thresholds)
     if words == ["links"]:
         checked = view.links_checked(fabric)
         if inv.json:
@@ -74,6 +107,89 @@ def run(inv: Invocation) -> int:
     for line in view.text(fabric):
         inv.print(line)
     return 0
+
+
+def _thresholds(path: str | None) -> tuple[dict[str, int], str | None, str]:
+    """(thresholds, the file they came from, how to say where they came from)."""
+    from ibtool.api import DataError, UsageError
+    from ibtool.api.fabric import THRESHOLDS_FILE, THRESHOLDS_MAX, parse_thresholds
+    from ibtool.api.health import NotAFile, read_bounded
+
+    given = path is not None
+    path = path or THRESHOLDS_FILE
+    try:
+        raw = read_bounded(path, THRESHOLDS_MAX)
+    except FileNotFoundError:
+        if given:
+            raise UsageError(f"--thresholds {path}: no such file") from None
+        return {}, None, "none (any error counts, as ibqueryerrors without its file)"
+    except NotAFile as e:
+        raise DataError(f"thresholds {path}: {e.what}") from None
+    except OSError as e:
+        raise DataError(f"thresholds {path}: {e.strerror or e}") from None
+    try:
+        values = parse_thresholds(raw.decode("utf-8", "replace"), path)
+    except ValueError as e:
+        raise DataError(str(e), "infiniband-diags' format: Name=value, one a line") from None
+    return values, path, path if values else f"{path} (none set: any error counts)"
+
+
+def _errors(inv: Invocation, fabric, bounds, thresholds, thresholds_file, said) -> int:
+    from ibtool.api.fabric import judge_counters, view
+    from ibtool.api.health import StateFile, state_path
+
+    ports, unanswered = inv.host.fabric_counters(fabric, bounds)
+    for line in unanswered:
+        inv.warn(line)
+    if inv.args.no_state:
+        findings = judge_counters(ports, thresholds, None)
+        baseline = "no state kept: every counter over its threshold counts"
+    else:
+        state = StateFile(inv.args.state or state_path(name="fabric.json"), "ibtool fabric errors")
+        with state.locked(10.0):
+            saved = state.load()
+            if saved.problem:
+                inv.warn(saved.problem)
+            data, _, when = saved.of(STATE_CHECK)
+            before = _kept(data)
+            findings = judge_counters(ports, thresholds, before)
+            now = time.time()
+            kept = {f"{pc.node:#x}:{pc.port}": pc.values for pc in ports}
+            state.save({STATE_CHECK: {"data": {"ports": kept}, "time": now}})
+        if before is None:
+            baseline = "first run: baseline taken"
+        else:
+            ago = f", {now - when:.0f} s ago" if isinstance(when, (int, float)) else ""
+            baseline = f"compared with the last run{ago}"
+    if inv.json:
+        inv.emit_json(
+            view.errors_json(
+                fabric, ports, findings, unanswered, thresholds, thresholds_file, baseline
+            )
+        )
+    else:
+        for line in view.errors_text(fabric, ports, findings, unanswered, said, baseline):
+            inv.print(line)
+    return int(view.errors_status(findings, unanswered))
+
+
+def _kept(data) -> dict[tuple[int, int], dict[str, int]] | None:
+    """The counters the last run kept, as far as they are what this command writes."""
+    ports = data.get("ports") if isinstance(data, dict) else None
+    if not isinstance(ports, dict):
+        return None
+    found = {}
+    for key, values in ports.items():
+        guid, _, port = key.partition(":") if isinstance(key, str) else ("", "", "")
+        try:
+            where = (int(guid, 16), int(port))
+        except ValueError:
+            continue
+        if isinstance(values, dict):
+            found[where] = {
+                k: v for k, v in values.items() if isinstance(v, int) and not isinstance(v, bool)
+            }
+    return found
 
 
 @hookimpl

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ibtool.errors import (
     CommandFailed,
+    DataError,
     IbtoolError,
     NoDevicesError,
     NotFoundError,
@@ -152,6 +153,7 @@ __all__ = [
     "CheckContext",
     "CommandFailed",
     "CounterSample",
+    "DataError",
     "Device",
     "Gid",
     "GidType",

@@ -1,9 +1,36 @@
 """The InfiniBand fabric: a scan's bounds (Bounds) and records (Fabric, its nodes, ports and
-links), and their text and JSON (view). The scan itself is the Host's: ``host.fabric()``."""
+links, ports' counters), the error thresholds (parse_thresholds, judge_counters), and their
+text and JSON (view). The scan itself is the Host's: ``host.fabric()``, and
+``host.fabric_counters()`` for its ports' counters."""
 
 from __future__ import annotations
 
-from ibtool.model.fabric import Bounds, Fabric, FabricNode, FabricPort, Link, NodeType
+from ibtool.model.fabric import (
+    THRESHOLDS_FILE,
+    THRESHOLDS_MAX,
+    Bounds,
+    Fabric,
+    FabricNode,
+    FabricPort,
+    Link,
+    NodeType,
+    PortCounters,
+    judge_counters,
+    parse_thresholds,
+)
 from ibtool.views import fabric as view
 
-__all__ = ["Bounds", "Fabric", "FabricNode", "FabricPort", "Link", "NodeType", "view"]
+__all__ = [
+    "THRESHOLDS_FILE",
+    "THRESHOLDS_MAX",
+    "Bounds",
+    "Fabric",
+    "FabricNode",
+    "FabricPort",
+    "Link",
+    "NodeType",
+    "PortCounters",
+    "judge_counters",
+    "parse_thresholds",
+    "view",
+]

@@ -1,10 +1,13 @@
 """`ibtool health`: the run's report (failed, as_json, nagios, unknown, status_families), the
 config (load_config) and the checks it selects, the state file kept between runs (StateFile,
-boot_id, state_path), the Slurm drain (apply_slurm) and the textfile collector's files."""
+boot_id, state_path), a bounded read of a small file (read_bounded, NotAFile), the Slurm
+drain (apply_slurm) and the textfile collector's files."""
 
 from __future__ import annotations
 
 from ibtool.health.config import load_config
+from ibtool.health.files import NotAFile
+from ibtool.health.files import read as read_bounded
 from ibtool.health.run import as_json, failed, nagios, select_checks, status_families, unknown
 from ibtool.health.slurm import apply as apply_slurm
 from ibtool.health.state import StateFile, boot_id
@@ -12,6 +15,7 @@ from ibtool.health.state import default_path as state_path
 from ibtool.health.textfile import check_path, collected, write_text, write_textfile
 
 __all__ = [
+    "NotAFile",
     "StateFile",
     "apply_slurm",
     "as_json",
@@ -21,6 +25,7 @@ __all__ = [
     "failed",
     "load_config",
     "nagios",
+    "read_bounded",
     "select_checks",
     "state_path",
     "status_families",

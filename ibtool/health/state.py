@@ -32,13 +32,14 @@ class StateLocked(IbtoolError):
     """Another run holds the state file's lock past the wait."""
 
 
-def default_path(env=os.environ) -> str:
+def default_path(env=os.environ, name: str = "health.json") -> str:
     """/var/lib/ibtool/health.json for root; $XDG_STATE_HOME/ibtool/health.json (or
-    ~/.local/state/...) for anyone else, who cannot write /var/lib."""
+    ~/.local/state/...) for anyone else, who cannot write /var/lib. `name`: another file of
+    the same directory (`ibtool fabric errors` keeps fabric.json)."""
     if os.geteuid() == 0:
-        return "/var/lib/ibtool/health.json"
+        return f"/var/lib/ibtool/{name}"
     base = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(base, "ibtool", "health.json")
+    return os.path.join(base, "ibtool", name)
 
 
 def boot_id(root: str = "/") -> str | None:
@@ -98,8 +99,9 @@ class Kept:
 
 
 class StateFile:
-    def __init__(self, path: str):
+    def __init__(self, path: str, owner: str = "ibtool health"):
         self.path = path
+        self.owner = owner  # who keeps it, as messages name it
 
     @contextlib.contextmanager
     def locked(self, wait: float, clock=time.monotonic, sleep=time.sleep) -> Iterator[None]:
@@ -145,7 +147,7 @@ class StateFile:
                         raise _os_error(e, lock) from None
                     if clock() >= deadline:
                         raise StateLocked(
-                            f"state {self.path} is locked by another ibtool health run "
+                            f"state {self.path} is locked by another {self.owner} run "
                             f"(waited {wait:g} s)",
                             "a run still going: is a device slow to answer? see --lock-wait",
                         ) from None
@@ -176,7 +178,7 @@ class StateFile:
                 "starting a new baseline"
             )
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            return Saved(problem=f"state {self.path} is not an ibtool health state: replaced")
+            return Saved(problem=f"state {self.path} is not an {self.owner} state: replaced")
         if data.get("version") != VERSION or not isinstance(data.get("checks"), dict):
             return Saved(problem=f"state {self.path} has another format version: replaced")
         return Saved(data["checks"])

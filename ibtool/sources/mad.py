@@ -86,6 +86,34 @@ FIELDS = {
     "IB_PORT_LINK_SPEED_EXT_ENABLED_F": 326,
 }
 F = FIELDS
+# PortCounters (attribute 0x12) and PortCountersExtended (0x1D), IBTA 16.1.3.5 and 16.1.4.11:
+# each counter by its name (libibmad's mad_field_name), with its MAD_FIELDS number in
+# PortCounters, its width there in bits (it saturates at all ones) and its number in
+# PortCountersExtended (the 64-bit one, where the port has it; 0: none).
+PORT_COUNTERS = {
+    "SymbolErrorCounter": (123, 16, 644),
+    "LinkErrorRecoveryCounter": (124, 8, 645),
+    "LinkDownedCounter": (125, 8, 646),
+    "PortRcvErrors": (126, 16, 647),
+    "PortRcvRemotePhysicalErrors": (127, 16, 648),
+    "PortRcvSwitchRelayErrors": (128, 16, 649),
+    "PortXmitDiscards": (129, 16, 650),
+    "PortXmitConstraintErrors": (130, 8, 651),
+    "PortRcvConstraintErrors": (131, 8, 652),
+    "LocalLinkIntegrityErrors": (133, 4, 653),
+    "ExcessiveBufferOverrunErrors": (134, 4, 654),
+    "VL15Dropped": (135, 16, 655),
+    "PortXmitData": (136, 32, 196),
+    "PortRcvData": (137, 32, 197),
+    "PortXmitPkts": (138, 32, 198),
+    "PortRcvPkts": (139, 32, 199),
+    "PortXmitWait": (140, 32, 656),
+}
+DATA_COUNTERS = ("PortXmitData", "PortRcvData", "PortXmitPkts", "PortRcvPkts")
+CPI_CAPMASK_F, CPI_CAPMASK2_F = 208, 209  # the PMA's ClassPortInfo
+# PMA ClassPortInfo.CapabilityMask (IBTA 16.1.3.1, table 255 note) and CapabilityMask2
+PMA_EXT_WIDTH, PMA_EXT_WIDTH_NOIETF, PMA_XMIT_WAIT = 0x200, 0x400, 0x1000
+PMA_EXT_ERRORS = 0x2  # CapabilityMask2: IsAdditionalPortCountersExtendedSupported
 IS_EXTENDED_SPEEDS_SUPPORTED = 1 << 14  # PortInfo.CapabilityMask bit 14 (IBTA 14.2.5.6)
 
 
@@ -604,3 +632,83 @@ def _enum(kind, value: int):
         return kind(value)
     except ValueError:
         return None
+
+
+# -- the ports' counters (PMA) -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Queried:
+    """A port's PMA counters: by name (PORT_COUNTERS), each with the width it saturates at."""
+
+    values: dict[str, int]
+    bits: dict[str, int]
+
+
+def port_counters(
+    start: LocalPort,
+    targets: list[tuple[int, int]],
+    bounds: Bounds,
+    warn: Callable[[str], None],
+) -> tuple[dict[tuple[int, int], Queried], set[int]]:
+    """Every (LID, port) of `targets` asked for its PortCounters, and its PortCountersExtended
+    where its ClassPortInfo says it has them (the 64-bit error counters too where CapabilityMask2
+    says so), as ibqueryerrors and perfquery ask: one MAD at a time, each with the bounds'
+    timeout and retries. A LID that did not answer is not asked again for its other ports:
+    the LIDs that did not answer come back with what did."""
+    libs = libraries()
+    m = libs.mad
+    classes = (C.c_int * 1)(PERFORMANCE_CLASS)
+    with _stderr_to(warn, "libibmad"):
+        handle = m.mad_rpc_open_port(start.ca.encode(), start.port, classes, 1)
+    if not handle:
+        raise IbtoolError(
+            f"cannot open {start.ca}/{start.port} for performance MADs",
+            "is the umad device there and yours? (ls -l /dev/infiniband)",
+        )
+    found: dict[tuple[int, int], Queried] = {}
+    dead: set[int] = set()
+    caps: dict[int, tuple[int, int]] = {}
+    try:
+        m.mad_rpc_set_timeout(handle, bounds.timeout_ms)
+        m.mad_rpc_set_retries(handle, bounds.retries)
+        buf = (C.c_uint8 * MAD_SIZE)()
+        with _stderr_to(warn, "libibmad"):
+            for lid, port in targets:
+                if lid in dead or not lid:
+                    continue
+                if lid not in caps:
+                    got = _pma(m, handle, buf, lid, port, GSI_CLASS_PORT_INFO, bounds)
+                    if got is None:
+                        dead.add(lid)
+                        continue
+                    caps[lid] = (
+                        m.mad_get_field(buf, 0, CPI_CAPMASK_F),
+                        m.mad_get_field(buf, 0, CPI_CAPMASK2_F),
+                    )
+                mask, mask2 = caps[lid]
+                if _pma(m, handle, buf, lid, port, GSI_PORT_COUNTERS, bounds) is None:
+                    dead.add(lid)
+                    continue
+                values = {n: m.mad_get_field(buf, 0, f) for n, (f, _, _) in PORT_COUNTERS.items()}
+                bits = {n: b for n, (_, b, _) in PORT_COUNTERS.items()}
+                if not mask & PMA_XMIT_WAIT:
+                    del values["PortXmitWait"], bits["PortXmitWait"]
+                if mask & (PMA_EXT_WIDTH | PMA_EXT_WIDTH_NOIETF):
+                    if _pma(m, handle, buf, lid, port, GSI_PORT_COUNTERS_EXT, bounds) is not None:
+                        wide = list(DATA_COUNTERS)
+                        if mask2 & PMA_EXT_ERRORS:
+                            wide = [n for n in values]
+                        for name in wide:
+                            values[name] = m.mad_get_field64(buf, 0, PORT_COUNTERS[name][2])
+                            bits[name] = 64
+                found[lid, port] = Queried(values, bits)
+    finally:
+        m.mad_rpc_close_port(handle)
+    return found, dead
+
+
+def _pma(m, handle, buf, lid: int, port: int, attribute: int, bounds: Bounds):
+    portid = PortId(lid=lid)
+    C.memset(buf, 0, MAD_SIZE)
+    return m.pma_query_via(buf, C.byref(portid), port, bounds.timeout_ms, attribute, handle)

@@ -6,7 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from ibtool.model.fabric import (
+    CONGESTION,
+    ERROR_COUNTERS,
+    ERROR_FIXES,
     WIDTHS,
+    CounterFinding,
     Fabric,
     FabricNode,
     Link,
@@ -14,6 +18,7 @@ from ibtool.model.fabric import (
     LinkFinding,
     NodeType,
     Norm,
+    PortCounters,
     judge_links,
     names_of,
     tier,
@@ -256,4 +261,136 @@ def links_json(fabric: Fabric, checked: Checked | None = None) -> dict[str, Any]
             }
             for lk in links
         ],
+    }
+
+
+# -- `ibtool fabric errors`: the ports' error counters over their thresholds ---------------------
+
+
+def counter_cable(fabric: Fabric, pc: PortCounters) -> str:
+    """`leaf05/7 <-> node055 mlx5_0/1`: the port and the far end of its cable, or the port
+    alone (`leaf05/30 (no link)`)."""
+    node = fabric.nodes[pc.node]
+    near = f"{node.description}/{pc.port}"
+    far = fabric.far_end(pc.node, pc.port)
+    if far is None:
+        return f"{near} (no link)"
+    return f"{near} <-> {far[0].description}/{far[1].number}"
+
+
+def errors_status(findings: list[CounterFinding], unanswered: list[str]) -> Status:
+    return Status.worst([f.status for f in findings] + [Status.UNKNOWN] * bool(unanswered))
+
+
+def _since(f: CounterFinding) -> str:
+    if f.saturated:
+        return " (saturated: it counts no more until cleared)"
+    if f.delta is None:
+        return ""
+    if f.delta == 0:
+        return " (no change since the last run)"
+    return f" (+{f.delta} since the last run)"
+
+
+def _order(f: CounterFinding):
+    return (f.status != Status.WARNING, ERROR_COUNTERS.index(f.name), f.counters.node,
+            f.counters.port)  # fmt: skip
+
+
+def errors_text(
+    fabric: Fabric,
+    ports: list[PortCounters],
+    findings: list[CounterFinding],
+    unanswered: list[str],
+    thresholds: str,
+    baseline: str,
+) -> list[str]:
+    """A head line (ports read, the thresholds, the baseline), then each counter over its
+    threshold with the cable it is on, worst first, what each kind of counter means and its
+    fix, and a last line counting the ports."""
+    nodes = len({pc.node for pc in ports})
+    lines = [
+        f"{len(ports)} ports of {nodes} nodes read through {fabric.ca}/{fabric.ca_port}; "
+        f"thresholds: {thresholds}; {baseline}",
+        "",
+    ]
+    ordered = sorted(findings, key=_order)
+    for f in ordered:
+        lines.append(escaped(
+            f"{f.status.name} {counter_cable(fabric, f.counters)}: {f.name} {f.value}{_since(f)}"
+        ))  # fmt: skip
+    names = sorted({f.name for f in ordered if f.status != Status.OK}, key=ERROR_COUNTERS.index)
+    if names:
+        lines.append("")
+        lines += [f"{name}: {ERROR_FIXES[name]}" for name in names]
+    bad = {(f.counters.node, f.counters.port) for f in findings}
+    grown = {(f.counters.node, f.counters.port) for f in findings if f.status != Status.OK}
+    lines.append("")
+    if bad:
+        lines.append(
+            f"{len(bad)} of {len(ports)} ports over their thresholds, {len(grown)} of them "
+            "to look at now"
+        )
+    else:
+        lines.append(f"no port of {len(ports)} over its thresholds")
+    return lines
+
+
+def _far(far) -> dict[str, Any]:
+    node, port = far
+    return {"node": node.description, "node_guid": guid(node.guid), "port": port.number}
+
+
+def errors_json(
+    fabric: Fabric,
+    ports: list[PortCounters],
+    findings: list[CounterFinding],
+    unanswered: list[str],
+    thresholds: dict[str, int],
+    thresholds_file: str | None,
+    baseline: str,
+) -> dict[str, Any]:
+    found: dict[tuple[int, int], list[CounterFinding]] = {}
+    for f in findings:
+        found.setdefault((f.counters.node, f.counters.port), []).append(f)
+
+    def port(pc: PortCounters) -> dict[str, Any]:
+        node = fabric.nodes[pc.node]
+        far = fabric.far_end(pc.node, pc.port)
+        return {
+            "node": node.description,
+            "node_guid": guid(node.guid),
+            "type": node.type.label,
+            "port": pc.port,
+            "lid": pc.lid,
+            "remote": None
+            if far is None
+            else {
+                "node": far[0].description,
+                "node_guid": guid(far[0].guid),
+                "port": far[1].number,
+            },
+            "counters": dict(pc.values),
+            "findings": [
+                {
+                    "status": f.status.name,
+                    "counter": f.name,
+                    "value": f.value,
+                    "threshold": f.threshold,
+                    "delta": f.delta,
+                    "saturated": f.saturated,
+                }
+                for f in sorted(found.get((pc.node, pc.port), []), key=_order)
+            ],
+        }
+
+    checked = [n for n in ERROR_COUNTERS if n != CONGESTION or n in thresholds]
+    return {
+        "via": {"ca": fabric.ca, "port": fabric.ca_port},
+        "status": errors_status(findings, unanswered).name,
+        "thresholds": {n: thresholds.get(n, 0) for n in checked},
+        "thresholds_file": thresholds_file,
+        "baseline": baseline,
+        "ports": [port(pc) for pc in ports],
+        "unanswered": list(unanswered),
     }

@@ -62,6 +62,14 @@ def small(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def counted(tmp_path_factory):
+    """The small tree, its counters set by the tests (each puts them back)."""
+    _need_the_simulator()
+    with SimFabric(SMALL, tmp_path_factory.mktemp("counted")) as fabric:
+        yield fabric
+
+
+@pytest.fixture(scope="session")
 def narrow(tmp_path_factory):
     _need_the_simulator()
     with SimFabric(NARROW, tmp_path_factory.mktemp("narrow")) as fabric:

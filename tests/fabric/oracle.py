@@ -72,3 +72,30 @@ def linkinfo(text: str) -> dict[tuple[str, int], tuple]:
                 width, LANE_SPEEDS[gbps], state.upper(), ("0x" + fguid, int(fport))
             )  # fmt: skip
     return found
+
+
+# ibqueryerrors: "   GUID 0x200002 port 1: [SymbolErrorCounter == 500] [PortXmitDiscards == 3]"
+_ERRORS = re.compile(r"^\s+GUID 0x([0-9a-f]+) port (\d+): (.*)$")
+_COUNTER = re.compile(r"\[(\w+) == (\d+)\]")
+
+
+def queryerrors(text: str) -> dict[tuple[int, int], dict[str, int]]:
+    """(node GUID, port) -> {counter: value} of every port ibqueryerrors lists over its
+    thresholds (its "port ALL" lines, the switch's sum, left out)."""
+    found = {}
+    for line in text.splitlines():
+        m = _ERRORS.match(line)
+        if m:
+            guid, port, rest = m.groups()
+            found[int(guid, 16), int(port)] = {k: int(v) for k, v in _COUNTER.findall(rest)}
+    return found
+
+
+def perfquery(text: str) -> dict[str, int]:
+    """`perfquery [-x] LID PORT`'s counters: name -> value."""
+    found = {}
+    for line in text.splitlines():
+        name, dots, value = line.partition(":")
+        if dots and value.strip(".").strip().isdigit():
+            found[name.strip()] = int(value.strip(".").strip())
+    return found

@@ -167,6 +167,8 @@ def test_what_each_value_completes_with(parser):
         "fabric --via": "devport",
         "exporter --config": "file",
         "exporter --web.config.file": "file",
+        "fabric --state": "file",
+        "fabric --thresholds": "file",
         "gids #0": "devport",
         "gids --port": "port",
         "gids --type": "choices",
