@@ -14,6 +14,9 @@ PID_MAX_LIMIT = 4 * 1024 * 1024
 
 
 def configure(parser) -> None:
+    from ibtool.api.datapath import MAX_PING_SIZE
+    from ibtool.api.datapath import add_datapath_option as option
+
     parser.add_argument("peer", nargs="?", metavar="PEER",
                         help="the other host (running `ibtool ping --server`, or a stock peer "
                         "with --compat)")  # fmt: skip
@@ -26,22 +29,19 @@ def configure(parser) -> None:
     parser.add_argument("--compat", choices=sorted(COMPAT),
                         help="the peer runs a stock ibv_rc_pingpong or rping server: nothing is "
                         "asked of it, the probe speaks its protocol")  # fmt: skip
-    parser.add_argument(
-        "--gid-index",
-        type=number(int, 0, 255),
-        help="the GID index to check and probe with (default: the --best rule)",
-    )
-    parser.add_argument("--tclass", type=number(int, 0, 255), metavar="N",
-                        help="the traffic class the application uses (default: the port's "
-                        "rdma_cm default_roce_tos, else 0)")  # fmt: skip
-    parser.add_argument("-c", "--count", type=number(int, 1, 1000), default=3, metavar="N",
-                        help="round trips of each probed operation (default 3)")  # fmt: skip
-    parser.add_argument("--size", type=number(int, 1, 1 << 20), metavar="BYTES",
-                        help="probe size (default 64; rc_pingpong: its -s, 4096)")  # fmt: skip
-    parser.add_argument("--timeout", type=number(float, 0.1, 60.0), default=2.0, metavar="S",
-                        help="seconds the peer has to answer, from the question (asked first, "
-                        "answered while this side reads its own), and for each probe's round "
-                        "trip (default 2)")  # fmt: skip
+    option(parser, "gid_index", metavar=None,
+           help="the GID index to check and probe with (default: the --best rule)")  # fmt: skip
+    option(parser, "tclass", hint=None,
+           help="the traffic class the application uses (default: the port's rdma_cm "
+           "default_roce_tos, else 0)")  # fmt: skip
+    option(parser, "count", high=1000, default=3,
+           help="round trips of each probed operation (default 3)")  # fmt: skip
+    option(parser, "size", high=MAX_PING_SIZE, unit="",
+           help="probe size (default 64; rc_pingpong: its -s, 4096)")  # fmt: skip
+    option(parser, "timeout", low=0.1, high=60.0, low_open=False, unit="", default=2.0,
+           help="seconds the peer has to answer, from the question (asked first, "
+           "answered while this side reads its own), and for each probe's round trip "
+           "(default 2)")  # fmt: skip
     parser.add_argument("--no-probe", action="store_true",
                         help="check only: no RDMA round trips")  # fmt: skip
     parser.add_argument("--pid", type=number(int, 1, PID_MAX_LIMIT - 1), metavar="PID",

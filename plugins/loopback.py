@@ -17,29 +17,20 @@ from ibtool.api import (
     selector,
 )
 
-# The ranges of the numbers the command line takes, each where it comes from:
-# - IBTA caps a message at 2^31 bytes (a port's max_msg_sz, struct ibv_port_attr, is at most
-#   that); the device's own limit and the memory for depth of them in each of two MRs
-#   are found when the MR is registered;
-# - a GID index is a uint8_t in an address vector (rdma-core libibverbs/verbs.h,
-#   struct ibv_global_route sgid_index), though rxe's table has 1024 entries;
-# - a P_Key index is a uint16_t (struct ibv_qp_attr pkey_index); the port's table, checked
-#   when the QPs are made, is smaller;
-# - an SL is 4 bits (IBTA vol. 1, the LRH's SL field);
+# The ranges of the numbers the command line takes beyond the data path's own
+# (ibtool.api.datapath.DATAPATH_OPTIONS says where each of those comes from):
 # - the depth makes a QP of depth + 1 work requests and a CQ of 2 x depth + 4: the device's
 #   max_qp_wr and max_cqe (ibtool -d dev: rxe 32767 CQEs) refuse more when they are made;
 # - a million iterations of each operation are minutes of a real HCA and each one's latency
 #   is kept for the percentiles; an hour for one iteration is a hung device.
-SIZE = (1, 2**31)
 ITERS = (1, 1_000_000)
-GID_INDEX = (0, 255)
-PKEY_INDEX = (0, 65535)
 TIMEOUT = (0, 3600.0)
 DEPTH = (1, 65536)
-SL = (0, 15)
 
 
 def configure(parser) -> None:
+    from ibtool.api.datapath import add_datapath_option as option
+
     parser.add_argument("words", nargs="*", metavar="[DEV[/PORT]]")
     parser.add_argument(
         "--ops",
@@ -47,37 +38,30 @@ def configure(parser) -> None:
         help="comma-separated: send,write,write_imm,read,fetch_add,cmp_swap,ud_send,ud_qkey,"
         "mcast,apm (default: all)",
     )
-    parser.add_argument(
-        "--size", type=number(int, *SIZE, unit="bytes"), default=4096, help="message size in bytes"
-    )
-    parser.add_argument(
-        "--iters", type=number(int, *ITERS), default=100, help="iterations per operation"
-    )
-    parser.add_argument(
-        "--gid-index", type=number(int, *GID_INDEX), help="GID index (default: the --best rule)"
-    )
-    parser.add_argument(
-        "--pkey-index",
-        type=number(int, *PKEY_INDEX),
-        metavar="N",
+    option(parser, "size", metavar=None, default=4096, help="message size in bytes")
+    option(
+        parser, "count", flags=("--iters",), low=ITERS[0], high=ITERS[1], metavar=None,
+        default=100, help="iterations per operation",
+    )  # fmt: skip
+    option(parser, "gid_index", metavar=None)
+    option(
+        parser,
+        "pkey_index",
         help="the slot of the port's P_Key table (its partition) the QPs use (default 0)",
     )
-    parser.add_argument(
-        "--timeout",
-        type=number(float, *TIMEOUT, unit="seconds", low_open=True),
-        default=5.0,
+    option(
+        parser, "timeout", low=TIMEOUT[0], high=TIMEOUT[1], metavar=None, default=5.0,
         help="seconds one iteration may take (default 5)",
-    )
+    )  # fmt: skip
     parser.add_argument(
         "--depth",
         type=number(int, *DEPTH),
         default=16,
         help="operations in flight in the bandwidth phase (default 16)",
     )
-    parser.add_argument(
-        "--sl",
-        type=number(int, *SL),
-        metavar="N",
+    option(
+        parser,
+        "sl",
         help="service level 0-15 of the address vectors (default 0): InfiniBand maps it to a "
         "VL, RoCE drivers to the frames' priority",
     )
@@ -153,7 +137,7 @@ FIELDS = [
 
 
 def run(inv: Invocation) -> int:
-    from ibtool.api.datapath import PathSpec
+    from ibtool.api.datapath import path_spec
     from ibtool.api.loopback import OPS, OpStatus, selftest  # pyverbs is imported only here
 
     args = inv.args
@@ -180,7 +164,7 @@ def run(inv: Invocation) -> int:
         gid_index = inv.host.roce_gid_index(device, port)
     asked = args.pkey_index is not None
     pkey = inv.host.pkey(device, port, args.pkey_index or 0, asked=asked)
-    path = PathSpec(sl=args.sl or 0, pkey_index=pkey.index)
+    path = path_spec(args, pkey_index=pkey.index)
     source = _mcast_source(inv.host, device, port, gid_index) if "mcast" in ops else None
     results = selftest(
         device,

@@ -8,13 +8,15 @@ import argparse
 import shlex
 import sys
 
-from ibtool.api import WIRE_MODES as MODES
 from ibtool.api import Invocation, UsageError, hookimpl, number
 
 TCP_PORT = 18521  # the agents' ping servers (ibtool ping --server's is 18520)
 
 
 def configure(parser) -> None:
+    from ibtool.api.datapath import MAX_PING_SIZE
+    from ibtool.api.datapath import add_datapath_option as option
+
     parser.add_argument(
         "nodeset",
         nargs="?",
@@ -74,27 +76,9 @@ def configure(parser) -> None:
         action="store_true",
         help="pair every endpoint with every other, not rail k with rail k",
     )
-    parser.add_argument(
-        "-c",
-        "--count",
-        type=number(int, 1, 100000),
-        default=20,
-        metavar="N",
-        help="pings per pair (default 20)",
-    )
-    parser.add_argument(
-        "--size",
-        type=number(int, 1, 1 << 20, unit="bytes"),
-        default=64,
-        metavar="BYTES",
-        help="ping size (default 64)",
-    )
-    parser.add_argument(
-        "--mode",
-        choices=tuple(MODES),
-        default="send",
-        help="SEND/RECV (default) or RDMA WRITE WITH IMMEDIATE",
-    )
+    option(parser, "count", high=100000, default=20, help="pings per pair (default 20)")
+    option(parser, "size", high=MAX_PING_SIZE, default=64, help="ping size (default 64)")
+    option(parser, "mode")
     parser.add_argument(
         "--rate",
         type=number(float, 0.1, 1e6),
@@ -102,18 +86,14 @@ def configure(parser) -> None:
         metavar="N",
         help="pings a second an endpoint sends, at most (default 100)",
     )
-    parser.add_argument(
-        "--timeout",
-        type=number(float, 0.1, 60.0),
-        default=2.0,
-        metavar="S",
+    option(
+        parser, "timeout", low=0.1, high=60.0, low_open=False, unit="", default=2.0,
         help="seconds for a ping's reply and a pair's connection (default 2)",
-    )
-    parser.add_argument(
-        "--qp-timeout",
-        type=number(int, 0, 31),
+    )  # fmt: skip
+    option(
+        parser,
+        "qp_timeout",
         default=18,
-        metavar="N",
         help="RC transport timeout of the pairs' QPs: 4.096 us * 2^N a try (default 18: "
         "1.07 s, a host's stalls are not loss)",
     )
@@ -121,33 +101,24 @@ def configure(parser) -> None:
         "the path probed", "what a job's QPs use, so that the mesh probes what the job will "
         "(ibtool-mesh(8), THE PATH)"
     )  # fmt: skip
-    path.add_argument(
-        "--tclass",
-        type=number(int, 0, 255, hint="for DSCP D give --tclass $((D << 2))"),
+    option(
+        path,
+        "tclass",
         default=0,
-        metavar="N",
         help="GRH traffic class of the pairs' QPs; on RoCE v2 the IP DS field, DSCP N >> 2 "
         "(NCCL_IB_TC; default 0)",
     )
-    path.add_argument(
-        "--sl",
-        type=number(int, 0, 15),
-        default=0,
-        metavar="N",
-        help="service level of the pairs' QPs (NCCL_IB_SL; default 0)",
-    )
-    path.add_argument(
-        "--gid-index",
-        type=number(int, 0, 255),
-        metavar="N",
+    option(path, "sl", default=0, help="service level of the pairs' QPs (NCCL_IB_SL; default 0)")
+    option(
+        path,
+        "gid_index",
         help="the GID every RoCE endpoint uses (NCCL_IB_GID_INDEX; default: each port's "
         "RoCE v2 IPv4 GID, as ibtool gids --best)",
     )
-    path.add_argument(
-        "--pkey-index",
-        type=number(int, 0, 0xFFFF),
+    option(
+        path,
+        "pkey_index",
         default=0,
-        metavar="N",
         help="the slot of each port's P_Key table the QPs use (NCCL_IB_PKEY; default 0)",
     )
     path.add_argument(

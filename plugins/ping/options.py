@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from ibtool.api import WIRE_MODES as MODES
 from ibtool.api import (
     CommandFailed,
     Invocation,
@@ -17,26 +16,17 @@ from ibtool.api import (
 )
 
 COMPAT_TOOLS = ("rc_pingpong", "rping")
-MTUS = (256, 512, 1024, 2048, 4096)
 
-# The ranges of the numbers the command line takes, refused at parse time by name (the run-time
-# checks below say more where the peer narrows one, as rping's sizes):
-# - an SL is 4 bits (IBTA vol. 1, the LRH's SL field), a traffic class 8 (the GRH's TClass);
-# - a GID index is a uint8_t in an address vector (rdma-core libibverbs/verbs.h, struct
-#   ibv_global_route sgid_index), a P_Key index a uint16_t (struct ibv_qp_attr pkey_index);
+# The ranges of the numbers the command line takes beyond the data path's own
+# (ibtool.api.datapath.DATAPATH_OPTIONS says where each of those comes from), refused at parse
+# time by name (the run-time checks below say more where the peer narrows one, as rping's
+# sizes):
 # - times as iputils' ping(8) takes them, in milliseconds in a C int (ping/ping.c: -i and -W
 #   "bad timing interval" / "bad linger time" above INT_MAX / 1000 s, -W below 0.001 s); the
 #   count in a C int, as ibv_rc_pingpong's -n;
-# - a payload at most ibtool.rdma.ping.session.MAX_PING_SIZE (not imported here: it loads the verbs
-#   modules, which only a ping needs).
-SL = (0, 15)
-TCLASS = (0, 255)
 TCP_PORT = (1, 65535)
-GID_INDEX = (0, 255)
-PKEY_INDEX = (0, 65535)
 COUNT = (1, 2**31 - 1)
 LONGEST = 2147483.0  # INT_MAX milliseconds, in seconds
-SIZE = (1, 1 << 20)
 SESSIONS = (1, 65535)
 MEMORY = (1 << 20, 1 << 40)  # at least one largest ping's; at most 1 TiB
 
@@ -66,6 +56,9 @@ def _network(text: str):
 
 
 def configure(parser) -> None:
+    from ibtool.api.datapath import MAX_PING_SIZE
+    from ibtool.api.datapath import add_datapath_option as option
+
     parser.add_argument("host", nargs="?", help="the host running `ibtool ping --server`")
     parser.add_argument("--server", action="store_true", help="answer pings")
     parser.add_argument(
@@ -80,32 +73,26 @@ def configure(parser) -> None:
         help="connect through rdma_cm instead of TCP: HOST (or --bind) is an IP address of an "
         "IPoIB or RoCE netdev, and no TCP port needs to be open",
     )
-    parser.add_argument(
-        "--sl", type=number(int, *SL), default=0, metavar="N", help="service level 0-15 (default 0)"
-    )
-    parser.add_argument(
-        "--tclass",
-        type=number(int, *TCLASS, hint="for DSCP D give --tclass $((D << 2))"),
+    option(parser, "sl", default=0, help="service level 0-15 (default 0)")
+    option(
+        parser,
+        "tclass",
         default=0,
-        metavar="N",
         help="GRH traffic class 0-255; on RoCE v2 the IP DS field: DSCP is N >> 2 (default 0)",
     )
-    parser.add_argument(
-        "--mtu",
-        type=number(int, MTUS[0], MTUS[-1], unit="bytes"),
-        choices=MTUS,
-        metavar="BYTES",
+    option(
+        parser,
+        "mtu",
         help="cap the RC path MTU (256..4096; default: the port's active MTU, "
         "with --compat rc_pingpong 1024 as ibv_rc_pingpong's -m)",
     )
     parser.add_argument(
         "-q", "--quiet", action="store_true", help="only the summary, no line per reply"
     )
-    parser.add_argument(
-        "--qp-timeout",
-        type=number(int, 0, 31),
+    option(
+        parser,
+        "qp_timeout",
         default=14,
-        metavar="N",
         help="RC transport timeout: each try waits 4.096 us * 2^N for its ACK (default 14: "
         "67 ms), as perftest's -u",
     )
@@ -127,27 +114,14 @@ def configure(parser) -> None:
     parser.add_argument(
         "--dev", metavar="DEV[/PORT]", help="RDMA device and port (default: the first ACTIVE port)"
     )
-    parser.add_argument(
-        "--gid-index", type=number(int, *GID_INDEX), help="GID index (default: the --best rule)"
-    )
-    parser.add_argument(
-        "--pkey-index",
-        type=number(int, *PKEY_INDEX),
-        metavar="N",
+    option(parser, "gid_index", metavar=None)
+    option(
+        parser,
+        "pkey_index",
         help="the slot of the port's P_Key table (its partition) the QP uses (default 0)",
     )
-    parser.add_argument(
-        "--mode",
-        choices=tuple(MODES),
-        default="send",
-        help="SEND/RECV (default) or RDMA WRITE WITH IMMEDIATE",
-    )
-    parser.add_argument(
-        "-c",
-        "--count",
-        type=number(int, *COUNT),
-        help="stop after N pings (rc_pingpong: its -n, 1000)",
-    )
+    option(parser, "mode")
+    option(parser, "count", metavar=None, help="stop after N pings (rc_pingpong: its -n, 1000)")
     parser.add_argument(
         "-i",
         "--interval",
@@ -155,25 +129,20 @@ def configure(parser) -> None:
         help="seconds between pings (default 1; rc_pingpong: 0); 0: the next as soon as "
         "the reply is in",
     )
-    parser.add_argument(
-        "-s",
-        "--size",
-        type=number(int, *SIZE, unit="bytes"),
+    option(
+        parser, "size", flags=("-s", "--size"), high=MAX_PING_SIZE, metavar=None,
         help="payload bytes (default 64; rc_pingpong: its -s, 4096)",
-    )
+    )  # fmt: skip
     parser.add_argument(
         "-w",
         "--deadline",
         type=number(float, 0, LONGEST, unit="seconds", low_open=True),
         help="stop after this many seconds",
     )
-    parser.add_argument(
-        "-W",
-        "--timeout",
-        type=number(float, 0.001, LONGEST, unit="seconds"),
-        default=2.0,
-        help="seconds to wait for each reply (default 2)",
-    )
+    option(
+        parser, "timeout", flags=("-W", "--timeout"), low=0.001, low_open=False, metavar=None,
+        default=2.0, help="seconds to wait for each reply (default 2)",
+    )  # fmt: skip
     limits = parser.add_argument_group(
         "server limits", "what one `ibtool ping --server` lets in (ibtool-ping(8), LIMITS)"
     )
@@ -379,12 +348,3 @@ def server_limits(args):
     if "allow" in given:
         given["allow"] = tuple(given["allow"])
     return Limits(**given)
-
-
-def path_spec(args):
-    """The path the options ask for: service level, traffic class, MTU cap, P_Key index."""
-    from ibtool.api.datapath import MTU_CODES, PathSpec
-
-    mtu = MTU_CODES[args.mtu] if args.mtu else None
-    ack = getattr(args, "qp_timeout", None)
-    return PathSpec(args.sl, args.tclass, mtu, args.pkey_index or 0, 14 if ack is None else ack)

@@ -3,10 +3,11 @@ rping and the native ping over rdma_cm (`--compat rping`, `--cm`)."""
 
 from __future__ import annotations
 
-from ibtool_plugins.ping.options import path_spec, pick_port, server_limits, settle
+from ibtool_plugins.ping.options import pick_port, server_limits, settle
 from ibtool_plugins.ping.report import header, ping_and_report
 
 from ibtool.api import Invocation
+from ibtool.api.datapath import path_spec
 
 
 def run(inv: Invocation) -> int:

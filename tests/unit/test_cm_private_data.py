@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ibtool_plugins.ping import options
 
+from ibtool.api.datapath import path_spec
 from ibtool.errors import ExitCode, UsageError
 from ibtool.rdma import cm, wire
 from ibtool.rdma.ladder import PathSpec
@@ -141,7 +142,7 @@ def test_cm_takes_a_service_level_traffic_class_and_mtu_on_either_side(side):
     options.configure(parser)
     args = parser.parse_args(["--cm", "--sl", "3", "--tclass", "104", "--mtu", "1024", *side])
     options.settle(args)
-    assert options.path_spec(args) == PathSpec(3, 104, 3, 0)  # 1024 bytes: IBV_MTU_1024
+    assert path_spec(args) == PathSpec(3, 104, 3, 0)  # 1024 bytes: IBV_MTU_1024
 
 
 # -- the path over rdma_cm: rdma_init_qp_attr's RTR attributes, then the operator's ------------

@@ -337,7 +337,7 @@ def test_rdma_cm_picks_the_pkey_itself(live_hfi1, argv, said):
 def test_pings_qp_path_carries_the_index():
     import argparse
 
-    from ibtool_plugins.ping.options import path_spec
+    from ibtool.api.datapath import path_spec
 
     args = argparse.Namespace(sl=3, tclass=0, mtu=None, pkey_index=1)
     assert path_spec(args).pkey_index == 1

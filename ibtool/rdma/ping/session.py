@@ -25,13 +25,13 @@ from ibtool.rdma.ladder import (
     Peer,
     new_psn,
 )
+from ibtool.rdma.options import MAX_PING_SIZE  # noqa: F401 (what each session registers)
 
 DEFAULT_PORT = 18520
 HANDSHAKE_TIMEOUT = 5.0
 SIGNAL_EVERY = 16
 IBV_SEND_SIGNALED = 2
 IBV_WC_EX_WITH_COMPLETION_TIMESTAMP = 1 << 7  # enum ibv_create_cq_wc_flags (verbs.h)
-MAX_PING_SIZE = 1 << 20
 Log = Callable[[str], None]
 
 
