@@ -44,7 +44,7 @@ _ibtool_options() {
         dev) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
         doctor) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --dev --port --compat --gid-index --tclass -c --count --size --timeout --no-probe --pid) ;;
         exporter) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --listen --interval --config --skip --web.max-requests --web.config.file) ;;
-        fabric) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --thresholds --state --no-state --via --timeout --retries --max-smps) ;;
+        fabric) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --wait --thresholds --state --no-state --via --timeout --retries --max-smps) ;;
         gids) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --type --netdev --ip --port --best) ;;
         health) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --config --state --no-state --lock-wait --check --skip --datapath --textfile --slurm-drain -v --verbose --list --print-nhc) ;;
         loopback) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --ops --size --iters --gid-index --pkey-index --timeout --depth --sl --qkey) ;;
@@ -87,7 +87,7 @@ _ibtool_value() {
         'exporter --snapshot-limit'|'exporter --listen'|'exporter --interval'|'exporter --skip'|'exporter --web.max-requests') _ibtool_kind=none ;;
         'fabric --root') _ibtool_kind=dir ;;
         'fabric --snapshot'|'fabric --thresholds'|'fabric --state') _ibtool_kind=file ;;
-        'fabric --snapshot-limit'|'fabric --timeout'|'fabric --retries'|'fabric --max-smps') _ibtool_kind=none ;;
+        'fabric --snapshot-limit'|'fabric --wait'|'fabric --timeout'|'fabric --retries'|'fabric --max-smps') _ibtool_kind=none ;;
         'fabric --via') _ibtool_kind=devport ;;
         'gids --root') _ibtool_kind=dir ;;
         'gids --snapshot') _ibtool_kind=file ;;
@@ -162,7 +162,7 @@ _ibtool_positional() {
             esac ;;
         fabric)
             case $2 in
-                0) _ibtool_kind=none _ibtool_r=(links errors) ;;
+                0) _ibtool_kind=none _ibtool_r=(links errors sm) ;;
                 *) (( $2 > 0 )) && _ibtool_kind=none ;;
             esac ;;
         gids)

@@ -32,7 +32,7 @@ from ibtool.sources.sysfs.rooted import RootedFiles
 from ibtool.sources.sysfs.stack import StackFiles, module_sign
 
 if TYPE_CHECKING:  # a scan's records are loaded only by a scan
-    from ibtool.model.fabric import Bounds, Fabric, PortCounters
+    from ibtool.model.fabric import Bounds, Fabric, PortCounters, SmScan
 
 # What `ibtool port` shows without -d: state, rate, LIDs and the netdev, all from sysfs.
 PORT_SHOWN = PORT_FIELDS + PORT_NETDEV
@@ -596,3 +596,63 @@ class Host:
             for lid, (node, count) in silent.items()
         ]
         return found, unanswered
+
+    def fabric_sms(
+        self, fabric: Fabric, bounds: Bounds | None = None, wait: float = 10.0
+    ) -> SmScan:
+        """Every subnet manager of a scanned fabric: each port whose PortInfo says an SM runs
+        behind it (and the one this port's SM LID names) asked for its SMInfo, as sminfo asks;
+        then the master's asked again until its activity count moves, for up to `wait`
+        seconds (0: not asked again)."""
+        import time
+
+        from ibtool.model.fabric import Bounds, NodeType, SmScan, SmState, SubnetManager
+        from ibtool.sources import mad
+
+        bounds = bounds or Bounds()
+        start = mad.choose_port(mad.local_ports(self.warn), fabric.ca, fabric.ca_port)
+        where = []
+        for guid in sorted(fabric.nodes):
+            node = fabric.nodes[guid]
+            for number, port in sorted(node.ports.items()):
+                if node.type == NodeType.SWITCH and number:
+                    continue  # a switch's SM is behind its port 0, whose PortInfo says so
+                lid = node.lid if node.type == NodeType.SWITCH else port.lid
+                if port.is_sm and lid:
+                    where.append((node, number, lid))
+        if start.sm_lid and all(lid != start.sm_lid for _, _, lid in where):
+            for node, number, lid in fabric.counter_ports():
+                if lid == start.sm_lid:
+                    where.append((node, 0 if node.type == NodeType.SWITCH else number, lid))
+                    break
+        sms, silent = [], []
+        moved, waited = None, 0.0
+        with mad.smp_port(start, bounds, self.warn) as handle:
+            for node, number, lid in where:
+                info = mad.sm_info(handle, lid, bounds, self.warn)
+                if info is None:
+                    silent.append((node, number, lid))
+                    continue
+                try:
+                    state = SmState(info.state)
+                except ValueError:
+                    state = None
+                sms.append(SubnetManager(
+                    node, number, lid, info.guid, info.priority, state, info.activity
+                ))  # fmt: skip
+            masters = [s for s in sms if s.state == SmState.MASTER]
+            if len(masters) == 1 and wait > 0:
+                master, began = masters[0], time.monotonic()
+                step = 0.05
+                while True:
+                    time.sleep(step)
+                    waited = time.monotonic() - began
+                    again = mad.sm_info(handle, master.lid, bounds, self.warn)
+                    if again is not None and again.activity != master.activity:
+                        moved = (again.activity - master.activity) % (1 << 32)
+                        break
+                    if waited >= wait:
+                        moved = 0
+                        break
+                    step = min(step * 2, 1.0, max(wait - waited, 0.01))
+        return SmScan(sms, silent, start.sm_lid, moved, waited)

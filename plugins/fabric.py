@@ -10,19 +10,29 @@ import time
 
 from ibtool.api import Invocation, UsageError, hookimpl, number
 
-USAGE = "ibtool fabric [links | errors] [--via DEV[/PORT]]"
-ACTIONS = ("links", "errors")
+USAGE = "ibtool fabric [links | errors | sm] [--via DEV[/PORT]]"
+ACTIONS = ("links", "errors", "sm")
 STATE_CHECK = "fabric_errors"  # its entry in the state file
+# How long `sm` gives the master to show activity: opensm sweeps every 10 s by default
+# (opensm.conf sweep_interval), and its activity count moves as it polls and sweeps.
+WAIT = 10.0
 
 
 def _configure(parser) -> None:
     parser.add_argument(
         "words",
         nargs="*",
-        metavar="links | errors",
+        metavar="links | errors | sm",
         help="links: each link's width and speed against its ends and its tier's norm; "
-        "errors: each port's error counters over their thresholds (default: the subnet's "
-        "nodes and links)",
+        "errors: each port's error counters over their thresholds; sm: the subnet managers "
+        "(default: the subnet's nodes and links)",
+    )
+    parser.add_argument(
+        "--wait",
+        type=number(float, 0, 60, unit="seconds"),
+        metavar="SECONDS",
+        help="sm: how long the master's activity count may take to move (default 10; 0: "
+        "not checked)",
     )
     parser.add_argument(
         "--thresholds",
@@ -80,12 +90,15 @@ def run(inv: Invocation) -> int:
         max_smps=inv.args.max_smps, timeout_ms=inv.args.timeout, retries=inv.args.retries
     )
     errors = words == ["errors"]
-    if not errors:
-        given = [o for o, v in (("--thresholds", inv.args.thresholds), ("--state", inv.args.state),
-                                ("--no-state", inv.args.no_state)) if v]  # fmt: skip
-        if given:
-            raise UsageError(f"{given[0]} is for ibtool fabric errors", USAGE)
-    elif inv.args.state and inv.args.no_state:
+    for option, value, action in (
+        ("--thresholds", inv.args.thresholds, "errors"),
+        ("--state", inv.args.state, "errors"),
+        ("--no-state", inv.args.no_state, "errors"),
+        ("--wait", inv.args.wait is not None, "sm"),
+    ):
+        if value and words != [action]:
+            raise UsageError(f"{option} is for ibtool fabric {action}", USAGE)
+    if inv.args.state and inv.args.no_state:
         raise UsageError("--state and --no-state: one or the other", USAGE)
     thresholds = _thresholds(inv.args.thresholds) if errors else None
     fabric = inv.host.fabric(inv.args.via, bounds)
@@ -93,6 +106,8 @@ def run(inv: Invocation) -> int:
         inv.warn(line)
     if errors:
         return _errors(inv, fabric, bounds, *thresholds)
+    if words == ["sm"]:
+        return _sm(inv, fabric, bounds)
     if words == ["links"]:
         checked = view.links_checked(fabric)
         if inv.json:
@@ -171,6 +186,20 @@ def _errors(inv: Invocation, fabric, bounds, thresholds, thresholds_file, said) 
         for line in view.errors_text(fabric, ports, findings, unanswered, said, baseline):
             inv.print(line)
     return int(view.errors_status(findings, unanswered))
+
+
+def _sm(inv: Invocation, fabric, bounds) -> int:
+    from ibtool.api.fabric import judge_sms, view
+
+    wait = WAIT if inv.args.wait is None else inv.args.wait
+    scan = inv.host.fabric_sms(fabric, bounds, wait)
+    findings = judge_sms(scan.sms, scan.silent, scan.local_sm_lid, scan.moved, scan.waited)
+    if inv.json:
+        inv.emit_json(view.sm_json(fabric, scan, findings))
+    else:
+        for line in view.sm_text(fabric, scan, findings):
+            inv.print(line)
+    return int(view.sm_status(findings))
 
 
 def _kept(data) -> dict[tuple[int, int], dict[str, int]] | None:

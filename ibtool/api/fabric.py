@@ -16,6 +16,7 @@ from ibtool.model.fabric import (
     NodeType,
     PortCounters,
     judge_counters,
+    judge_sms,
     parse_thresholds,
 )
 from ibtool.views import fabric as view
@@ -31,6 +32,7 @@ __all__ = [
     "NodeType",
     "PortCounters",
     "judge_counters",
+    "judge_sms",
     "parse_thresholds",
     "view",
 ]

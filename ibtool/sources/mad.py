@@ -624,6 +624,7 @@ def _port(p: NdPort, as_node, switch_caps: int | None) -> FabricPort:
         speed=speed,
         remote=remote,
         ext_number=p.ext_portnum,
+        cap_mask=capmask,
     )
 
 
@@ -712,3 +713,55 @@ def _pma(m, handle, buf, lid: int, port: int, attribute: int, bounds: Bounds):
     portid = PortId(lid=lid)
     C.memset(buf, 0, MAD_SIZE)
     return m.pma_query_via(buf, C.byref(portid), port, bounds.timeout_ms, attribute, handle)
+
+
+# -- subnet managers (SMInfo) --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SmInfo:
+    guid: int
+    activity: int
+    priority: int
+    state: int
+
+
+@contextlib.contextmanager
+def smp_port(start: LocalPort, bounds: Bounds, warn: Callable[[str], None]) -> Iterator:
+    """libibmad's port for SMPs through `start`, closed on every exit."""
+    m = libraries().mad
+    classes = (C.c_int * 2)(SMI_CLASS, SMI_DIRECT_CLASS)
+    with _stderr_to(warn, "libibmad"):
+        handle = m.mad_rpc_open_port(start.ca.encode(), start.port, classes, 2)
+    if not handle:
+        raise IbtoolError(
+            f"cannot open {start.ca}/{start.port} for subnet management MADs",
+            "is the umad device there and yours? (ls -l /dev/infiniband)",
+        )
+    try:
+        m.mad_rpc_set_timeout(handle, bounds.timeout_ms)
+        m.mad_rpc_set_retries(handle, bounds.retries)
+        yield handle
+    finally:
+        m.mad_rpc_close_port(handle)
+
+
+def sm_info(handle, lid: int, bounds: Bounds, warn: Callable[[str], None]) -> SmInfo | None:
+    """The SMInfo of the SM behind `lid` (an SMP, LID-routed, as sminfo asks); None when it
+    did not answer."""
+    m = libraries().mad
+    buf = (C.c_uint8 * SMP_DATA_SIZE)()
+    portid = PortId(lid=lid)
+    said: list[str] = []
+    with _stderr_to(said.append, "libibmad"):
+        got = m.smp_query_via(buf, C.byref(portid), ATTR_SM_INFO, 0, bounds.timeout_ms, handle)
+    if not got:
+        return None  # the caller names what did not answer: libibmad's line says no more
+    for line in said:
+        warn(line)
+    return SmInfo(
+        guid=field(buf, "IB_SMINFO_GUID_F"),
+        activity=field(buf, "IB_SMINFO_ACT_F"),
+        priority=field(buf, "IB_SMINFO_PRIO_F"),
+        state=field(buf, "IB_SMINFO_STATE_F"),
+    )

@@ -19,6 +19,9 @@ from ibtool.model.fabric import (
     NodeType,
     Norm,
     PortCounters,
+    SmFinding,
+    SmScan,
+    SmState,
     judge_links,
     names_of,
     tier,
@@ -393,4 +396,86 @@ def errors_json(
         "baseline": baseline,
         "ports": [port(pc) for pc in ports],
         "unanswered": list(unanswered),
+    }
+
+
+# -- `ibtool fabric sm`: the subnet managers -------------------------------------------------------
+
+SM_FIELDS = [
+    render.Field("state", lambda s: s.state.name if s.state is not None else None, header="STATE"),
+    render.Field("priority", lambda s: s.priority, header="PRIORITY"),
+    render.Field("lid", lambda s: s.lid, header="LID"),
+    render.Field("guid", lambda s: guid(s.guid), header="SM GUID"),
+    render.Field("activity", lambda s: s.activity, header="ACTIVITY"),
+    render.Field("where", lambda s: f"{s.node.description}/{s.port}", header="ON"),
+]
+SM_ORDER = {SmState.MASTER: 0, SmState.STANDBY: 1, SmState.DISCOVERING: 2, SmState.NOT_ACTIVE: 3}
+
+
+def sms_in_order(scan: SmScan) -> list:
+    return sorted(scan.sms, key=lambda s: (SM_ORDER.get(s.state, 4), -s.priority, s.lid))
+
+
+def sm_status(findings: list[SmFinding]) -> Status:
+    return Status.worst(f.status for f in findings)
+
+
+def _activity(scan: SmScan) -> str | None:
+    if scan.moved is None:
+        return None
+    if scan.moved:
+        return f"the master's activity count moved {scan.moved} in {scan.waited:.1f} s"
+    return f"the master's activity count did not move in {scan.waited:.1f} s"
+
+
+def sm_text(fabric: Fabric, scan: SmScan, findings: list[SmFinding]) -> list[str]:
+    count = len(scan.sms) + len(scan.silent)
+    lines = [
+        f"{count} subnet manager{'s' if count != 1 else ''} through {fabric.ca}/{fabric.ca_port}"
+        f"; this port's SM LID {scan.local_sm_lid}",
+        "",
+    ]
+    if scan.sms:
+        lines += render.table(sms_in_order(scan), SM_FIELDS, False)
+    else:
+        lines.append("no SM answered its SMInfo")
+    said = _activity(scan)
+    if said:
+        lines += ["", said]
+    lines.append("")
+    for f in findings:
+        lines.append(escaped(f"{f.status.name} {f.what}"))
+        lines.append(escaped(f"  fix: {f.fix}"))
+    if not findings:
+        lines.append("one master, answering and active")
+    return lines
+
+
+def sm_json(fabric: Fabric, scan: SmScan, findings: list[SmFinding]) -> dict[str, Any]:
+    return {
+        "via": {"ca": fabric.ca, "port": fabric.ca_port},
+        "status": sm_status(findings).name,
+        "local_sm_lid": scan.local_sm_lid,
+        "sms": [
+            {
+                "node": s.node.description,
+                "node_guid": guid(s.node.guid),
+                "port": s.port,
+                "lid": s.lid,
+                "guid": guid(s.guid),
+                "priority": s.priority,
+                "state": s.state.name if s.state is not None else None,
+                "activity": s.activity,
+            }
+            for s in sms_in_order(scan)
+        ],
+        "silent": [
+            {"node": n.description, "node_guid": guid(n.guid), "port": p, "lid": lid}
+            for n, p, lid in scan.silent
+        ],
+        "activity": None if scan.moved is None else {"moved": scan.moved, "seconds": scan.waited},
+        "findings": [
+            {"status": f.status.name, "kind": f.kind, "what": f.what, "fix": f.fix}
+            for f in findings
+        ],
     }

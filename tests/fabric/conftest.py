@@ -45,7 +45,7 @@ Hca\t2 "Hca4\x1b[31m red"
 """
 
 
-def _need_the_simulator() -> None:
+def need_the_simulator() -> None:
     gone = missing()
     if gone:
         why = f"no simulated fabric here: {', '.join(gone)} missing (ibsim-utils, opensm)"
@@ -56,7 +56,7 @@ def _need_the_simulator() -> None:
 
 @pytest.fixture(scope="session")
 def small(tmp_path_factory):
-    _need_the_simulator()
+    need_the_simulator()
     with SimFabric(SMALL, tmp_path_factory.mktemp("small")) as fabric:
         yield fabric
 
@@ -64,20 +64,20 @@ def small(tmp_path_factory):
 @pytest.fixture(scope="session")
 def counted(tmp_path_factory):
     """The small tree, its counters set by the tests (each puts them back)."""
-    _need_the_simulator()
+    need_the_simulator()
     with SimFabric(SMALL, tmp_path_factory.mktemp("counted")) as fabric:
         yield fabric
 
 
 @pytest.fixture(scope="session")
 def narrow(tmp_path_factory):
-    _need_the_simulator()
+    need_the_simulator()
     with SimFabric(NARROW, tmp_path_factory.mktemp("narrow")) as fabric:
         yield fabric
 
 
 @pytest.fixture(scope="session")
 def odd(tmp_path_factory):
-    _need_the_simulator()
+    need_the_simulator()
     with SimFabric(ODD, tmp_path_factory.mktemp("odd")) as fabric:
         yield fabric

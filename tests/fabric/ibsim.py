@@ -108,9 +108,12 @@ class SimFabric:
     def _dead(self) -> bool:
         return self.sim is not None and self.sim.poll() is not None
 
-    def start_sm(self, priority: int = 0, host: str | None = None) -> subprocess.Popen:
-        """opensm on `host` (default: the net file's first node), waited for until it has
-        swept the subnet and brought it up."""
+    def start_sm(
+        self, priority: int = 0, host: str | None = None, until: bytes = b"SUBNET UP"
+    ) -> subprocess.Popen:
+        """opensm on `host` (default: the net file's first node), waited for until its log
+        says `until`: that it has swept the subnet and brought it up, or (b"STANDBY") that it
+        found a master and stands by."""
         osm = self.dir / f"osm-{host or 'first'}"
         osm.mkdir(exist_ok=True)
         log = osm / "osm.log"
@@ -127,8 +130,8 @@ class SimFabric:
         if self.sm is None:
             self.sm = proc
         _until(
-            "opensm's SUBNET UP",
-            lambda: (log.exists() and b"SUBNET UP" in log.read_bytes()) or proc.poll() is not None,
+            f"opensm's {until.decode()}",
+            lambda: (log.exists() and until in log.read_bytes()) or proc.poll() is not None,
         )
         if proc.poll() is not None:
             raise RuntimeError(f"opensm exited {proc.returncode}: {log.read_text()[-2000:]}")
