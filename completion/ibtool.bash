@@ -162,7 +162,7 @@ _ibtool_positional() {
             esac ;;
         fabric)
             case $2 in
-                0) _ibtool_kind=none _ibtool_r=(links errors sm) ;;
+                0) _ibtool_kind=none _ibtool_r=(links errors sm route) ;;
                 *) (( $2 > 0 )) && _ibtool_kind=none ;;
             esac ;;
         gids)

@@ -32,7 +32,7 @@ from ibtool.sources.sysfs.rooted import RootedFiles
 from ibtool.sources.sysfs.stack import StackFiles, module_sign
 
 if TYPE_CHECKING:  # a scan's records are loaded only by a scan
-    from ibtool.model.fabric import Bounds, Fabric, PortCounters, SmScan
+    from ibtool.model.fabric import Bounds, Fabric, PortCounters, Route, SmScan
 
 # What `ibtool port` shows without -d: state, rate, LIDs and the netdev, all from sysfs.
 PORT_SHOWN = PORT_FIELDS + PORT_NETDEV
@@ -570,16 +570,17 @@ class Host:
         return mad.discover(start, bounds or Bounds(), self.warn)
 
     def fabric_counters(
-        self, fabric: Fabric, bounds: Bounds | None = None
+        self, fabric: Fabric, bounds: Bounds | None = None, ports: list | None = None
     ) -> tuple[list[PortCounters], list[str]]:
-        """The PMA counters of every port of a scanned fabric that ibqueryerrors reads, asked
-        through the port the scan went out from; and what did not answer, named (a node whose
-        PMA did not answer is not asked again for its other ports)."""
+        """The PMA counters of every port of a scanned fabric that ibqueryerrors reads (or of
+        `ports`, (node, port, LID) each), asked through the port the scan went out from; and
+        what did not answer, named (a node whose PMA did not answer is not asked again for its
+        other ports)."""
         from ibtool.model.fabric import Bounds, PortCounters
         from ibtool.sources import mad
 
         start = mad.choose_port(mad.local_ports(self.warn), fabric.ca, fabric.ca_port)
-        wanted = fabric.counter_ports()
+        wanted = fabric.counter_ports() if ports is None else ports
         got, dead = mad.port_counters(
             start, [(lid, port) for _, port, lid in wanted], bounds or Bounds(), self.warn
         )
@@ -656,3 +657,66 @@ class Host:
                         break
                     step = min(step * 2, 1.0, max(wait - waited, 0.01))
         return SmScan(sms, silent, start.sm_lid, moved, waited)
+
+    def fabric_route(
+        self, fabric: Fabric, source: str, dest: str, bounds: Bounds | None = None
+    ) -> Route:
+        """The route from `source` to `dest` (LIDs, GUIDs or node descriptions) hop by hop, as
+        ibtracert walks it: out of the source's port, then at each switch the out port its
+        linear forwarding table gives for the destination LID, each table block asked once;
+        stopped, and said why, at a port with no cable, a switch with no route (entry 255),
+        a loop, or a switch that did not answer."""
+        from ibtool.model.fabric import Bounds, Hop, NodeType, Route, resolve
+        from ibtool.sources import mad
+
+        bounds = bounds or Bounds()
+        try:
+            src, dst = resolve(fabric, source), resolve(fabric, dest)
+        except ValueError as e:
+            raise NotFoundError(
+                str(e), "give a LID, a GUID (0x...) or a node description"
+            ) from None
+        dnode, dport, dlid = dst
+        hops: list[Hop] = []
+
+        def done(broken: str | None = None) -> Route:
+            return Route(src, dst, tuple(hops), broken)
+
+        node, out = src[0], src[1]
+        if node.guid == dnode.guid:
+            return done()
+        start = mad.choose_port(mad.local_ports(self.warn), fabric.ca, fabric.ca_port)
+        seen = set()
+        with mad.smp_port(start, bounds, self.warn) as handle:
+            while True:
+                if node.type == NodeType.SWITCH:
+                    if node.guid in seen:
+                        return done(f"a loop: the route comes back to {node.description}")
+                    seen.add(node.guid)
+                    block = mad.lft_block(handle, node.lid, dlid // mad.LFT_BLOCK, bounds)
+                    if block is None:
+                        return done(f"{node.description} (LID {node.lid}) did not answer for "
+                                    "its forwarding table")  # fmt: skip
+                    out = block[dlid % mad.LFT_BLOCK]
+                    if out == 0 and node.guid == dnode.guid:
+                        return done()
+                    if out == 0 or out > node.port_count:
+                        return done(f"{node.description} has no route to LID {dlid} (its "
+                                    f"forwarding table says {out})")  # fmt: skip
+                port = node.ports.get(out)
+                far = fabric.far_end(node.guid, out)
+                if port is None or far is None:
+                    return done(f"{node.description}/{out} has no cable up: the route ends there")
+                hops.append(Hop(node, port, far[0], far[1]))
+                if len(hops) > mad.SUBNET_PATH_HOPS_MAX:
+                    return done(f"more than {mad.SUBNET_PATH_HOPS_MAX} hops")
+                node = far[0]
+                if node.guid == dnode.guid and (
+                    node.type == NodeType.SWITCH or far[1].number == dport
+                ):
+                    if node.type != NodeType.SWITCH:
+                        return done()
+                    continue  # a switch: its own table sends the LID to port 0
+                if node.type != NodeType.SWITCH:
+                    return done(f"the route reaches {node.description}/{far[1].number}, not "
+                                f"LID {dlid}")  # fmt: skip

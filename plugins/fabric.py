@@ -10,8 +10,8 @@ import time
 
 from ibtool.api import Invocation, UsageError, hookimpl, number
 
-USAGE = "ibtool fabric [links | errors | sm] [--via DEV[/PORT]]"
-ACTIONS = ("links", "errors", "sm")
+USAGE = "ibtool fabric [links | errors | sm | route SRC DST] [--via DEV[/PORT]]"
+ACTIONS = ("links", "errors", "sm", "route")
 STATE_CHECK = "fabric_errors"  # its entry in the state file
 # How long `sm` gives the master to show activity: opensm sweeps every 10 s by default
 # (opensm.conf sweep_interval), and its activity count moves as it polls and sweeps.
@@ -22,9 +22,10 @@ def _configure(parser) -> None:
     parser.add_argument(
         "words",
         nargs="*",
-        metavar="links | errors | sm",
+        metavar="links | errors | sm | route SRC DST",
         help="links: each link's width and speed against its ends and its tier's norm; "
-        "errors: each port's error counters over their thresholds; sm: the subnet managers "
+        "errors: each port's error counters over their thresholds; sm: the subnet managers; "
+        "route: the path from SRC to DST (LIDs, GUIDs or node descriptions) hop by hop "
         "(default: the subnet's nodes and links)",
     )
     parser.add_argument(
@@ -83,9 +84,12 @@ def run(inv: Invocation) -> int:
     from ibtool.api.fabric import Bounds, view
 
     words = inv.args.words
-    if words and (words[0] not in ACTIONS or len(words) > 1):
-        bad = words[0] if words[0] not in ACTIONS else " ".join(words[1:])
-        raise UsageError(f"unknown fabric action {bad!r}", USAGE)
+    if words and words[0] not in ACTIONS:
+        raise UsageError(f"unknown fabric action {words[0]!r}", USAGE)
+    if words and words[0] == "route" and len(words) != 3:
+        raise UsageError("ibtool fabric route needs a source and a destination", USAGE)
+    if words and words[0] != "route" and len(words) > 1:
+        raise UsageError(f"unknown fabric action {' '.join(words[1:])!r}", USAGE)
     bounds = Bounds(
         max_smps=inv.args.max_smps, timeout_ms=inv.args.timeout, retries=inv.args.retries
     )
@@ -108,6 +112,8 @@ def run(inv: Invocation) -> int:
         return _errors(inv, fabric, bounds, *thresholds)
     if words == ["sm"]:
         return _sm(inv, fabric, bounds)
+    if words and words[0] == "route":
+        return _route(inv, fabric, bounds, words[1], words[2])
     if words == ["links"]:
         checked = view.links_checked(fabric)
         if inv.json:
@@ -200,6 +206,28 @@ def _sm(inv: Invocation, fabric, bounds) -> int:
         for line in view.sm_text(fabric, scan, findings):
             inv.print(line)
     return int(view.sm_status(findings))
+
+
+def _route(inv: Invocation, fabric, bounds, source: str, dest: str) -> int:
+    from ibtool.api.fabric import NodeType, view
+
+    route = inv.host.fabric_route(fabric, source, dest, bounds)
+    ends = []
+    for hop in route.hops:
+        for node, port in ((hop.node, hop.port), (hop.far, hop.far_port)):
+            lid = node.lid if node.type == NodeType.SWITCH else port.lid
+            ends.append((node, port.number, lid))
+    read, unanswered = inv.host.fabric_counters(fabric, bounds, ends)
+    for line in unanswered:
+        inv.warn(line)
+    counters = {(pc.node, pc.port): pc for pc in read}
+    thresholds = _thresholds(None)[0]
+    if inv.json:
+        inv.emit_json(view.route_json(route, counters, thresholds))
+    else:
+        for line in view.route_text(route, counters, thresholds):
+            inv.print(line)
+    return int(view.route_findings(route, counters, thresholds)[0])
 
 
 def _kept(data) -> dict[tuple[int, int], dict[str, int]] | None:

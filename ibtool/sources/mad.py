@@ -765,3 +765,22 @@ def sm_info(handle, lid: int, bounds: Bounds, warn: Callable[[str], None]) -> Sm
         priority=field(buf, "IB_SMINFO_PRIO_F"),
         state=field(buf, "IB_SMINFO_STATE_F"),
     )
+
+
+# -- routes (the switches' linear forwarding tables) -----------------------------------------
+
+LFT_BLOCK = 64  # LinearForwardingTable: 64 one-byte port entries a block (IBTA 14.2.5.10)
+
+
+def lft_block(handle, switch_lid: int, block: int, bounds: Bounds) -> bytes | None:
+    """Block `block` of a switch's LinearForwardingTable (the out port of LIDs block*64 to
+    block*64+63), asked by LID as ibtracert and ibroute ask; None when it did not answer."""
+    m = libraries().mad
+    buf = (C.c_uint8 * SMP_DATA_SIZE)()
+    portid = PortId(lid=switch_lid)
+    said: list[str] = []
+    with _stderr_to(said.append, "libibmad"):
+        got = m.smp_query_via(
+            buf, C.byref(portid), ATTR_LINEAR_FORWARDING_TABLE, block, bounds.timeout_ms, handle
+        )
+    return bytes(buf) if got else None

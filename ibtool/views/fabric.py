@@ -19,6 +19,7 @@ from ibtool.model.fabric import (
     NodeType,
     Norm,
     PortCounters,
+    Route,
     SmFinding,
     SmScan,
     SmState,
@@ -29,6 +30,7 @@ from ibtool.model.fabric import (
 )
 from ibtool.model.health import Status
 from ibtool.model.names import escaped
+from ibtool.model.records import PortState
 from ibtool.views import render
 
 
@@ -477,5 +479,125 @@ def sm_json(fabric: Fabric, scan: SmScan, findings: list[SmFinding]) -> dict[str
         "findings": [
             {"status": f.status.name, "kind": f.kind, "what": f.what, "fix": f.fix}
             for f in findings
+        ],
+    }
+
+
+# -- `ibtool fabric route`: a path hop by hop --------------------------------------------------
+
+
+def _errors_at(counters: dict[tuple[int, int], PortCounters], thresholds: dict[str, int],
+               node, port: int) -> list[str]:  # fmt: skip
+    pc = counters.get((node.guid, port))
+    if pc is None:
+        return []
+    return [
+        f"{node.description}/{port} {name} {pc.values[name]}"
+        for name in ERROR_COUNTERS
+        if name in pc.values
+        and (name != CONGESTION or name in thresholds)
+        and pc.values[name] > thresholds.get(name, 0)
+    ]
+
+
+def route_findings(route: Route, counters, thresholds) -> tuple[Status, list[list[str]]]:
+    """The route's status (CRITICAL when it breaks or crosses a link not ACTIVE, WARNING when
+    a hop's port has error counters over their thresholds) and each hop's errors."""
+    status = Status.CRITICAL if route.broken else Status.OK
+    errors = []
+    for hop in route.hops:
+        said = _errors_at(counters, thresholds, hop.node, hop.port.number)
+        said += _errors_at(counters, thresholds, hop.far, hop.far_port.number)
+        errors.append(said)
+        if hop.port.state != PortState.ACTIVE or hop.far_port.state != PortState.ACTIVE:
+            status = Status.CRITICAL
+        elif said and status == Status.OK:
+            status = Status.WARNING
+    return status, errors
+
+
+def _end_name(end) -> str:
+    node, port, lid = end
+    return f"{node.description}/{port} (LID {lid})"
+
+
+def route_text(route: Route, counters, thresholds) -> list[str]:
+    status, errors = route_findings(route, counters, thresholds)
+    switches = len({
+        n.guid for h in route.hops for n in (h.node, h.far) if n.type == NodeType.SWITCH
+    })  # fmt: skip
+    lines = [
+        f"route from {_end_name(route.source)} to {_end_name(route.dest)}: "
+        f"{len(route.hops)} link{'s' if len(route.hops) != 1 else ''}, {switches} "
+        f"switch{'es' if switches != 1 else ''}",
+        "",
+    ]
+    fields = [
+        render.Field("hop", lambda r: r[0], header="HOP"),
+        render.Field(
+            "out", lambda r: f"{r[1].node.description}/{r[1].port.number}", header="OUT OF"
+        ),  # fmt: skip
+        render.Field(
+            "into", lambda r: f"{r[1].far.description}/{r[1].far_port.number}", header="INTO"
+        ),  # fmt: skip
+        render.Field(
+            "lid",
+            lambda r: r[1].far.lid if r[1].far.type == NodeType.SWITCH else r[1].far_port.lid,
+            header="LID",
+        ),  # fmt: skip
+        render.Field("width", lambda r: r[1].port.width, header="WIDTH"),
+        render.Field("speed", lambda r: r[1].port.speed.active_name(), header="SPEED"),
+        render.Field(
+            "state", lambda r: r[1].port.state.label if r[1].port.state else None, header="STATE"
+        ),  # fmt: skip
+        render.Field("errors", lambda r: "; ".join(r[2]) or "-", header="ERRORS"),
+    ]
+    rows = [(i + 1, hop, errors[i]) for i, hop in enumerate(route.hops)]
+    lines += render.table(rows, fields, False)
+    lines.append("")
+    if route.broken:
+        lines.append(escaped(f"CRITICAL {route.broken}"))
+    elif status == Status.CRITICAL:
+        lines.append("CRITICAL the route crosses a link that is not ACTIVE")
+    elif status == Status.WARNING:
+        lines.append("WARNING error counters over their thresholds on the route")
+    else:
+        lines.append("the route is whole, every link ACTIVE, no error counter over its threshold")
+    return lines
+
+
+def route_json(route: Route, counters, thresholds) -> dict[str, Any]:
+    status, errors = route_findings(route, counters, thresholds)
+
+    def end(e) -> dict[str, Any]:
+        node, port, lid = e
+        return {"node": node.description, "node_guid": guid(node.guid), "port": port, "lid": lid}
+
+    def side(node, port) -> dict[str, Any]:
+        pc = counters.get((node.guid, port.number))
+        return {
+            "node": node.description,
+            "node_guid": guid(node.guid),
+            "type": node.type.label,
+            "port": port.number,
+            "port_guid": guid(port.guid),
+            "counters": dict(pc.values) if pc is not None else None,
+        }
+
+    return {
+        "status": status.name,
+        "source": end(route.source),
+        "dest": end(route.dest),
+        "broken": route.broken,
+        "hops": [
+            {
+                "out": side(h.node, h.port),
+                "into": side(h.far, h.far_port),
+                "width": h.port.width,
+                "speed": h.port.speed.active_name(),
+                "state": h.port.state.label if h.port.state else None,
+                "errors": errors[i],
+            }
+            for i, h in enumerate(route.hops)
         ],
     }

@@ -99,3 +99,17 @@ def perfquery(text: str) -> dict[str, int]:
         if dots and value.strip(".").strip().isdigit():
             found[name.strip()] = int(value.strip(".").strip())
     return found
+
+
+# ibtracert: "[4] -> switch port {0x0000000000200000}[1] lid 1-1 "spine01""
+_HOP = re.compile(r"^\[(\d+)\] -> (?:switch|ca|router) port \{0x([0-9a-f]+)\}\[(\d+)\] lid (\d+)-")
+_TO = re.compile(r"^To (?:switch|ca|router) \{0x([0-9a-f]+)\} portnum (\d+) lid (\d+)-")
+
+
+def tracert(text: str) -> list[tuple[int, str, int, int]]:
+    """ibtracert's hops: (out port, far port GUID, far port, far LID) each, in order."""
+    return [
+        (int(m.group(1)), "0x" + m.group(2), int(m.group(3)), int(m.group(4)))
+        for m in map(_HOP.match, text.splitlines())
+        if m
+    ]

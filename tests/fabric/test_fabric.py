@@ -166,6 +166,45 @@ def test_a_cable_at_1x_and_an_end_set_narrow_are_named_both_ends_and_nothing_els
     assert text.stdout.splitlines()[-1] == "2 of 10 links need attention"
 
 
+@pytest.mark.parametrize(
+    "source, dest, by",
+    [
+        ("2", "8", ["2", "8"]),  # CA to CA across a spine
+        ("node001 mlx5_0", "leaf02", ["2", "6"]),  # to a switch, by name
+        ("4", "node001 mlx5_0", ["4", "2"]),  # from a switch
+        ("0x0000000000100001", "0x0000000000100007", ["-G", "0x100001", "0x100007"]),
+    ],
+)
+def test_a_route_is_ibtracerts_hop_by_hop(narrow, source, dest, by):
+    """On the tree whose counters no test moves (the small one's links are unlinked and
+    relinked, which counts in LinkDownedCounter)."""
+    r = ibtool(narrow, "-j", "fabric", "route", source, dest)
+    assert r.returncode == 0, r.stderr
+    ours = json.loads(r.stdout)
+    theirs = oracle.tracert(diags(narrow, "ibtracert", *by))
+    assert [(h["out"]["port"], h["into"]["port"]) for h in ours["hops"]] == [
+        (out, far) for out, _, far, _ in theirs
+    ]
+    assert [int(h["into"]["port_guid"], 16) for h in ours["hops"]] == [
+        int(g, 16) for _, g, _, _ in theirs
+    ]
+    assert ours["status"] == "OK" and ours["broken"] is None
+
+
+def test_a_route_names_errors_on_its_hops_and_the_text_escapes_names(odd):
+    r = ibtool(odd, "fabric", "route", "Hca1", "Hca4\x1b[31m red")
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "Hca4\\x1b[31m red/1" in r.stdout
+    r = ibtool(odd, "fabric", "route", "Hca1", "nobody")
+    assert r.returncode == 4
+    assert said(r) == [
+        "ibtool: error: no node of the subnet is described as 'nobody' (hint: give a LID, a "
+        "GUID (0x...) or a node description)"
+    ]
+    r = ibtool(odd, "fabric", "route", "Hca1")
+    assert r.returncode == 2 and "needs a source and a destination" in r.stderr
+
+
 def test_an_unknown_port_to_scan_through_is_named_with_the_ports_there_are(small):
     r = ibtool(small, "fabric", "--via", "mlx5_9")
     assert (r.returncode, r.stdout) == (4, "")
