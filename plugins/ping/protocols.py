@@ -61,11 +61,16 @@ def _facts(inv: Invocation, device: str, port: int, gid_index):
 def _serve(args, device: str, port: int, gid_index, log, pkey, facts) -> None:
     from ibtool.api import ping  # pyverbs is imported only here
 
-    where = (device, port, gid_index, args.bind, args.port, log, args.max_clients, path_spec(args))
-    if args.compat == "rc_pingpong":
-        ping.serve_pingpong(*where, idle=args.timeout, pkey=pkey, limits=server_limits(args))
+    pingpong = args.compat == "rc_pingpong"
+    options = ping.ServeOptions(
+        args.bind, args.port, log, device=device, device_port=port, gid_index=gid_index,
+        max_clients=args.max_clients, path=path_spec(args), pkey=pkey,
+        idle=args.timeout if pingpong else None, limits=server_limits(args),
+    )  # fmt: skip
+    if pingpong:
+        ping.serve_pingpong(options)
     else:
-        ping.serve(*where, pkey=pkey, limits=server_limits(args), facts=facts)
+        ping.serve(options, facts=facts)
 
 
 def _server_log(inv: Invocation):
@@ -85,13 +90,7 @@ def _rping(inv: Invocation) -> int:
 
     args = inv.args
     if args.server:
-        serve, limits = ping.serve_rping, server_limits(args)
-        return _run_server(
-            inv,
-            lambda log: serve(
-                args.bind, args.port, log, args.max_clients, limits.idle_timeout, limits
-            ),
-        )
+        return _run_server(inv, lambda log: ping.serve_rping(_cm_options(args, log)))
 
     def open_client(stack):
         client = ping.RpingClient(args.host, args.port, args.size, args.timeout)
@@ -109,10 +108,8 @@ def _cm(inv: Invocation) -> int:
 
     args = inv.args
     if args.server:
-        serve, limits = ping.serve_cmping, server_limits(args)
-        where, idle = (args.bind, args.port), limits.idle_timeout
         return _run_server(
-            inv, lambda log: serve(*where, log, args.max_clients, path_spec(args), idle, limits)
+            inv, lambda log: ping.serve_cmping(_cm_options(args, log, path=path_spec(args)))
         )
 
     def open_client(stack):
@@ -125,6 +122,18 @@ def _cm(inv: Invocation) -> int:
         return (client, *_over_rdma_cm(args, client, None, args.mode, f"mode {args.mode}"))
 
     return ping_and_report(inv, open_client)
+
+
+def _cm_options(args, log, **given):
+    """What an rdma_cm server is told: --idle-timeout as its own bound too (it serves one
+    client at a time); `given`: what one of them takes beyond (cmping: the path)."""
+    from ibtool.api.ping import ServeOptions
+
+    limits = server_limits(args)
+    return ServeOptions(
+        args.bind, args.port, log, max_clients=args.max_clients, idle=limits.idle_timeout,
+        limits=limits, **given,
+    )  # fmt: skip
 
 
 def _over_rdma_cm(args, client, compat, mode, what: str) -> tuple[str, dict]:

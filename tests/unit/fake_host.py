@@ -56,6 +56,7 @@ def counters_cli(host, *words, json=False, details=False):
 
 def _serve(port: int) -> None:
     from ibtool.rdma.ping import server as ping_server
+    from ibtool.rdma.ping.options import ServeOptions
 
     listening = threading.Event()
 
@@ -63,9 +64,8 @@ def _serve(port: int) -> None:
         if line.startswith("listening on "):
             listening.set()
 
-    server = threading.Thread(
-        target=ping_server.serve, args=("mlx5_0", 1, 3, "127.0.0.1", port, log), daemon=True
-    )
+    options = ServeOptions("127.0.0.1", port, log, device="mlx5_0", device_port=1, gid_index=3)
+    server = threading.Thread(target=ping_server.serve, args=(options,), daemon=True)
     server.start()
     if not listening.wait(30):
         raise SystemExit("the in-process ping server did not listen within 30 s")

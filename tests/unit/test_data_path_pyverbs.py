@@ -19,6 +19,7 @@ from ibtool.rdma.loopback.results import OPS
 from ibtool.rdma.ping import client as native
 from ibtool.rdma.ping import server as ping_server
 from ibtool.rdma.ping import session
+from ibtool.rdma.ping.options import ServeOptions
 from tests.unit.pyverbs_fakes import LAYOUTS
 
 RELEASES = list(LAYOUTS)
@@ -55,7 +56,9 @@ class Server(threading.Thread):
     def __init__(self, monkeypatch, serve=None):
         super().__init__(daemon=True)
         self.serve = serve or (
-            lambda log: ping_server.serve("mlx5_0", 1, None, "127.0.0.1", 0, log, max_clients=1)
+            lambda log: ping_server.serve(
+                ServeOptions("127.0.0.1", 0, log, device="mlx5_0", device_port=1, max_clients=1)
+            )
         )
         self.listening = threading.Event()
         self.log: list[str] = []

@@ -24,6 +24,7 @@ from ibtool.rdma.ping import acceptor, admission, echo, pingpong, session
 from ibtool.rdma.ping import client as native
 from ibtool.rdma.ping import server as ping_server
 from ibtool.rdma.ping.admission import Admission, Limits, RefusalLog, Refused, TokenBucket
+from ibtool.rdma.ping.options import ServeOptions
 from tests.unit.fake_host import ROCE_GID
 
 
@@ -283,11 +284,11 @@ class Server(threading.Thread):
 
     def run(self) -> None:
         try:
-            where = ("mlx5_0", 1, 3, "127.0.0.1", 0, self.log.append)
-            if self.compat:
-                pingpong.serve(*where, None, PathSpec(), limits=self.limits, **self.serve)
-            else:
-                ping_server.serve(*where, limits=self.limits, **self.serve)
+            options = ServeOptions(
+                "127.0.0.1", 0, self.log.append, device="mlx5_0", device_port=1, gid_index=3,
+                limits=self.limits, **self.serve,
+            )  # fmt: skip
+            (pingpong.serve if self.compat else ping_server.serve)(options)
         except BaseException as e:
             self.error = e
         finally:
@@ -571,9 +572,53 @@ def test_an_idle_rping_client_is_dropped_after_the_idle_timeout(monkeypatch):
 
     peer, lines = Silent([test_rping.ad(64, 0xA000, 0x11), test_rping.ad(64, 0xB000, 0x22)]), []
     monkeypatch.setattr(cm, "Listener", lambda bind, port: test_rping.Listener(peer))
-    rping.serve("192.168.77.1", 7174, lines.append, max_clients=1, idle=120.0)
+    rping.serve(ServeOptions("192.168.77.1", 7174, lines.append, max_clients=1, idle=120.0))
     assert lines[-1] == "client 1 dropped: sent nothing for 120 s (--idle-timeout)"
     assert 119 < deadlines[0] <= 120  # the wait for a ping is bounded by --idle-timeout
+
+
+# -- what a server is told: one ServeOptions, each server refusing what it cannot honour -----------
+
+
+@pytest.mark.parametrize(
+    "server, given, said",
+    [
+        (
+            "server",
+            dict(device="mlx5_0", device_port=1, gid_index=3, idle=5.0),
+            "the ping server does not take ServeOptions.idle",
+        ),
+        (
+            "server",
+            dict(gid_index=3),
+            "the ping server needs ServeOptions.device, ServeOptions.device_port",
+        ),
+        (
+            "pingpong",
+            dict(device="mlx5_0"),
+            "ibv_rc_pingpong's server needs ServeOptions.device_port",
+        ),
+        (
+            "rping",
+            dict(device="mlx5_0", path=PathSpec(sl=3)),
+            "rping's server does not take ServeOptions.device, ServeOptions.path",
+        ),
+        (
+            "cmping",
+            dict(device_port=1, gid_index=3),
+            "the rdma_cm ping server does not take ServeOptions.device_port, "
+            "ServeOptions.gid_index",
+        ),
+    ],
+)
+def test_a_server_refuses_what_it_cannot_honour_before_it_listens(server, given, said):
+    from ibtool.rdma.ping import cmping, rping
+
+    serve = {"server": ping_server, "pingpong": pingpong, "rping": rping, "cmping": cmping}[server]
+    lines: list[str] = []
+    with pytest.raises(TypeError) as e:
+        serve.serve(ServeOptions("127.0.0.1", 0, lines.append, **given))
+    assert (str(e.value), lines) == (said, [])
 
 
 # -- the command line ------------------------------------------------------------------------------
@@ -588,20 +633,36 @@ def test_limits_given_to_a_client_are_usage_errors(roce, live_roce):
 @pytest.mark.parametrize("over", [["--cm"], ["--compat", "rping"]])
 def test_the_limits_given_reach_the_rdma_cm_servers(roce, live_roce, monkeypatch, over):
     from ibtool.api import ping
+    from ibtool.rdma import cm
+
+    class AtRdmaCm(Exception):
+        """The server got past its options to rdma_cm."""
+
+    def reached(*args):
+        raise AtRdmaCm
+
+    def recorded(serve):
+        def run(options: ServeOptions) -> None:
+            got["options"] = options
+            with pytest.raises(AtRdmaCm):  # the server takes all it is told
+                serve(options)
+
+        return run
 
     got = {}
-    monkeypatch.setattr(ping, "serve_cmping", lambda *a: got.update(args=a))
-    monkeypatch.setattr(ping, "serve_rping", lambda *a: got.update(args=a))
+    monkeypatch.setattr(cm, "rdmacm", reached)
+    monkeypatch.setattr(cm, "Listener", reached)
+    monkeypatch.setattr(ping, "serve_cmping", recorded(ping.serve_cmping))
+    monkeypatch.setattr(ping, "serve_rping", recorded(ping.serve_rping))
     r = live_roce(
         "ping", "--server", *over, "--bind", "192.0.2.1", "--allow", "10.0.0.0/8",
         "--max-per-source", "2", "--max-rate", "0.5", "--idle-timeout", "30",
     )  # fmt: skip
     assert r.code == ExitCode.OK, r.err
-    limits, idle = got["args"][-1], got["args"][-2]
-    assert limits == Limits(
+    assert got["options"].limits == Limits(
         max_per_source=2, max_rate=0.5, idle_timeout=30.0, allow=nets("10.0.0.0/8")
     )
-    assert idle == 30.0
+    assert got["options"].idle == 30.0
 
 
 @pytest.mark.parametrize(
@@ -626,13 +687,13 @@ def test_bad_limits_are_refused_as_the_command_line_is_parsed(live_roce, option,
 
 def test_the_limits_given_reach_the_server(roce, live_roce, monkeypatch):
     got = {}
-    monkeypatch.setattr("ibtool.api.ping.serve", lambda *a, **kw: got.update(kw))
+    monkeypatch.setattr("ibtool.api.ping.serve", lambda options, **kw: got.update(options=options))
     r = live_roce(
         "ping", "--server", "--max-sessions", "3", "--max-memory", "2G", "--allow",
         "10.1.2.3/16", "--allow", "fd77::/64", "--idle-timeout", "30",
     )  # fmt: skip
     assert r.code == ExitCode.OK, r.err
-    assert got["limits"] == Limits(
+    assert got["options"].limits == Limits(
         max_sessions=3,
         max_memory=2 << 30,
         idle_timeout=30.0,

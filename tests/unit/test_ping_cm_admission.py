@@ -25,6 +25,7 @@ from ibtool.model.records import CmIdResource, CmState, Owner, PortSpace
 from ibtool.rdma import cm, wire
 from ibtool.rdma.ping import cmping, rping
 from ibtool.rdma.ping.admission import Admission, Limits, Refused, parse_network
+from ibtool.rdma.ping.options import ServeOptions
 
 SERVER, PORT = "192.168.77.1", 18520
 EVENTS = {
@@ -365,7 +366,8 @@ def serve_cm(world, *requests: Request, max_clients: int = 1, **limits) -> list[
     with pytest.MonkeyPatch.context() as m:
         m.setattr(cm.Listener, "__init__", listening)
         try:
-            cmping.serve(SERVER, PORT, lines.append, max_clients, limits=Limits(**limits))
+            told = dict(max_clients=max_clients, limits=Limits(**limits))
+            cmping.serve(ServeOptions(SERVER, PORT, lines.append, **told))
         except KeyboardInterrupt:
             lines.append("server stopped")
     return lines
@@ -382,7 +384,8 @@ def serve_rping(world, *requests: Request, max_clients: int = 1, **limits) -> li
     with pytest.MonkeyPatch.context() as m:
         m.setattr(cm.Listener, "__init__", listening)
         try:
-            rping.serve(SERVER, PORT, lines.append, max_clients, 120.0, Limits(**limits))
+            told = dict(max_clients=max_clients, idle=120.0, limits=Limits(**limits))
+            rping.serve(ServeOptions(SERVER, PORT, lines.append, **told))
         except KeyboardInterrupt:
             lines.append("server stopped")
     return lines

@@ -28,6 +28,7 @@ from ibtool.rdma import wire
 from ibtool.rdma.ping import acceptor
 from ibtool.rdma.ping import client as native
 from ibtool.rdma.ping import server as ping_server
+from ibtool.rdma.ping.options import ServeOptions
 from tests.fixtures.peers import EVIL, EVIL_SHOWN, Peer, resets, sends_escapes
 from tests.unit.fake_host import ROCE_GID
 
@@ -235,7 +236,8 @@ class PingServer(threading.Thread):
 
     def run(self) -> None:
         try:
-            ping_server.serve("mlx5_0", 1, 3, "127.0.0.1", 0, self.log.append, max_clients=1)
+            options = dict(device="mlx5_0", device_port=1, gid_index=3, max_clients=1)
+            ping_server.serve(ServeOptions("127.0.0.1", 0, self.log.append, **options))
         except BaseException as e:
             self.error = e
             self._listening.set()

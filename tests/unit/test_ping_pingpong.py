@@ -14,6 +14,7 @@ from ibtool.errors import ExitCode
 from ibtool.rdma.ladder import Ladder, PathSpec
 from ibtool.rdma.ping import client as native
 from ibtool.rdma.ping import pingpong, session
+from ibtool.rdma.ping.options import ServeOptions
 from tests.unit.fake_host import ROCE_GID
 from tests.unit.test_data_path_pyverbs import Server as DataPathServer
 
@@ -54,9 +55,10 @@ def test_what_is_not_an_address_is_refused(data):
 def Server(monkeypatch, idle: float = 0.5):
     """`ibtool ping --server --compat rc_pingpong` for one client, on a port the kernel
     picked."""
+    options = dict(device="mlx5_0", device_port=1, gid_index=3, max_clients=1, path=PathSpec())
     return DataPathServer(
         monkeypatch,
-        lambda log: pingpong.serve("mlx5_0", 1, 3, "127.0.0.1", 0, log, 1, PathSpec(), idle=idle),
+        lambda log: pingpong.serve(ServeOptions("127.0.0.1", 0, log, idle=idle, **options)),
     )
 
 

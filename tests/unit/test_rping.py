@@ -15,6 +15,7 @@ import pytest
 from ibtool.errors import ExitCode, UnsupportedError
 from ibtool.rdma import cm
 from ibtool.rdma.ping import rping
+from ibtool.rdma.ping.options import ServeOptions
 from ibtool.sources import verbs
 
 
@@ -167,7 +168,7 @@ class Listener:
 def serve(monkeypatch, messages: list[bytes]) -> tuple[list[str], Peer]:
     peer, lines = Peer(messages), []
     monkeypatch.setattr(cm, "Listener", lambda bind, port: Listener(peer))
-    rping.serve("192.168.77.1", 7174, lines.append, max_clients=1)
+    rping.serve(ServeOptions("192.168.77.1", 7174, lines.append, max_clients=1))
     return lines, peer
 
 

@@ -4,6 +4,7 @@ Modules, lower first (a module imports only those above it in this list):
 
 - session.py: one connection's CQ, MR, QP and work requests, the errors of a ping run
 - admission.py: who a server lets in and what each client may hold (no sockets, no verbs)
+- options.py: what a server is told (ServeOptions), one record for the four servers
 - echo.py: a server's answer loop, every ping echoed on a connected Session
 - client.py: the native client, its round trip, and run_client that counts any protocol's
 - acceptor.py: a TCP server's listener, handshake table and thread per admitted session

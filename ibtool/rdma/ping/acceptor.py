@@ -32,10 +32,10 @@ import time
 from dataclasses import dataclass
 
 from ibtool.errors import IbtoolError, PermissionDeniedError, UsageError
-from ibtool.model.records import PKey
 from ibtool.rdma import wire
 from ibtool.rdma.ladder import Ladder
 from ibtool.rdma.ping.admission import Admission, Limits, Refused, Ticket
+from ibtool.rdma.ping.options import ServeOptions
 from ibtool.rdma.ping.session import HANDSHAKE_TIMEOUT, MAX_PING_SIZE, Log
 
 MAX_PENDING = 64  # handshakes read at once; past it the oldest is dropped
@@ -338,18 +338,19 @@ def _try_send_now(conn: socket.socket, data: bytes) -> None:
 
 
 @contextlib.contextmanager
-def serving(device: str, port: int, gid_index: int | None, bind: str, tcp_port: int, log: Log,
-            saying: str, pkey: PKey | None = None):  # fmt: skip
-    """The listening socket and the port's verbs ladder of a server, said in the log as
-    `saying` on ADDR:PORT, DEV/PORT, the GID index and the P_Key; both closed on the way
-    out."""
-    with listen(bind, tcp_port) as listener, Ladder(device, port, gid_index) as ladder:
-        log(
-            f"{saying} on {bind or '*'}:{listener.getsockname()[1]}, {device}/{port}"
-            + (f" gid {gid_index}" if gid_index is not None else "")
-            + (f", pkey {pkey.label}" if pkey is not None else "")
-        )
-        yield listener, ladder
+def serving(options: ServeOptions, log: Log, saying: str):
+    """The listening socket and the verbs ladder on `options`' device of a server, said in
+    `log` as `saying` on ADDR:PORT, DEV/PORT, the GID index and the P_Key; both closed on the
+    way out."""
+    device, port, gid_index = options.device, options.device_port, options.gid_index
+    with listen(options.bind, options.listen_port) as listener:
+        with Ladder(device, port, gid_index) as ladder:
+            log(
+                f"{saying} on {options.bind or '*'}:{listener.getsockname()[1]}, {device}/{port}"
+                + (f" gid {gid_index}" if gid_index is not None else "")
+                + (f", pkey {options.pkey.label}" if options.pkey is not None else "")
+            )
+            yield listener, ladder
 
 
 def listen(bind: str, tcp_port: int) -> socket.socket:

@@ -30,6 +30,7 @@ from ibtool.rdma.ladder import DEFAULT_PATH, PathSpec
 from ibtool.rdma.ping import client
 from ibtool.rdma.ping.admission import Admission, Limits, Refused, source_of
 from ibtool.rdma.ping.echo import answer_pings
+from ibtool.rdma.ping.options import ServeOptions
 from ibtool.rdma.ping.serial import serve_clients
 from ibtool.rdma.ping.session import MAX_PING_SIZE, Log, Session, SessionEnded
 
@@ -293,33 +294,29 @@ def asked_memory(conn: cm.Connection) -> int:
 # -- server ------------------------------------------------------------------------------------
 
 
-def serve(
-    bind: str,
-    port: int,
-    log: Log,
-    max_clients: int | None = None,
-    path: PathSpec = DEFAULT_PATH,
-    idle: float | None = None,
-    limits: Limits | None = None,
-) -> None:
-    """Serve clients one after another until interrupted (or `max_clients` were served), the
-    answers on the service level, traffic class and MTU cap of `path` (cm.connect_qp); a
-    client that sends no ping for `idle` seconds (--idle-timeout) is dropped, so that one
-    idle client cannot hold the server. Each request passes `limits` first (Gate)."""
+def serve(options: ServeOptions) -> None:
+    """Serve clients one after another until interrupted (or `options.max_clients` were
+    served), the answers on the service level, traffic class and MTU cap of `options.path`
+    (cm.connect_qp); a client that sends no ping for `options.idle` seconds (--idle-timeout;
+    None: no bound) is dropped, so that one idle client cannot hold the server. Each request
+    passes `options.limits` first (Gate). rdma_cm picks the device and the P_Key by the
+    address: the options that would choose them are refused."""
+    options.refuse("the rdma_cm ping server", "device", "device_port", "gid_index", "pkey")
+    log, path, idle = options.log, options.path, options.idle
     rdmacm = cm.rdmacm()
     _require_private_data(rdmacm)
-    with cm.Listener(bind, port) as listener:
+    with cm.Listener(options.bind, options.listen_port) as listener:
         if listener.channel.fd is None:
             raise UnsupportedError(
                 "cannot watch the rdma_cm events: the event channel's descriptor was not found "
                 f"in /proc/self/fd (no {cm.RDMA_CM_DEVICE})",
                 "ping over TCP instead (leave --cm out)",
             )
-        gate = Gate(listener, limits, log, asked_memory)
+        gate = Gate(listener, options.limits, log, asked_memory)
         log(f"listening on {listener.where} (rdma_cm), {listener.device}")
         serve_clients(
             lambda: listener.request(gate.admit, gate.tick),
-            max_clients,
+            options.max_clients,
             log,
             lambda conn, who: _serve_client(listener, conn, log, who, path, idle),
         )

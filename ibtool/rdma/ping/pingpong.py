@@ -18,15 +18,14 @@ import socket
 import time
 
 from ibtool.errors import IbtoolError
-from ibtool.model.records import PKey
 from ibtool.rdma import wire
 from ibtool.rdma.completions import CompletionError, CompletionTimeout
 from ibtool.rdma.hwclock import HwClock
 from ibtool.rdma.ladder import DEFAULT_PATH, Ladder, PathSpec, Peer
 from ibtool.rdma.ping.acceptor import Acceptor, Guard, RefusedError, locked, serving
-from ibtool.rdma.ping.admission import Limits
 from ibtool.rdma.ping.client import Client
 from ibtool.rdma.ping.echo import answer_pings
+from ibtool.rdma.ping.options import ServeOptions
 from ibtool.rdma.ping.session import (
     HANDSHAKE_TIMEOUT,
     MAX_PING_SIZE,
@@ -41,6 +40,7 @@ DEFAULT_PORT = 18515
 DEFAULT_SIZE = 4096  # ibv_rc_pingpong's -s
 DEFAULT_COUNT = 1000  # its -n
 DEFAULT_MTU = 1024  # its -m
+DEFAULT_IDLE = 2.0  # s without a ping that end a client's session (ping's -W, its default)
 MESSAGE_SIZE = len("0000:000000:000000:" + "0" * 32) + 1  # sizeof msg: the NUL goes too
 DONE = b"done\0"
 TOOL = "ibv_rc_pingpong"
@@ -203,33 +203,19 @@ class PingpongClient(Client):
 # -- server ------------------------------------------------------------------------------
 
 
-def serve(
-    device: str,
-    port: int,
-    gid_index: int | None,
-    bind: str,
-    tcp_port: int,
-    log: Log,
-    max_clients: int | None = None,
-    path: PathSpec = DEFAULT_PATH,
-    idle: float = 2.0,
-    pkey: PKey | None = None,
-    limits: Limits | None = None,
-) -> None:
-    """Serve stock ibv_rc_pingpong clients, several at once within `limits` (acceptor.Acceptor):
-    each gets its exchange, then every ping it sends is answered with as many bytes as it
-    carried, until it has sent nothing for `idle` seconds (it ran its -n iterations and
-    exited). A refused client's connection is closed at once: the stock tool has no way to
-    be told why. Each session registers MAX_PING_SIZE (it cannot know the client's -s) and
-    counts so against --max-memory. `pkey`: the slot of path.pkey_index, for the first
-    line."""
-    log = locked(log)
-    saying = f"listening for {TOOL} clients"
-    with serving(device, port, gid_index, bind, tcp_port, log, saying, pkey) as (
-        listener,
-        ladder,
-    ):
-        server = Acceptor(listener, ladder, log, limits, max_clients, _first_address)
+def serve(options: ServeOptions) -> None:
+    """Serve stock ibv_rc_pingpong clients, several at once within `options.limits`
+    (acceptor.Acceptor): each gets its exchange, then every ping it sends is answered with as
+    many bytes as it carried, until it has sent nothing for `options.idle` seconds (None:
+    DEFAULT_IDLE; it ran its -n iterations and exited). A refused client's connection is
+    closed at once: the stock tool has no way to be told why. Each session registers
+    MAX_PING_SIZE (it cannot know the client's -s) and counts so against --max-memory.
+    `options.pkey`: the slot of `options.path.pkey_index`, for the first line."""
+    options.require(f"{TOOL}'s server", "device", "device_port")
+    log, path, limits = locked(options.log), options.path, options.limits
+    idle = DEFAULT_IDLE if options.idle is None else options.idle
+    with serving(options, log, f"listening for {TOOL} clients") as (listener, ladder):
+        server = Acceptor(listener, ladder, log, limits, options.max_clients, _first_address)
 
         def one(conn: socket.socket, client: str, guard: Guard, peer: Peer) -> None:
             try:

@@ -27,8 +27,8 @@ from ibtool.rdma.ladder import (
     ACCESS_REMOTE_WRITE,
     PathSpec,
 )
-from ibtool.rdma.ping.admission import Limits
 from ibtool.rdma.ping.cmping import Gate
+from ibtool.rdma.ping.options import ServeOptions
 from ibtool.rdma.ping.serial import serve_clients
 
 DEFAULT_PORT = 7174  # rping.c: cb->port = htobe16(7174)
@@ -169,24 +169,21 @@ class Client:
 # -- server ------------------------------------------------------------------------------------
 
 
-def serve(
-    bind: str,
-    port: int,
-    log: Log,
-    max_clients: int | None = None,
-    idle: float | None = None,
-    limits: Limits | None = None,
-) -> None:
-    """Serve rping clients one after another until interrupted (or `max_clients` were served),
-    as `rping -s -a ADDR -p PORT` does for one; a client that sends no ping for `idle`
-    seconds (--idle-timeout) is dropped, so that one idle client cannot hold the server.
-    Each request passes `limits` first (cmping.Gate), before its QP is built."""
-    with cm.Listener(bind, port) as listener:
-        gate = Gate(listener, limits, log, lambda conn: SERVER_MEMORY)
+def serve(options: ServeOptions) -> None:
+    """Serve rping clients one after another until interrupted (or `options.max_clients` were
+    served), as `rping -s -a ADDR -p PORT` does for one; a client that sends no ping for
+    `options.idle` seconds (--idle-timeout; None: no bound) is dropped, so that one idle
+    client cannot hold the server. Each request passes `options.limits` first (cmping.Gate),
+    before its QP is built. rdma_cm picks the device and the path: the options that would
+    choose them are refused."""
+    options.refuse("rping's server", "device", "device_port", "gid_index", "path", "pkey")
+    log, idle = options.log, options.idle
+    with cm.Listener(options.bind, options.listen_port) as listener:
+        gate = Gate(listener, options.limits, log, lambda conn: SERVER_MEMORY)
         log(f"listening on {listener.where} (rdma_cm, rping), {listener.device}")
         serve_clients(
             lambda: listener.next_request(SQ_DEPTH, RQ_DEPTH, gate.admit, gate.tick),
-            max_clients,
+            options.max_clients,
             log,
             lambda conn, who: _serve_client(listener, conn, log, who, idle),
         )

@@ -13,13 +13,12 @@ import time
 from typing import Callable
 
 from ibtool.errors import IbtoolError
-from ibtool.model.records import PKey
 from ibtool.rdma import wire
 from ibtool.rdma.completions import CompletionError
-from ibtool.rdma.ladder import DEFAULT_PATH, Ladder, PathSpec
+from ibtool.rdma.ladder import Ladder, PathSpec
 from ibtool.rdma.ping.acceptor import Acceptor, Guard, RefusedError, locked, serving
-from ibtool.rdma.ping.admission import Limits
 from ibtool.rdma.ping.echo import answer_pings
+from ibtool.rdma.ping.options import ServeOptions
 from ibtool.rdma.ping.session import (
     HANDSHAKE_TIMEOUT,
     MAX_PING_SIZE,
@@ -33,32 +32,24 @@ RECONNECT_WAIT = 600.0  # how long a server keeps a client whose QP died before 
 
 
 def serve(
-    device: str,
-    port: int,
-    gid_index: int | None,
-    bind: str,
-    tcp_port: int,
-    log: Log,
-    max_clients: int | None = None,
-    path: PathSpec = DEFAULT_PATH,
-    pkey: PKey | None = None,
-    limits: Limits | None = None,
+    options: ServeOptions,
+    *,
     facts: Callable[[], bytes] | None = None,
     stop: threading.Event | None = None,
     listening: Callable[[], None] | None = None,
 ) -> None:
-    """Serve clients, several at once within `limits`, until interrupted (or `max_clients`
-    were admitted and have left), on the service level, traffic class and P_Key index of
-    `path`, the path MTU capped by it; `pkey`: that P_Key table slot, for the first line;
+    """Serve clients, several at once within `options.limits`, until interrupted (or
+    `options.max_clients` were admitted and have left), on the service level, traffic class
+    and P_Key index of `options.path`, the path MTU capped by it; a client that sends nothing
+    for the limits' idle_timeout is dropped (`options.idle` is not taken: one bound, not two).
     `facts`: what answers an `ibtool doctor` query (this side's facts as JSON), None to refuse
     such queries; `stop`: set, the server stops as on an interrupt (an `ibtool mesh` agent's
     end); `listening`: called once the socket listens and the port's verbs are open."""
-    log = locked(log)
-    with serving(device, port, gid_index, bind, tcp_port, log, "listening", pkey) as (
-        listener,
-        ladder,
-    ):
-        server = Acceptor(listener, ladder, log, limits, max_clients, first_endpoint)
+    options.require("the ping server", "device", "device_port")
+    options.refuse("the ping server", "idle")
+    log, path, limits = locked(options.log), options.path, options.limits
+    with serving(options, log, "listening") as (listener, ladder):
+        server = Acceptor(listener, ladder, log, limits, options.max_clients, first_endpoint)
         if stop is not None:
             server.stop = stop
         if listening is not None:
