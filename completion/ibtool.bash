@@ -44,7 +44,7 @@ _ibtool_options() {
         dev) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
         doctor) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --dev --port --compat --gid-index --tclass -c --count --size --timeout --no-probe --pid) ;;
         exporter) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --listen --interval --config --skip --web.max-requests --web.config.file) ;;
-        fabric) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --wait --thresholds --state --no-state --via --timeout --retries --max-smps) ;;
+        fabric) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --wait --against --thresholds --state --no-state --via --timeout --retries --max-smps) ;;
         gids) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --type --netdev --ip --port --best) ;;
         health) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --config --state --no-state --lock-wait --check --skip --datapath --textfile --slurm-drain -v --verbose --list --print-nhc) ;;
         loopback) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --ops --size --iters --gid-index --pkey-index --timeout --depth --sl --qkey) ;;
@@ -54,7 +54,7 @@ _ibtool_options() {
         plugins) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
         port) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
         res) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
-        snapshot) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
+        snapshot) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --fabric --via) ;;
         system) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
         tui) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --interval --health-interval --config) ;;
         *) _ibtool_r=() ;;
@@ -86,7 +86,7 @@ _ibtool_value() {
         'exporter --snapshot'|'exporter --config'|'exporter --web.config.file') _ibtool_kind=file ;;
         'exporter --snapshot-limit'|'exporter --listen'|'exporter --interval'|'exporter --skip'|'exporter --web.max-requests') _ibtool_kind=none ;;
         'fabric --root') _ibtool_kind=dir ;;
-        'fabric --snapshot'|'fabric --thresholds'|'fabric --state') _ibtool_kind=file ;;
+        'fabric --snapshot'|'fabric --against'|'fabric --thresholds'|'fabric --state') _ibtool_kind=file ;;
         'fabric --snapshot-limit'|'fabric --wait'|'fabric --timeout'|'fabric --retries'|'fabric --max-smps') _ibtool_kind=none ;;
         'fabric --via') _ibtool_kind=devport ;;
         'gids --root') _ibtool_kind=dir ;;
@@ -127,6 +127,7 @@ _ibtool_value() {
         'snapshot --root') _ibtool_kind=dir ;;
         'snapshot --snapshot') _ibtool_kind=file ;;
         'snapshot --snapshot-limit') _ibtool_kind=none ;;
+        'snapshot --via') _ibtool_kind=devport ;;
         'system --root') _ibtool_kind=dir ;;
         'system --snapshot') _ibtool_kind=file ;;
         'system --snapshot-limit') _ibtool_kind=none ;;

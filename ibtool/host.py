@@ -78,6 +78,7 @@ class Host:
         rtnetlink: Callable[[], Any] | None = None,
         iproute: Callable[[], Any] | None = None,
         run: Callable[[list], Any] | None = None,
+        saved_fabric: tuple | None = None,
     ):
         """`sysfs`: the source to read instead of root's (tests give the live host a tree);
         `netlink`, `verbs`: what opens an RDMA netlink client and the verbs source (default:
@@ -87,7 +88,9 @@ class Host:
         the name of a process by pid (default: /proc's); `rtnetlink`: what opens a
         NETLINK_ROUTE socket for DCB, `iproute`: what opens a pyroute2 IPRoute for routes,
         `run`: what runs nft and iptables-save (argv -> (status, stdout, stderr), None when
-        not installed); each defaults to the running kernel's, and none under --root."""
+        not installed); each defaults to the running kernel's, and none under --root.
+        `saved_fabric`: a snapshot's fabric scan (the fabric, its counters, its SMs), which
+        the fabric methods answer from instead of MADs."""
         self.warn = warn or (lambda message: None)
         self.root = root
         self.details = details
@@ -108,6 +111,7 @@ class Host:
         self._rtnetlink = rtnetlink
         self._iproute = iproute
         self._run = run
+        self._saved_fabric = saved_fabric
         self._files: RootedFiles | None = None
         self._verbs: Any = None
         self._verbs_error: IbtoolError | None = None
@@ -557,9 +561,12 @@ class Host:
         """The subnet as libibnetdisc discovers it through `via` (DEV[/PORT]; default: the
         first active InfiniBand port), with MADs; the running host only (a capture holds no
         fabric yet)."""
+        if self._saved_fabric is not None:
+            return self._saved_fabric[0]
         self.require_live(
             "the fabric is asked with MADs through an InfiniBand port",
-            "run ibtool fabric on a node of the subnet",
+            "run ibtool fabric on a node of the subnet, or replay a snapshot saved there with "
+            "snapshot save FILE --fabric",
         )
         from ibtool.model.fabric import Bounds
         from ibtool.sources import mad
@@ -579,8 +586,10 @@ class Host:
         from ibtool.model.fabric import Bounds, PortCounters
         from ibtool.sources import mad
 
-        start = mad.choose_port(mad.local_ports(self.warn), fabric.ca, fabric.ca_port)
         wanted = fabric.counter_ports() if ports is None else ports
+        if self._saved_fabric is not None:
+            return self._saved_counters(wanted)
+        start = mad.choose_port(mad.local_ports(self.warn), fabric.ca, fabric.ca_port)
         got, dead = mad.port_counters(
             start, [(lid, port) for _, port, lid in wanted], bounds or Bounds(), self.warn
         )
@@ -598,6 +607,17 @@ class Host:
         ]
         return found, unanswered
 
+    def _saved_counters(self, wanted: list) -> tuple[list[PortCounters], list[str]]:
+        saved = self._saved_fabric[1] if self._saved_fabric is not None else None
+        if saved is None:
+            raise NotLiveError(
+                "this snapshot's fabric scan holds no port counters",
+                "save it with snapshot save FILE --fabric on a node of the subnet",
+            )
+        by_port = {(c.node, c.port): c for c in saved}
+        found = [by_port[n.guid, p] for n, p, _ in wanted if (n.guid, p) in by_port]
+        return found, []
+
     def fabric_sms(
         self, fabric: Fabric, bounds: Bounds | None = None, wait: float = 10.0
     ) -> SmScan:
@@ -610,6 +630,13 @@ class Host:
         from ibtool.model.fabric import Bounds, NodeType, SmScan, SmState, SubnetManager
         from ibtool.sources import mad
 
+        if self._saved_fabric is not None:
+            if self._saved_fabric[2] is None:
+                raise NotLiveError(
+                    "this snapshot's fabric scan holds no subnet managers",
+                    "save it with snapshot save FILE --fabric on a node of the subnet",
+                )
+            return self._saved_fabric[2]  # its activity count read once: not watched
         bounds = bounds or Bounds()
         start = mad.choose_port(mad.local_ports(self.warn), fabric.ca, fabric.ca_port)
         where = []
@@ -669,6 +696,12 @@ class Host:
         from ibtool.model.fabric import Bounds, Hop, NodeType, Route, resolve
         from ibtool.sources import mad
 
+        if self._saved_fabric is not None:
+            raise NotLiveError(
+                "a route is walked through the switches' forwarding tables, and a snapshot's "
+                "fabric scan does not hold them",
+                "run ibtool fabric route on a node of the subnet",
+            )
         bounds = bounds or Bounds()
         try:
             src, dst = resolve(fabric, source), resolve(fabric, dest)

@@ -38,6 +38,7 @@ KINDS: dict[tuple[str, str], str | None] = {
     ("mesh", "--listen"): None,  # ADDR[:PORT] the agents join
     ("mesh", "--connect"): None,  # an agent's: the coordinator's ADDR:PORT
     ("exporter", "--listen"): None,  # ADDR:PORT to serve HTTP on
+    ("fabric", "--against"): "file",  # a snapshot file
     ("ping", "--bind"): None,  # an address of this host
     ("gids", "--netdev"): None,  # a netdev, not an RDMA device
     ("gids", "--best"): None,  # a netdev or an IP address

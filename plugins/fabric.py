@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from ibtool.api import Invocation, UsageError, hookimpl, number
+from ibtool.api import Invocation, Status, UsageError, hookimpl, number
 
 USAGE = "ibtool fabric [links | errors | sm | route SRC DST] [--via DEV[/PORT]]"
 ACTIONS = ("links", "errors", "sm", "route")
@@ -34,6 +34,11 @@ def _configure(parser) -> None:
         metavar="SECONDS",
         help="sm: how long the master's activity count may take to move (default 10; 0: "
         "not checked)",
+    )
+    parser.add_argument(
+        "--against",
+        metavar="SNAPSHOT",
+        help="links: also name the links a snapshot saved with --fabric had up that are down now",
     )
     parser.add_argument(
         "--thresholds",
@@ -95,6 +100,7 @@ def run(inv: Invocation) -> int:
     )
     errors = words == ["errors"]
     for option, value, action in (
+        ("--against", inv.args.against, "links"),
         ("--thresholds", inv.args.thresholds, "errors"),
         ("--state", inv.args.state, "errors"),
         ("--no-state", inv.args.no_state, "errors"),
@@ -115,13 +121,15 @@ def run(inv: Invocation) -> int:
     if words and words[0] == "route":
         return _route(inv, fabric, bounds, words[1], words[2])
     if words == ["links"]:
+        gone = _gone_since(inv, fabric) if inv.args.against else None
         checked = view.links_checked(fabric)
         if inv.json:
-            inv.emit_json(view.links_json(fabric, checked))
+            inv.emit_json(view.links_json(fabric, checked, gone))
         else:
-            for line in view.links_text(fabric, checked):
+            for line in view.links_text(fabric, checked, gone):
                 inv.print(line)
-        return int(view.links_status(checked[2]))
+        status = view.links_status(checked[2])
+        return int(Status.CRITICAL) if gone else int(status)
     if inv.json:
         inv.emit_json(view.as_json(fabric))
         return 0
@@ -162,7 +170,10 @@ def _errors(inv: Invocation, fabric, bounds, thresholds, thresholds_file, said) 
     ports, unanswered = inv.host.fabric_counters(fabric, bounds)
     for line in unanswered:
         inv.warn(line)
-    if inv.args.no_state:
+    if inv.snapshot is not None:
+        findings = judge_counters(ports, thresholds, None)
+        baseline = f"as snapshot {inv.snapshot} saved them, no state kept"
+    elif inv.args.no_state:
         findings = judge_counters(ports, thresholds, None)
         baseline = "no state kept: every counter over its threshold counts"
     else:
@@ -228,6 +239,25 @@ def _route(inv: Invocation, fabric, bounds, source: str, dest: str) -> int:
         for line in view.route_text(route, counters, thresholds):
             inv.print(line)
     return int(view.route_findings(route, counters, thresholds)[0])
+
+
+def _gone_since(inv: Invocation, fabric) -> list[str]:
+    """The links the --against snapshot's fabric had that this one has not (each named)."""
+    from ibtool.api import DataError
+    from ibtool.api.fabric import fabric_changes, fabric_from_data
+    from ibtool.api.snapshot import load
+
+    path = inv.args.against
+    data = load(path, **inv.snapshot_kwargs())
+    if data.get("fabric") is None:
+        raise DataError(
+            f"{path} holds no fabric scan", "save one with ibtool snapshot save FILE --fabric"
+        )
+    try:
+        saved = fabric_from_data(data["fabric"])[0]
+    except ValueError as e:
+        raise DataError(f"{path} is damaged: its {e}") from None
+    return [c.what for c in fabric_changes(saved, fabric) if c.kind == "link_down"]
 
 
 def _kept(data) -> dict[tuple[int, int], dict[str, int]] | None:

@@ -15,12 +15,24 @@ from typing import Any
 from ibtool.api import Invocation, UsageError, __version__, hookimpl, render
 from ibtool.api import counters as counterinfo
 
-USAGE = "ibtool snapshot save FILE | show FILE | diff A B"
+USAGE = "ibtool snapshot save FILE [--fabric] | show FILE | diff A B"
 SHOWN_DEVICES = 8  # device names on show's text line; -j lists them all
 
 
 def _configure(parser) -> None:
     parser.add_argument("words", nargs="*", metavar="save FILE | show FILE | diff A B")
+    parser.add_argument(
+        "--fabric",
+        action="store_true",
+        help="save: keep a scan of the InfiniBand fabric too (its nodes, links, port counters "
+        "and subnet managers: MADs to the whole subnet)",
+    )
+    parser.add_argument(
+        "--via",
+        metavar="DEV[/PORT]",
+        help="save --fabric: the local InfiniBand port to scan through (default: the first "
+        "active one)",
+    )
 
 
 def _plain(value: Any) -> str:
@@ -43,7 +55,9 @@ def _save(inv: Invocation, path: str) -> None:
 
     inv.host.require_live("snapshot save captures the running host")
     started = time.monotonic()
-    data = snapshot.save(path, inv.warn, __version__)
+    data = snapshot.save(
+        path, inv.warn, __version__, fabric=_fabric_scan(inv.args.via) if inv.args.fabric else None
+    )
     summary = {
         "file": path,
         "host": data["host"],
@@ -53,13 +67,34 @@ def _save(inv: Invocation, path: str) -> None:
         "netlink_answers": len(data["netlink"]),
         "seconds": round(time.monotonic() - started, 3),
     }
+    fabric = data.get("fabric")
+    if fabric is not None:
+        summary["fabric_nodes"] = len(fabric["nodes"])
     if inv.json:
         inv.emit_json(summary)
         return
     inv.print(
         f"saved {path}: host {summary['host']}, kernel {summary['kernel']}, "
         f"{summary['sysfs_entries']} sysfs entries, {summary['netlink_answers']} netlink answers"
+        + (f", a fabric of {summary['fabric_nodes']} nodes" if fabric is not None else "")
     )
+
+
+def _fabric_scan(via: str | None):
+    """What snapshot save --fabric keeps, from the host it saves: the scan, every port's
+    counters and the subnet managers (their activity read once), bounded as ibtool fabric's
+    scan is by default."""
+
+    def scan(host) -> dict:
+        from ibtool.api.fabric import Bounds, fabric_data
+
+        bounds = Bounds()
+        fabric = host.fabric(via, bounds)
+        counters, _ = host.fabric_counters(fabric, bounds)
+        sms = host.fabric_sms(fabric, bounds, wait=0)
+        return fabric_data(fabric, counters, sms)
+
+    return scan
 
 
 def _show(inv: Invocation, path: str) -> None:
@@ -149,6 +184,14 @@ def _diff(inv: Invocation, a_path: str, b_path: str) -> None:
             b.close()
     finally:
         a.close()
+    fabric = None  # compared where a snapshot holds a fabric scan; then both must
+    if a.fabric is not None or b.fabric is not None:
+        from ibtool.api.fabric import fabric_changes
+
+        if a.fabric is None or b.fabric is None:
+            inv.warn("the fabric is not compared: only one snapshot holds a fabric scan")
+        else:
+            fabric = fabric_changes(a.fabric[0], b.fabric[0], a.fabric[1], b.fabric[1])
     metas = _meta(a.data, a_path), _meta(b.data, b_path)
     if metas[0]["host"] != metas[1]["host"]:
         inv.warn(
@@ -170,6 +213,11 @@ def _diff(inv: Invocation, a_path: str, b_path: str) -> None:
                 "objects": [render.record_json(o, OBJECT_FIELDS, True) for o in result.objects]
                 if result.objects_known
                 else None,
+                **(
+                    {"fabric": [{"kind": c.kind, "what": c.what} for c in fabric]}
+                    if fabric is not None
+                    else {}
+                ),
             }
         )
         return
@@ -194,10 +242,23 @@ def _diff(inv: Invocation, a_path: str, b_path: str) -> None:
             inv.print(line)
     elif not result.objects_known:
         inv.warn("RDMA objects are not compared: a snapshot holds no resource dumps")
+    if fabric:
+        inv.print()
+        for change in fabric:
+            inv.print(_plain(f"fabric: {change.what}"))
+    elif fabric is not None:
+        inv.print()
+        inv.print("fabric: no node, link or error counter changed")
 
 
 def run(inv: Invocation) -> None:
     words = list(inv.args.words)
+    if words[:1] != ["save"]:
+        for option, value in (("--fabric", inv.args.fabric), ("--via", inv.args.via)):
+            if value:
+                raise UsageError(f"{option} is for snapshot save", USAGE)
+    if inv.args.via and not inv.args.fabric:
+        raise UsageError("--via is for snapshot save --fabric", USAGE)
     if words[:1] == ["save"] and len(words) == 2:
         return _save(inv, words[1])
     if words[:1] == ["show"] and len(words) == 2:

@@ -57,10 +57,13 @@ def save(
     open_verbs: Callable[[], Any] | None = None,
     release: str | None = None,
     comm: Callable[[int], str | None] | None = None,
+    fabric: Callable[[Any], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Capture the host into `path` and return what was saved. `root`, `open_netlink`,
     `open_verbs`, the kernel `release` and `comm` (a process's name by pid) are the running
-    host's unless given, as Host takes them (tests give a tree and a fake kernel)."""
+    host's unless given, as Host takes them (tests give a tree and a fake kernel). `fabric`:
+    given the host, the fabric scan to keep (opt-in: MADs to the whole subnet); one that fails
+    is a warning, and the rest is saved."""
     from ibtool import host as hosts
     from ibtool.sources.netlink.session import open_nldev
     from ibtool.sources.sysfs.infiniband import SysfsSource
@@ -93,6 +96,12 @@ def save(
     try:
         _ask_everything(host, comms)
         features = _features(host)
+        if fabric is not None:
+            try:
+                data["fabric"] = fabric(host)
+            except IbtoolError as e:
+                hint = f" ({e.hint})" if e.hint else ""
+                warn(f"the fabric is not saved: {e.message}{hint}")
     finally:
         host.close()
     data.update(netlink=netlink, verbs=verbs, comm=comms, features=features)
@@ -483,6 +492,15 @@ class SnapshotHost:
         if isinstance(features, list):
             extra["recorded_features"] = [NetlinkFeature(**f) for f in features]
         comms = self.data["comm"]
+        saved_fabric = self.fabric = None
+        if self.data.get("fabric") is not None:
+            from ibtool.model.fabric import fabric_from_data
+
+            try:
+                saved_fabric = self.fabric = fabric_from_data(self.data["fabric"])
+            except ValueError as e:
+                self.close()
+                raise SnapshotError(f"{path} is damaged: its {e}", HINT) from None
         self.host = Host(
             root=self.tmp,
             warn=warn,
@@ -494,6 +512,7 @@ class SnapshotHost:
             live=False,
             not_live=NOT_LIVE,
             comm=lambda pid: comms.get(str(pid)),
+            saved_fabric=saved_fabric,
         )
 
     def close(self) -> None:

@@ -189,7 +189,11 @@ def links_status(findings: list[LinkFinding]) -> Status:
 Checked = "tuple[list[Link], dict[str, Norm], list[LinkFinding]]"
 
 
-def links_text(fabric: Fabric, checked: Checked | None = None) -> list[str]:
+def links_text(
+    fabric: Fabric, checked: Checked | None = None, gone: list[str] | None = None
+) -> list[str]:
+    """The links' table and findings; `gone`: the links a saved fabric had up that are down
+    now (each CRITICAL)."""
     links, norms, findings = checked or links_checked(fabric)
     found = _by_link(findings)
 
@@ -213,10 +217,16 @@ def links_text(fabric: Fabric, checked: Checked | None = None) -> list[str]:
     ]
     lines += render.table(links, fields, False)
     lines.append("")
+    for what in gone or ():
+        lines.append(escaped(f"CRITICAL {what} since the saved fabric"))
+    if gone:
+        lines.append("  fix: find why each is down: ibtool fabric errors, then the cable")
     for f in findings:
         lines.append(escaped(f"{f.status.name} {_cable(f.link)}: {f.what}"))
         lines.append(escaped(f"  fix: {f.fix}"))
-    if findings:
+    if gone and not findings:
+        lines.append(f"{len(gone)} link{'s' if len(gone) != 1 else ''} down since the saved fabric")
+    elif findings:
         cables = len({_cable(f.link) for f in findings})
         lines.append(f"{cables} of {len(links)} links need attention")
     else:
@@ -224,7 +234,9 @@ def links_text(fabric: Fabric, checked: Checked | None = None) -> list[str]:
     return lines
 
 
-def links_json(fabric: Fabric, checked: Checked | None = None) -> dict[str, Any]:
+def links_json(
+    fabric: Fabric, checked: Checked | None = None, gone: list[str] | None = None
+) -> dict[str, Any]:
     links, norms, findings = checked or links_checked(fabric)
     found = _by_link(findings)
 
@@ -238,9 +250,13 @@ def links_json(fabric: Fabric, checked: Checked | None = None) -> dict[str, Any]
             "speed_supported": list(p.speed.supported_names()),
         }
 
+    status = links_status(findings)
+    if gone:
+        status = Status.CRITICAL
     return {
         "via": {"ca": fabric.ca, "port": fabric.ca_port},
-        "status": links_status(findings).name,
+        "status": status.name,
+        **({"gone": list(gone)} if gone is not None else {}),
         "norms": {
             t: {"width": n.width, "speed": n.speed, "links": n.count, "of": n.of}
             for t, n in norms.items()
@@ -449,7 +465,8 @@ def sm_text(fabric: Fabric, scan: SmScan, findings: list[SmFinding]) -> list[str
         lines.append(escaped(f"{f.status.name} {f.what}"))
         lines.append(escaped(f"  fix: {f.fix}"))
     if not findings:
-        lines.append("one master, answering and active")
+        active = "and active" if scan.moved else "(its activity not watched)"
+        lines.append(f"one master, answering {active}")
     return lines
 
 

@@ -167,6 +167,7 @@ def test_what_each_value_completes_with(parser):
         "fabric --via": "devport",
         "exporter --config": "file",
         "exporter --web.config.file": "file",
+        "fabric --against": "file",
         "fabric --state": "file",
         "fabric --thresholds": "file",
         "gids #0": "devport",
@@ -190,6 +191,7 @@ def test_what_each_value_completes_with(parser):
         "port #0": "devport",
         "res #0": "devport",
         "snapshot #0": "file",
+        "snapshot --via": "devport",
         "tui --config": "file",
     }
     for s in completion.scopes(parser):
