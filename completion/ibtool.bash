@@ -44,7 +44,7 @@ _ibtool_options() {
         dev) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
         doctor) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --dev --port --compat --gid-index --tclass -c --count --size --timeout --no-probe --pid) ;;
         exporter) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --listen --interval --config --skip --web.max-requests --web.config.file) ;;
-        fabric) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --wait --against --thresholds --state --no-state --via --timeout --retries --max-smps) ;;
+        fabric) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --wait --against --thresholds --state --all-ports --no-state --via --timeout --retries --max-smps) ;;
         gids) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --type --netdev --ip --port --best) ;;
         health) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --config --state --no-state --lock-wait --check --skip --datapath --textfile --slurm-drain -v --verbose --list --print-nhc) ;;
         loopback) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --ops --size --iters --gid-index --pkey-index --timeout --depth --sl --qkey) ;;

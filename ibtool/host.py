@@ -32,7 +32,7 @@ from ibtool.sources.sysfs.rooted import RootedFiles
 from ibtool.sources.sysfs.stack import StackFiles, module_sign
 
 if TYPE_CHECKING:  # a scan's records are loaded only by a scan
-    from ibtool.model.fabric import Bounds, Fabric, PortCounters, Route, SmScan
+    from ibtool.model.fabric import Bounds, CountersRead, Fabric, Route, SmScan
 
 # What `ibtool port` shows without -d: state, rate, LIDs and the netdev, all from sysfs.
 PORT_SHOWN = PORT_FIELDS + PORT_NETDEV
@@ -577,22 +577,37 @@ class Host:
         return mad.discover(start, bounds or Bounds(), self.warn)
 
     def fabric_counters(
-        self, fabric: Fabric, bounds: Bounds | None = None, ports: list | None = None
-    ) -> tuple[list[PortCounters], list[str]]:
+        self,
+        fabric: Fabric,
+        bounds: Bounds | None = None,
+        ports: list | None = None,
+        clean: Callable | None = None,
+        data: bool = True,
+    ) -> CountersRead:
         """The PMA counters of every port of a scanned fabric that ibqueryerrors reads (or of
         `ports`, (node, port, LID) each), asked through the port the scan went out from; and
         what did not answer, named (a node whose PMA did not answer is not asked again for its
-        other ports)."""
-        from ibtool.model.fabric import Bounds, PortCounters
+        other ports). With `clean` (given a switch's sum of its ports' counters, whether it
+        holds nothing to look at), a switch whose sum is clean is not read port by port: its
+        ports are left out, and the answer says which switches were left to their sum.
+        Without `data`, the 64-bit data counters are not asked for (PortCountersExtended only
+        where it holds 64-bit error counters): what judging errors needs, in fewer MADs."""
+        from ibtool.model.fabric import Bounds, CountersRead, PortCounters
         from ibtool.sources import mad
 
         wanted = fabric.counter_ports() if ports is None else ports
         if self._saved_fabric is not None:
             return self._saved_counters(wanted)
         start = mad.choose_port(mad.local_ports(self.warn), fabric.ca, fabric.ca_port)
-        got, dead = mad.port_counters(
-            start, [(lid, port) for _, port, lid in wanted], bounds or Bounds(), self.warn
+        got, dead, summed = mad.port_counters(
+            start,
+            [(lid, port) for _, port, lid in wanted],
+            bounds or Bounds(),
+            self.warn,
+            clean,
+            data,
         )
+        by_lid = {lid: node for node, _, lid in wanted}
         found, silent = [], {}
         for node, port, lid in wanted:
             q = got.get((lid, port))
@@ -605,9 +620,9 @@ class Host:
             f"{count} port{'s' if count != 1 else ''} not read"
             for lid, (node, count) in silent.items()
         ]
-        return found, unanswered
+        return CountersRead(found, unanswered, [(by_lid[lid], n) for lid, n in summed.items()])
 
-    def _saved_counters(self, wanted: list) -> tuple[list[PortCounters], list[str]]:
+    def _saved_counters(self, wanted: list) -> CountersRead:
         saved = self._saved_fabric[1] if self._saved_fabric is not None else None
         if saved is None:
             raise NotLiveError(
@@ -615,8 +630,10 @@ class Host:
                 "save it with snapshot save FILE --fabric on a node of the subnet",
             )
         by_port = {(c.node, c.port): c for c in saved}
+        from ibtool.model.fabric import CountersRead
+
         found = [by_port[n.guid, p] for n, p, _ in wanted if (n.guid, p) in by_port]
-        return found, []
+        return CountersRead(found, [])
 
     def fabric_sms(
         self, fabric: Fabric, bounds: Bounds | None = None, wait: float = 10.0

@@ -53,6 +53,13 @@ def _configure(parser) -> None:
         "/var/lib/ibtool/fabric.json as root)",
     )
     parser.add_argument(
+        "--all-ports",
+        action="store_true",
+        help="errors: read every port's counters, the 64-bit data counters too (default: a "
+        "switch whose ports' sum is under the thresholds is not read port by port, as "
+        "ibqueryerrors does)",
+    )
+    parser.add_argument(
         "--no-state",
         action="store_true",
         help="errors: keep no state (every counter over its threshold counts)",
@@ -104,6 +111,7 @@ def run(inv: Invocation) -> int:
         ("--thresholds", inv.args.thresholds, "errors"),
         ("--state", inv.args.state, "errors"),
         ("--no-state", inv.args.no_state, "errors"),
+        ("--all-ports", inv.args.all_ports, "errors"),
         ("--wait", inv.args.wait is not None, "sm"),
     ):
         if value and words != [action]:
@@ -164,10 +172,12 @@ def _thresholds(path: str | None) -> tuple[dict[str, int], str | None, str]:
 
 
 def _errors(inv: Invocation, fabric, bounds, thresholds, thresholds_file, said) -> int:
-    from ibtool.api.fabric import judge_counters, view
+    from ibtool.api.fabric import ERROR_COUNTERS, clean_sum, judge_counters, view
     from ibtool.api.health import StateFile, state_path
 
-    ports, unanswered = inv.host.fabric_counters(fabric, bounds)
+    clean = None if inv.args.all_ports else clean_sum(thresholds)
+    read = inv.host.fabric_counters(fabric, bounds, clean=clean, data=inv.args.all_ports)
+    ports, unanswered = read.counters, read.unanswered
     for line in unanswered:
         inv.warn(line)
     if inv.snapshot is not None:
@@ -186,7 +196,14 @@ def _errors(inv: Invocation, fabric, bounds, thresholds, thresholds_file, said) 
             before = _kept(data)
             findings = judge_counters(ports, thresholds, before)
             now = time.time()
-            kept = {f"{pc.node:#x}:{pc.port}": pc.values for pc in ports}
+            kept = {} if not isinstance(data, dict) else dict(data.get("ports") or {})
+            # A port left to its switch's sum is known only to be at or under each threshold:
+            # exactly 0 where the threshold is 0, unknown (no baseline) where it is more.
+            zeros = {n: 0 for n in ERROR_COUNTERS if thresholds.get(n, 0) == 0}
+            for node, _ in read.summed:
+                for number in range(1, node.port_count + 1):
+                    kept[f"{node.guid:#x}:{number}"] = zeros
+            kept.update({f"{pc.node:#x}:{pc.port}": pc.values for pc in ports})
             state.save({STATE_CHECK: {"data": {"ports": kept}, "time": now}})
         if before is None:
             baseline = "first run: baseline taken"
@@ -195,14 +212,12 @@ def _errors(inv: Invocation, fabric, bounds, thresholds, thresholds_file, said) 
             baseline = f"compared with the last run{ago}"
     if inv.json:
         inv.emit_json(
-            view.errors_json(
-                fabric, ports, findings, unanswered, thresholds, thresholds_file, baseline
-            )
+            view.errors_json(fabric, read, findings, thresholds, thresholds_file, baseline)
         )
     else:
-        for line in view.errors_text(fabric, ports, findings, unanswered, said, baseline):
+        for line in view.errors_text(fabric, read, findings, said, baseline):
             inv.print(line)
-    return int(view.errors_status(findings, unanswered))
+    return int(view.errors_status(findings, read.unanswered))
 
 
 def _sm(inv: Invocation, fabric, bounds) -> int:
@@ -228,10 +243,10 @@ def _route(inv: Invocation, fabric, bounds, source: str, dest: str) -> int:
         for node, port in ((hop.node, hop.port), (hop.far, hop.far_port)):
             lid = node.lid if node.type == NodeType.SWITCH else port.lid
             ends.append((node, port.number, lid))
-    read, unanswered = inv.host.fabric_counters(fabric, bounds, ends)
-    for line in unanswered:
+    read = inv.host.fabric_counters(fabric, bounds, ends)
+    for line in read.unanswered:
         inv.warn(line)
-    counters = {(pc.node, pc.port): pc for pc in read}
+    counters = {(pc.node, pc.port): pc for pc in read.counters}
     thresholds = _thresholds(None)[0]
     if inv.json:
         inv.emit_json(view.route_json(route, counters, thresholds))

@@ -90,7 +90,7 @@ def _fabric_scan(via: str | None):
 
         bounds = Bounds()
         fabric = host.fabric(via, bounds)
-        counters, _ = host.fabric_counters(fabric, bounds)
+        counters = host.fabric_counters(fabric, bounds).counters  # every port, one by one
         sms = host.fabric_sms(fabric, bounds, wait=0)
         return fabric_data(fabric, counters, sms)
 

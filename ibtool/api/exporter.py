@@ -4,6 +4,8 @@ exporter-toolkit's --web.config.file)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ibtool.live.exporter import (
     DEFAULT_PORT,
     MAX_REQUESTS,
@@ -13,7 +15,9 @@ from ibtool.live.exporter import (
     poller,
     serve,
 )
-from ibtool.web.config import Watcher as WebConfigWatcher
+
+if TYPE_CHECKING:
+    from ibtool.web.config import Watcher as WebConfigWatcher
 
 __all__ = [
     "DEFAULT_PORT",
@@ -25,3 +29,13 @@ __all__ = [
     "poller",
     "serve",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The web configuration's reader (YAML, TLS, bcrypt) is loaded only by an exporter that is
+    # given --web.config.file: the exporter's options are declared on every start.
+    if name == "WebConfigWatcher":
+        from ibtool.web.config import Watcher
+
+        return Watcher
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,6 +6,7 @@ text and JSON (view). The scan itself is the Host's: ``host.fabric()``, and
 from __future__ import annotations
 
 from ibtool.model.fabric import (
+    ERROR_COUNTERS,
     THRESHOLDS_FILE,
     THRESHOLDS_MAX,
     Bounds,
@@ -15,6 +16,7 @@ from ibtool.model.fabric import (
     Link,
     NodeType,
     PortCounters,
+    clean_sum,
     fabric_changes,
     fabric_data,
     fabric_from_data,
@@ -25,6 +27,7 @@ from ibtool.model.fabric import (
 from ibtool.views import fabric as view
 
 __all__ = [
+    "ERROR_COUNTERS",
     "THRESHOLDS_FILE",
     "THRESHOLDS_MAX",
     "Bounds",
@@ -34,6 +37,7 @@ __all__ = [
     "Link",
     "NodeType",
     "PortCounters",
+    "clean_sum",
     "fabric_changes",
     "fabric_data",
     "fabric_from_data",

@@ -10,6 +10,7 @@ LinkWidth bits 1 = 1X, 2 = 4X, 4 = 8X, 8 = 12X, 16 = 2X; LinkSpeed bits 1 = SDR,
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ibtool.model.health import Status
@@ -526,6 +527,17 @@ class PortCounters:
 
     def saturated(self, name: str) -> bool:
         return self.values.get(name) == (1 << self.bits.get(name, 64)) - 1
+
+
+@dataclass(frozen=True)
+class CountersRead:
+    """What a read of a fabric's port counters gave: the ports read, what did not answer
+    (named), and the switches left to the sum of their ports (node, how many ports) because
+    the sum held nothing to look at."""
+
+    counters: list[PortCounters]
+    unanswered: list[str]
+    summed: list[tuple[FabricNode, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -1066,3 +1078,22 @@ def fabric_changes(
                         "counters_cleared", f"{where}: {name} cleared ({x} -> {y})"
                     ))  # fmt: skip
     return found
+
+
+def clean_sum(thresholds: dict[str, int]) -> Callable[[PortCounters], bool]:
+    """Whether a switch's sum of its ports' counters holds nothing `judge_counters` would list:
+    every error counter of the sum at or under its threshold means every port's is (a counter
+    saturated in the sum is not clean)."""
+
+    def clean(total) -> bool:
+        for name in ERROR_COUNTERS:
+            if name == CONGESTION and name not in thresholds:
+                continue
+            value = total.values.get(name)
+            if value is None:
+                continue
+            if value > thresholds.get(name, 0) or value == (1 << total.bits.get(name, 64)) - 1:
+                return False
+        return True
+
+    return clean

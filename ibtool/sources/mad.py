@@ -114,6 +114,8 @@ CPI_CAPMASK_F, CPI_CAPMASK2_F = 208, 209  # the PMA's ClassPortInfo
 # PMA ClassPortInfo.CapabilityMask (IBTA 16.1.3.1, table 255 note) and CapabilityMask2
 PMA_EXT_WIDTH, PMA_EXT_WIDTH_NOIETF, PMA_XMIT_WAIT = 0x200, 0x400, 0x1000
 PMA_EXT_ERRORS = 0x2  # CapabilityMask2: IsAdditionalPortCountersExtendedSupported
+PMA_ALL_PORT_SELECT = 0x100  # CapabilityMask: PortSelect 0xFF sums every port
+ALL_PORTS = 0xFF
 IS_EXTENDED_SPEEDS_SUPPORTED = 1 << 14  # PortInfo.CapabilityMask bit 14 (IBTA 14.2.5.6)
 
 
@@ -651,12 +653,23 @@ def port_counters(
     targets: list[tuple[int, int]],
     bounds: Bounds,
     warn: Callable[[str], None],
-) -> tuple[dict[tuple[int, int], Queried], set[int]]:
+    clean: Callable[[Queried], bool] | None = None,
+    data: bool = True,
+) -> tuple[dict[tuple[int, int], Queried], set[int], dict[int, int]]:
     """Every (LID, port) of `targets` asked for its PortCounters, and its PortCountersExtended
     where its ClassPortInfo says it has them (the 64-bit error counters too where CapabilityMask2
     says so), as ibqueryerrors and perfquery ask: one MAD at a time, each with the bounds'
-    timeout and retries. A LID that did not answer is not asked again for its other ports:
-    the LIDs that did not answer come back with what did."""
+    timeout and retries. A LID that did not answer is not asked again for its other ports.
+
+    With `clean`, a LID of several ports (a switch) whose PMA can sum them (ClassPortInfo's
+    AllPortSelect) is asked for the sum first (PortSelect 0xFF), as ibqueryerrors asks: when
+    `clean` says the sum holds nothing to look at, its ports are not asked one by one.
+
+    Without `data`, PortCountersExtended is asked only for its 64-bit error counters, where a
+    port has them (the data counters are PortCounters' 32-bit ones).
+
+    Returns what was read, the LIDs that did not answer, and the ports left to their sum (by
+    LID)."""
     libs = libraries()
     m = libs.mad
     classes = (C.c_int * 1)(PERFORMANCE_CLASS)
@@ -667,46 +680,61 @@ def port_counters(
             f"cannot open {start.ca}/{start.port} for performance MADs",
             "is the umad device there and yours? (ls -l /dev/infiniband)",
         )
+    by_lid: dict[int, list[int]] = {}
+    for lid, port in targets:
+        if lid:
+            by_lid.setdefault(lid, []).append(port)
     found: dict[tuple[int, int], Queried] = {}
     dead: set[int] = set()
-    caps: dict[int, tuple[int, int]] = {}
+    summed: dict[int, int] = {}
     try:
         m.mad_rpc_set_timeout(handle, bounds.timeout_ms)
         m.mad_rpc_set_retries(handle, bounds.retries)
         buf = (C.c_uint8 * MAD_SIZE)()
         with _stderr_to(warn, "libibmad"):
-            for lid, port in targets:
-                if lid in dead or not lid:
-                    continue
-                if lid not in caps:
-                    got = _pma(m, handle, buf, lid, port, GSI_CLASS_PORT_INFO, bounds)
-                    if got is None:
-                        dead.add(lid)
-                        continue
-                    caps[lid] = (
-                        m.mad_get_field(buf, 0, CPI_CAPMASK_F),
-                        m.mad_get_field(buf, 0, CPI_CAPMASK2_F),
-                    )
-                mask, mask2 = caps[lid]
-                if _pma(m, handle, buf, lid, port, GSI_PORT_COUNTERS, bounds) is None:
+            for lid, ports in by_lid.items():
+                if _pma(m, handle, buf, lid, ports[0], GSI_CLASS_PORT_INFO, bounds) is None:
                     dead.add(lid)
                     continue
-                values = {n: m.mad_get_field(buf, 0, f) for n, (f, _, _) in PORT_COUNTERS.items()}
-                bits = {n: b for n, (_, b, _) in PORT_COUNTERS.items()}
-                if not mask & PMA_XMIT_WAIT:
-                    del values["PortXmitWait"], bits["PortXmitWait"]
-                if mask & (PMA_EXT_WIDTH | PMA_EXT_WIDTH_NOIETF):
-                    if _pma(m, handle, buf, lid, port, GSI_PORT_COUNTERS_EXT, bounds) is not None:
-                        wide = list(DATA_COUNTERS)
-                        if mask2 & PMA_EXT_ERRORS:
-                            wide = [n for n in values]
-                        for name in wide:
-                            values[name] = m.mad_get_field64(buf, 0, PORT_COUNTERS[name][2])
-                            bits[name] = 64
-                found[lid, port] = Queried(values, bits)
+                caps = (m.mad_get_field(buf, 0, CPI_CAPMASK_F),
+                        m.mad_get_field(buf, 0, CPI_CAPMASK2_F))  # fmt: skip
+                if clean is not None and len(ports) > 1 and caps[0] & PMA_ALL_PORT_SELECT:
+                    total = _read_port(m, handle, buf, lid, ALL_PORTS, caps, bounds, data=False)
+                    if total is None:
+                        dead.add(lid)
+                        continue
+                    if clean(total):
+                        summed[lid] = len(ports)
+                        continue
+                for port in ports:
+                    got = _read_port(m, handle, buf, lid, port, caps, bounds, data)
+                    if got is None:
+                        dead.add(lid)
+                        break
+                    found[lid, port] = got
     finally:
         m.mad_rpc_close_port(handle)
-    return found, dead
+    return found, dead, summed
+
+
+def _read_port(m, handle, buf, lid: int, port: int, caps, bounds: Bounds, data: bool = True):
+    """One port's PortCounters, then its PortCountersExtended where it has them (for the data
+    counters, unless not `data`, and the 64-bit error counters where CapabilityMask2 says so);
+    None when the PortCounters did not answer."""
+    mask, mask2 = caps
+    if _pma(m, handle, buf, lid, port, GSI_PORT_COUNTERS, bounds) is None:
+        return None
+    values = {n: m.mad_get_field(buf, 0, f) for n, (f, _, _) in PORT_COUNTERS.items()}
+    bits = {n: b for n, (_, b, _) in PORT_COUNTERS.items()}
+    if not mask & PMA_XMIT_WAIT:
+        del values["PortXmitWait"], bits["PortXmitWait"]
+    wide = [n for n in values] if mask2 & PMA_EXT_ERRORS else list(DATA_COUNTERS) if data else []
+    if wide and mask & (PMA_EXT_WIDTH | PMA_EXT_WIDTH_NOIETF):
+        if _pma(m, handle, buf, lid, port, GSI_PORT_COUNTERS_EXT, bounds) is not None:
+            for name in wide:
+                values[name] = m.mad_get_field64(buf, 0, PORT_COUNTERS[name][2])
+                bits[name] = 64
+    return Queried(values, bits)
 
 
 def _pma(m, handle, buf, lid: int, port: int, attribute: int, bounds: Bounds):

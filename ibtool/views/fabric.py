@@ -11,6 +11,7 @@ from ibtool.model.fabric import (
     ERROR_FIXES,
     WIDTHS,
     CounterFinding,
+    CountersRead,
     Fabric,
     FabricNode,
     Link,
@@ -318,21 +319,33 @@ def _order(f: CounterFinding):
             f.counters.port)  # fmt: skip
 
 
+def _summed(read: CountersRead) -> str:
+    if not read.summed:
+        return ""
+    ports = sum(n for _, n in read.summed)
+    switches = len(read.summed)
+    return (
+        f" ({ports} more on {switches} switch{'es' if switches != 1 else ''} whose ports' sum "
+        "is under the thresholds)"
+    )
+
+
 def errors_text(
     fabric: Fabric,
-    ports: list[PortCounters],
+    read: CountersRead,
     findings: list[CounterFinding],
-    unanswered: list[str],
     thresholds: str,
     baseline: str,
 ) -> list[str]:
     """A head line (ports read, the thresholds, the baseline), then each counter over its
     threshold with the cable it is on, worst first, what each kind of counter means and its
     fix, and a last line counting the ports."""
-    nodes = len({pc.node for pc in ports})
+    ports = read.counters
+    nodes = len({pc.node for pc in ports} | {n.guid for n, _ in read.summed})
+    checked = len(ports) + sum(n for _, n in read.summed)
     lines = [
-        f"{len(ports)} ports of {nodes} nodes read through {fabric.ca}/{fabric.ca_port}; "
-        f"thresholds: {thresholds}; {baseline}",
+        f"{len(ports)} ports read{_summed(read)}, of {nodes} nodes, through "
+        f"{fabric.ca}/{fabric.ca_port}; thresholds: {thresholds}; {baseline}",
         "",
     ]
     ordered = sorted(findings, key=_order)
@@ -349,11 +362,11 @@ def errors_text(
     lines.append("")
     if bad:
         lines.append(
-            f"{len(bad)} of {len(ports)} ports over their thresholds, {len(grown)} of them "
+            f"{len(bad)} of {checked} ports over their thresholds, {len(grown)} of them "
             "to look at now"
         )
     else:
-        lines.append(f"no port of {len(ports)} over its thresholds")
+        lines.append(f"no port of {checked} over its thresholds")
     return lines
 
 
@@ -364,13 +377,13 @@ def _far(far) -> dict[str, Any]:
 
 def errors_json(
     fabric: Fabric,
-    ports: list[PortCounters],
+    read: CountersRead,
     findings: list[CounterFinding],
-    unanswered: list[str],
     thresholds: dict[str, int],
     thresholds_file: str | None,
     baseline: str,
 ) -> dict[str, Any]:
+    ports, unanswered = read.counters, read.unanswered
     found: dict[tuple[int, int], list[CounterFinding]] = {}
     for f in findings:
         found.setdefault((f.counters.node, f.counters.port), []).append(f)
@@ -413,6 +426,10 @@ def errors_json(
         "thresholds_file": thresholds_file,
         "baseline": baseline,
         "ports": [port(pc) for pc in ports],
+        "summed": [
+            {"node": n.description, "node_guid": guid(n.guid), "ports": count}
+            for n, count in read.summed
+        ],
         "unanswered": list(unanswered),
     }
 

@@ -52,7 +52,15 @@ def test_the_ports_over_their_thresholds_are_ibqueryerrors(faulted, tmp_path):
     assert over(answer) == theirs
     assert len(theirs) == 2 and code == 1  # Nagios' WARNING
     assert answer["status"] == "WARNING" and answer["unanswered"] == []
-    assert len(answer["ports"]) == 150  # ibqueryerrors' "150 ports checked"
+    # ibqueryerrors' "150 ports checked": the two faulted switches' and the CAs' read one by
+    # one, the two clean switches' by their sum (AllPortSelect), as ibqueryerrors reads them
+    assert len(answer["ports"]) == 2 * 36 + 6
+    assert sorted((s["node"], s["ports"]) for s in answer["summed"]) == [
+        ("leaf02", 36), ("spine02", 36)
+    ]  # fmt: skip
+    code, every = ours(faulted, "--no-state", "--all-ports")
+    assert (code, len(every["ports"]), every["summed"]) == (1, 150, [])
+    assert over(every) == theirs
     limits = tmp_path / "error_thresholds"
     limits.write_text("# raised for this fabric\nSymbolErrorCounter=600\nPortXmitDiscards = 0x10\n")
     code, answer = ours(faulted, "--no-state", "--thresholds", str(limits))
@@ -67,7 +75,7 @@ def test_the_ports_over_their_thresholds_are_ibqueryerrors(faulted, tmp_path):
 def test_each_ports_counters_are_perfquerys(faulted):
     """The error counters equal; the data counters count the MADs that crossed the port since
     (ours was read first), so theirs are as large or larger."""
-    _, answer = ours(faulted, "--no-state")
+    _, answer = ours(faulted, "--no-state", "--all-ports")
     ports = {(p["node"], p["port"]): p for p in answer["ports"]}
     data = ("PortXmitData", "PortRcvData", "PortXmitPkts", "PortRcvPkts")
     for node, port in (("leaf01", 1), ("spine01", 2), ("node003 mlx5_0", 1), ("leaf02", 4)):
