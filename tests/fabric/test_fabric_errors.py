@@ -184,3 +184,24 @@ def diags_any(sim, *argv) -> str:
     r = sim.run(list(argv))
     assert r.returncode in (0, 1), r.stderr
     return r.stdout
+
+
+def test_a_node_that_drops_every_mad_is_named_and_the_rest_read(tmp_path):
+    """ibsim's `Error` drops MADs through a port: node004's HCA answers none, so the scan
+    names the switch port whose far end did not answer, and errors reads every other port,
+    each MAD bounded by --timeout and --retries."""
+    from tests.fabric.conftest import SMALL, need_the_simulator
+    from tests.fabric.ibsim import SimFabric
+
+    need_the_simulator()
+    with SimFabric(SMALL, tmp_path / "sim") as sim:
+        sim.console('Error "node004 mlx5_0"[1] 100')
+        r = ibtool(sim, "-j", "fabric", "errors", "--no-state", "--timeout", "50", "--retries",
+                   "1", host="node003 mlx5_0")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        answer = json.loads(r.stdout)
+        warned = said(r)
+        assert "ibtool: warning: leaf02/1: up, and its far end did not answer" in warned
+        assert any("libibnetdisc:" in w and "Connection timed out" in w for w in warned)
+        assert "node004 mlx5_0" not in {p["node"] for p in answer["ports"]}
+        assert {p["node"] for p in answer["ports"]} >= {"node001 mlx5_0", "node006 mlx5_0"}
