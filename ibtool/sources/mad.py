@@ -670,16 +670,7 @@ def port_counters(
 
     Returns what was read, the LIDs that did not answer, and the ports left to their sum (by
     LID)."""
-    libs = libraries()
-    m = libs.mad
-    classes = (C.c_int * 1)(PERFORMANCE_CLASS)
-    with _stderr_to(warn, "libibmad"):
-        handle = m.mad_rpc_open_port(start.ca.encode(), start.port, classes, 1)
-    if not handle:
-        raise IbtoolError(
-            f"cannot open {start.ca}/{start.port} for performance MADs",
-            "is the umad device there and yours? (ls -l /dev/infiniband)",
-        )
+    m = libraries().mad
     by_lid: dict[int, list[int]] = {}
     for lid, port in targets:
         if lid:
@@ -687,9 +678,7 @@ def port_counters(
     found: dict[tuple[int, int], Queried] = {}
     dead: set[int] = set()
     summed: dict[int, int] = {}
-    try:
-        m.mad_rpc_set_timeout(handle, bounds.timeout_ms)
-        m.mad_rpc_set_retries(handle, bounds.retries)
+    with mad_port(start, bounds, warn, (PERFORMANCE_CLASS,), "performance") as handle:
         buf = (C.c_uint8 * MAD_SIZE)()
         with _stderr_to(warn, "libibmad"):
             for lid, ports in by_lid.items():
@@ -712,8 +701,6 @@ def port_counters(
                         dead.add(lid)
                         break
                     found[lid, port] = got
-    finally:
-        m.mad_rpc_close_port(handle)
     return found, dead, summed
 
 
@@ -755,15 +742,18 @@ class SmInfo:
 
 
 @contextlib.contextmanager
-def smp_port(start: LocalPort, bounds: Bounds, warn: Callable[[str], None]) -> Iterator:
-    """libibmad's port for SMPs through `start`, closed on every exit."""
+def mad_port(
+    start: LocalPort, bounds: Bounds, warn: Callable[[str], None], classes, what: str
+) -> Iterator:
+    """libibmad's port through `start` for the management `classes`, with the bounds' timeout
+    and retries, closed on every exit."""
     m = libraries().mad
-    classes = (C.c_int * 2)(SMI_CLASS, SMI_DIRECT_CLASS)
+    wanted = (C.c_int * len(classes))(*classes)
     with _stderr_to(warn, "libibmad"):
-        handle = m.mad_rpc_open_port(start.ca.encode(), start.port, classes, 2)
+        handle = m.mad_rpc_open_port(start.ca.encode(), start.port, wanted, len(classes))
     if not handle:
         raise IbtoolError(
-            f"cannot open {start.ca}/{start.port} for subnet management MADs",
+            f"cannot open {start.ca}/{start.port} for {what} MADs",
             "is the umad device there and yours? (ls -l /dev/infiniband)",
         )
     try:
@@ -772,6 +762,11 @@ def smp_port(start: LocalPort, bounds: Bounds, warn: Callable[[str], None]) -> I
         yield handle
     finally:
         m.mad_rpc_close_port(handle)
+
+
+def smp_port(start: LocalPort, bounds: Bounds, warn: Callable[[str], None]):
+    """libibmad's port for SMPs through `start` (mad_port)."""
+    return mad_port(start, bounds, warn, (SMI_CLASS, SMI_DIRECT_CLASS), "subnet management")
 
 
 def sm_info(handle, lid: int, bounds: Bounds, warn: Callable[[str], None]) -> SmInfo | None:
