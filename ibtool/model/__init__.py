@@ -8,6 +8,7 @@
     health    a check's findings: Status, Perfdata, HealthResult (with a machine kind)
     names     how device and netdev names sort; a peer's text made printable
     doctor    one end's facts (validated when a peer sends them) and the checklist verdicts
+    fabric    the InfiniBand subnet: nodes, links, counters, SMs, routes, and their verdicts
 
 May import ibtool.errors and ibtool.argtypes only: everything else stands on it.
 """
