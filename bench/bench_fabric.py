@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -53,6 +54,7 @@ def main() -> int:
         return 1
     net = fat_tree(args.leaves, args.hcas, args.spines)
     with tempfile.TemporaryDirectory() as scratch, SimFabric(net, Path(scratch)) as sim:
+        os.chdir(scratch)  # umad2sim's stand-in sysfs (./sys-PID) goes there, not the checkout
         env = sim.env("node001 mlx5_0")
         env["PYTHONPATH"] = str(REPO)
         ours = [sys.executable, "-m", "ibtool", "-j", "fabric"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -82,6 +83,7 @@ def main() -> int:
     peaks = {}
     half = max(args.leaves // 2, 1)
     with tempfile.TemporaryDirectory() as scratch:
+        os.chdir(scratch)  # umad2sim's stand-in sysfs (./sys-PID) goes there, not the checkout
         net = fat_tree(half, args.hcas, args.spines)
         with SimFabric(net, Path(scratch) / "half") as sim:
             env = sim.env("node001 mlx5_0")

@@ -75,7 +75,10 @@ class SimFabric:
         return env
 
     def run(self, argv: list[str], host: str | None = None, timeout: float = 60.0, **kw):
-        """A program on node `host` (default: the first in the net file); its CompletedProcess."""
+        """A program on node `host` (default: the first in the net file); its CompletedProcess.
+        It runs in the fabric's directory: umad2sim makes its stand-in sysfs in the working
+        directory (./sys-PID), and a program killed before it removes it leaves it there."""
+        kw.setdefault("cwd", self.dir)
         return subprocess.run(
             argv, env=self.env(host), capture_output=True, text=True, timeout=timeout, **kw
         )

@@ -20,7 +20,7 @@ def ibtool(fabric, *argv, host=None):
     env = fabric.env(host)
     env["PYTHONPATH"] = CHECKOUT
     return subprocess.run(
-        [*IBTOOL, *argv], env=env, capture_output=True, text=True, timeout=120, cwd=CHECKOUT
+        [*IBTOOL, *argv], env=env, capture_output=True, text=True, timeout=120, cwd=fabric.dir
     )
 
 
