@@ -592,35 +592,13 @@ class Host:
         ports are left out, and the answer says which switches were left to their sum.
         Without `data`, the 64-bit data counters are not asked for (PortCountersExtended only
         where it holds 64-bit error counters): what judging errors needs, in fewer MADs."""
-        from ibtool.model.fabric import Bounds, CountersRead, PortCounters
-        from ibtool.sources import mad
+        from ibtool.model.fabric import Bounds
+        from ibtool.sources import subnet
 
         wanted = fabric.counter_ports() if ports is None else ports
         if self._saved_fabric is not None:
             return self._saved_counters(wanted)
-        start = mad.choose_port(mad.local_ports(self.warn), fabric.ca, fabric.ca_port)
-        got, dead, summed = mad.port_counters(
-            start,
-            [(lid, port) for _, port, lid in wanted],
-            bounds or Bounds(),
-            self.warn,
-            clean,
-            data,
-        )
-        by_lid = {lid: node for node, _, lid in wanted}
-        found, silent = [], {}
-        for node, port, lid in wanted:
-            q = got.get((lid, port))
-            if q is not None:
-                found.append(PortCounters(node.guid, port, lid, q.values, q.bits))
-            elif lid in dead:
-                silent.setdefault(lid, [node, 0])[1] += 1
-        unanswered = [
-            f"{node.description} (LID {lid}): its performance agent did not answer; "
-            f"{count} port{'s' if count != 1 else ''} not read"
-            for lid, (node, count) in silent.items()
-        ]
-        return CountersRead(found, unanswered, [(by_lid[lid], n) for lid, n in summed.items()])
+        return subnet.counters(fabric, wanted, bounds or Bounds(), self.warn, clean, data)
 
     def _saved_counters(self, wanted: list) -> CountersRead:
         saved = self._saved_fabric[1] if self._saved_fabric is not None else None
@@ -642,10 +620,8 @@ class Host:
         behind it (and the one this port's SM LID names) asked for its SMInfo, as sminfo asks;
         then the master's asked again until its activity count moves, for up to `wait`
         seconds (0: not asked again)."""
-        import time
-
-        from ibtool.model.fabric import Bounds, NodeType, SmScan, SmState, SubnetManager
-        from ibtool.sources import mad
+        from ibtool.model.fabric import Bounds
+        from ibtool.sources import subnet
 
         if self._saved_fabric is not None:
             if self._saved_fabric[2] is None:
@@ -654,53 +630,7 @@ class Host:
                     "save it with snapshot save FILE --fabric on a node of the subnet",
                 )
             return self._saved_fabric[2]  # its activity count read once: not watched
-        bounds = bounds or Bounds()
-        start = mad.choose_port(mad.local_ports(self.warn), fabric.ca, fabric.ca_port)
-        where = []
-        for guid in sorted(fabric.nodes):
-            node = fabric.nodes[guid]
-            for number, port in sorted(node.ports.items()):
-                if node.type == NodeType.SWITCH and number:
-                    continue  # a switch's SM is behind its port 0, whose PortInfo says so
-                lid = node.lid if node.type == NodeType.SWITCH else port.lid
-                if port.is_sm and lid:
-                    where.append((node, number, lid))
-        if start.sm_lid and all(lid != start.sm_lid for _, _, lid in where):
-            for node, number, lid in fabric.counter_ports():
-                if lid == start.sm_lid:
-                    where.append((node, 0 if node.type == NodeType.SWITCH else number, lid))
-                    break
-        sms, silent = [], []
-        moved, waited = None, 0.0
-        with mad.smp_port(start, bounds, self.warn) as handle:
-            for node, number, lid in where:
-                info = mad.sm_info(handle, lid, bounds, self.warn)
-                if info is None:
-                    silent.append((node, number, lid))
-                    continue
-                try:
-                    state = SmState(info.state)
-                except ValueError:
-                    state = None
-                sms.append(SubnetManager(
-                    node, number, lid, info.guid, info.priority, state, info.activity
-                ))  # fmt: skip
-            masters = [s for s in sms if s.state == SmState.MASTER]
-            if len(masters) == 1 and wait > 0:
-                master, began = masters[0], time.monotonic()
-                step = 0.05
-                while True:
-                    time.sleep(step)
-                    waited = time.monotonic() - began
-                    again = mad.sm_info(handle, master.lid, bounds, self.warn)
-                    if again is not None and again.activity != master.activity:
-                        moved = (again.activity - master.activity) % (1 << 32)
-                        break
-                    if waited >= wait:
-                        moved = 0
-                        break
-                    step = min(step * 2, 1.0, max(wait - waited, 0.01))
-        return SmScan(sms, silent, start.sm_lid, moved, waited)
+        return subnet.subnet_managers(fabric, bounds or Bounds(), self.warn, wait)
 
     def fabric_route(
         self, fabric: Fabric, source: str, dest: str, bounds: Bounds | None = None
@@ -710,8 +640,8 @@ class Host:
         linear forwarding table gives for the destination LID, each table block asked once;
         stopped, and said why, at a port with no cable, a switch with no route (entry 255),
         a loop, or a switch that did not answer."""
-        from ibtool.model.fabric import Bounds, Hop, NodeType, Route, resolve
-        from ibtool.sources import mad
+        from ibtool.model.fabric import Bounds
+        from ibtool.sources import subnet
 
         if self._saved_fabric is not None:
             raise NotLiveError(
@@ -719,54 +649,4 @@ class Host:
                 "fabric scan does not hold them",
                 "run ibtool fabric route on a node of the subnet",
             )
-        bounds = bounds or Bounds()
-        try:
-            src, dst = resolve(fabric, source), resolve(fabric, dest)
-        except ValueError as e:
-            raise NotFoundError(
-                str(e), "give a LID, a GUID (0x...) or a node description"
-            ) from None
-        dnode, dport, dlid = dst
-        hops: list[Hop] = []
-
-        def done(broken: str | None = None) -> Route:
-            return Route(src, dst, tuple(hops), broken)
-
-        node, out = src[0], src[1]
-        if node.guid == dnode.guid:
-            return done()
-        start = mad.choose_port(mad.local_ports(self.warn), fabric.ca, fabric.ca_port)
-        seen = set()
-        with mad.smp_port(start, bounds, self.warn) as handle:
-            while True:
-                if node.type == NodeType.SWITCH:
-                    if node.guid in seen:
-                        return done(f"a loop: the route comes back to {node.description}")
-                    seen.add(node.guid)
-                    block = mad.lft_block(handle, node.lid, dlid // mad.LFT_BLOCK, bounds)
-                    if block is None:
-                        return done(f"{node.description} (LID {node.lid}) did not answer for "
-                                    "its forwarding table")  # fmt: skip
-                    out = block[dlid % mad.LFT_BLOCK]
-                    if out == 0 and node.guid == dnode.guid:
-                        return done()
-                    if out == 0 or out > node.port_count:
-                        return done(f"{node.description} has no route to LID {dlid} (its "
-                                    f"forwarding table says {out})")  # fmt: skip
-                port = node.ports.get(out)
-                far = fabric.far_end(node.guid, out)
-                if port is None or far is None:
-                    return done(f"{node.description}/{out} has no cable up: the route ends there")
-                hops.append(Hop(node, port, far[0], far[1]))
-                if len(hops) > mad.SUBNET_PATH_HOPS_MAX:
-                    return done(f"more than {mad.SUBNET_PATH_HOPS_MAX} hops")
-                node = far[0]
-                if node.guid == dnode.guid and (
-                    node.type == NodeType.SWITCH or far[1].number == dport
-                ):
-                    if node.type != NodeType.SWITCH:
-                        return done()
-                    continue  # a switch: its own table sends the LID to port 0
-                if node.type != NodeType.SWITCH:
-                    return done(f"the route reaches {node.description}/{far[1].number}, not "
-                                f"LID {dlid}")  # fmt: skip
+        return subnet.route(fabric, source, dest, bounds or Bounds(), self.warn)

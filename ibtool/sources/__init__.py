@@ -11,6 +11,8 @@ records, never its library's objects.
     userspace  the libibverbs providers installed (/etc/libibverbs.d)
     rtnetlink  NETLINK_ROUTE: a netdev's DCB, the route to an address
     firewall   nft / iptables rules that drop UDP to a port on the input path
+    mad      MADs through rdma-core's libibumad, libibmad and libibnetdisc: the subnet's scan
+    subnet   the subnet beyond the scan: every port's PMA counters, the SMs, a route
 
 May import ibtool.model, ibtool.errors and ibtool.argtypes; never ibtool.views or ibtool.web
 (leaves beside it), the Host or anything above it.
