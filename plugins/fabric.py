@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from ibtool.api import Invocation, Status, UsageError, hookimpl, number
+from ibtool.api import Invocation, UsageError, hookimpl, number
 
 USAGE = "ibtool fabric [links | errors | sm | route SRC DST] [--via DEV[/PORT]]"
 ACTIONS = ("links", "errors", "sm", "route")
@@ -136,8 +136,7 @@ def run(inv: Invocation) -> int:
         else:
             for line in view.links_text(fabric, checked, gone):
                 inv.print(line)
-        status = view.links_status(checked[2])
-        return int(Status.CRITICAL) if gone else int(status)
+        return int(view.links_status(checked[2], gone))
     if inv.json:
         inv.emit_json(view.as_json(fabric))
         return 0
@@ -148,7 +147,7 @@ def run(inv: Invocation) -> int:
 
 def _thresholds(path: str | None) -> tuple[dict[str, int], str | None, str]:
     """(thresholds, the file they came from, how to say where they came from)."""
-    from ibtool.api import DataError, UsageError
+    from ibtool.api import DataError
     from ibtool.api.fabric import THRESHOLDS_FILE, THRESHOLDS_MAX, parse_thresholds
     from ibtool.api.health import NotAFile, read_bounded
 
@@ -196,15 +195,19 @@ def _errors(inv: Invocation, fabric, bounds, thresholds, thresholds_file, said) 
             before = _kept(data)
             findings = judge_counters(ports, thresholds, before)
             now = time.time()
-            kept = {} if not isinstance(data, dict) else dict(data.get("ports") or {})
-            # A port left to its switch's sum is known only to be at or under each threshold:
-            # exactly 0 where the threshold is 0, unknown (no baseline) where it is more.
+            # What is kept: the ports of this fabric only (a node gone takes its ports with
+            # it), each as this run read it, else as the last run did. A port left to its
+            # switch's sum is known only to be at or under each threshold: exactly 0 where
+            # the threshold is 0, unknown (no baseline) where it is more.
+            kept = dict(before or {})
             zeros = {n: 0 for n in ERROR_COUNTERS if thresholds.get(n, 0) == 0}
             for node, _ in read.summed:
                 for number in range(1, node.port_count + 1):
-                    kept[f"{node.guid:#x}:{number}"] = zeros
-            kept.update({f"{pc.node:#x}:{pc.port}": pc.values for pc in ports})
-            state.save({STATE_CHECK: {"data": {"ports": kept}, "time": now}})
+                    kept[node.guid, number] = zeros
+            kept.update({(pc.node, pc.port): pc.values for pc in ports})
+            here = {(node.guid, number) for node, number, _ in fabric.counter_ports()}
+            saved_ports = {f"{g:#x}:{n}": v for (g, n), v in kept.items() if (g, n) in here}
+            state.save({STATE_CHECK: {"data": {"ports": saved_ports}, "time": now}})
         if before is None:
             baseline = "first run: baseline taken"
         else:

@@ -769,19 +769,27 @@ def smp_port(start: LocalPort, bounds: Bounds, warn: Callable[[str], None]):
     return mad_port(start, bounds, warn, (SMI_CLASS, SMI_DIRECT_CLASS), "subnet management")
 
 
-def sm_info(handle, lid: int, bounds: Bounds, warn: Callable[[str], None]) -> SmInfo | None:
-    """The SMInfo of the SM behind `lid` (an SMP, LID-routed, as sminfo asks); None when it
-    did not answer."""
+def _smp(handle, lid: int, attribute: int, modifier: int, bounds: Bounds, warn) -> bytes | None:
+    """One attribute's data by a LID-routed SMP GET (smp_query_via); None when it did not
+    answer (the caller names what did not: libibmad's lines about it say no more)."""
     m = libraries().mad
     buf = (C.c_uint8 * SMP_DATA_SIZE)()
     portid = PortId(lid=lid)
     said: list[str] = []
     with _stderr_to(said.append, "libibmad"):
-        got = m.smp_query_via(buf, C.byref(portid), ATTR_SM_INFO, 0, bounds.timeout_ms, handle)
+        got = m.smp_query_via(buf, C.byref(portid), attribute, modifier, bounds.timeout_ms, handle)
     if not got:
-        return None  # the caller names what did not answer: libibmad's line says no more
+        return None
     for line in said:
         warn(line)
+    return bytes(buf)
+
+
+def sm_info(handle, lid: int, bounds: Bounds, warn: Callable[[str], None]) -> SmInfo | None:
+    """The SMInfo of the SM behind `lid` (as sminfo asks); None when it did not answer."""
+    buf = _smp(handle, lid, ATTR_SM_INFO, 0, bounds, warn)
+    if buf is None:
+        return None
     return SmInfo(
         guid=field(buf, "IB_SMINFO_GUID_F"),
         activity=field(buf, "IB_SMINFO_ACT_F"),
@@ -795,15 +803,9 @@ def sm_info(handle, lid: int, bounds: Bounds, warn: Callable[[str], None]) -> Sm
 LFT_BLOCK = 64  # LinearForwardingTable: 64 one-byte port entries a block (IBTA 14.2.5.10)
 
 
-def lft_block(handle, switch_lid: int, block: int, bounds: Bounds) -> bytes | None:
+def lft_block(
+    handle, switch_lid: int, block: int, bounds: Bounds, warn: Callable[[str], None]
+) -> bytes | None:
     """Block `block` of a switch's LinearForwardingTable (the out port of LIDs block*64 to
     block*64+63), asked by LID as ibtracert and ibroute ask; None when it did not answer."""
-    m = libraries().mad
-    buf = (C.c_uint8 * SMP_DATA_SIZE)()
-    portid = PortId(lid=switch_lid)
-    said: list[str] = []
-    with _stderr_to(said.append, "libibmad"):
-        got = m.smp_query_via(
-            buf, C.byref(portid), ATTR_LINEAR_FORWARDING_TABLE, block, bounds.timeout_ms, handle
-        )
-    return bytes(buf) if got else None
+    return _smp(handle, switch_lid, ATTR_LINEAR_FORWARDING_TABLE, block, bounds, warn)

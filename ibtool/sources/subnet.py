@@ -146,7 +146,7 @@ def route(
                 if node.guid in seen:
                     return done(f"a loop: the route comes back to {node.description}")
                 seen.add(node.guid)
-                block = mad.lft_block(handle, node.lid, dlid // mad.LFT_BLOCK, bounds)
+                block = mad.lft_block(handle, node.lid, dlid // mad.LFT_BLOCK, bounds, warn)
                 if block is None:
                     return done(f"{node.description} (LID {node.lid}) did not answer for "
                                 "its forwarding table")  # fmt: skip

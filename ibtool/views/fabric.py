@@ -24,6 +24,7 @@ from ibtool.model.fabric import (
     SmFinding,
     SmScan,
     SmState,
+    end_name,
     judge_links,
     names_of,
     tier,
@@ -33,6 +34,16 @@ from ibtool.model.health import Status
 from ibtool.model.names import escaped
 from ibtool.model.records import PortState
 from ibtool.views import render
+
+
+def _trained(lk: Link) -> dict[str, Any]:
+    """What a link trained at, as every JSON answer gives it."""
+    p = lk.a.port
+    return {
+        "width": p.width,
+        "speed": p.speed.active_name(),
+        "state": p.state.label if p.state else None,
+    }
 
 
 def guid(value: int) -> str:
@@ -60,14 +71,10 @@ def _end(e: LinkEnd) -> dict[str, Any]:
     }
 
 
-def _name(e: LinkEnd) -> str:
-    return f"{e.node.description}/{e.port.number}"
-
-
 LINK_FIELDS = [
-    render.Field("a", lambda lk: _name(lk.a), header="END A", text=str),
+    render.Field("a", lambda lk: end_name(lk.a), header="END A", text=str),
     render.Field("a_lid", lambda lk: lk.a.lid, header="LID"),
-    render.Field("b", lambda lk: _name(lk.b), header="END B"),
+    render.Field("b", lambda lk: end_name(lk.b), header="END B"),
     render.Field("b_lid", lambda lk: lk.b.lid, header="LID"),
     render.Field("width", lambda lk: lk.a.port.width, header="WIDTH"),
     render.Field("speed", lambda lk: lk.a.port.speed.active_name(), header="SPEED"),
@@ -137,14 +144,7 @@ def as_json(fabric: Fabric) -> dict[str, Any]:
             for n in nodes_in_order(fabric)
         ],
         "links": [
-            {
-                "a": _end(lk.a),
-                "b": _end(lk.b),
-                "width": lk.a.port.width,
-                "speed": lk.a.port.speed.active_name(),
-                "state": lk.a.port.state.label if lk.a.port.state else None,
-            }
-            for lk in links_in_order(fabric)
+            {"a": _end(lk.a), "b": _end(lk.b), **_trained(lk)} for lk in links_in_order(fabric)
         ],
         "unanswered": list(fabric.unanswered),
     }
@@ -154,7 +154,7 @@ def as_json(fabric: Fabric) -> dict[str, Any]:
 
 
 def _cable(lk: Link) -> str:
-    return f"{_name(lk.a)} <-> {_name(lk.b)}"
+    return f"{end_name(lk.a)} <-> {end_name(lk.b)}"
 
 
 def _enabled(p) -> str:
@@ -183,8 +183,9 @@ def links_checked(fabric: Fabric) -> tuple[list[Link], dict[str, Norm], list[Lin
     return links, norms, findings
 
 
-def links_status(findings: list[LinkFinding]) -> Status:
-    return Status.worst(f.status for f in findings)
+def links_status(findings: list[LinkFinding], gone: list[str] | None = None) -> Status:
+    """The worst finding's status; CRITICAL where a link a saved fabric had up is `gone`."""
+    return Status.CRITICAL if gone else Status.worst(f.status for f in findings)
 
 
 Checked = "tuple[list[Link], dict[str, Norm], list[LinkFinding]]"
@@ -251,12 +252,9 @@ def links_json(
             "speed_supported": list(p.speed.supported_names()),
         }
 
-    status = links_status(findings)
-    if gone:
-        status = Status.CRITICAL
     return {
         "via": {"ca": fabric.ca, "port": fabric.ca_port},
-        "status": status.name,
+        "status": links_status(findings, gone).name,
         **({"gone": list(gone)} if gone is not None else {}),
         "norms": {
             t: {"width": n.width, "speed": n.speed, "links": n.count, "of": n.of}
@@ -267,9 +265,7 @@ def links_json(
                 "a": end(lk.a),
                 "b": end(lk.b),
                 "tier": tier(lk),
-                "width": lk.a.port.width,
-                "speed": lk.a.port.speed.active_name(),
-                "state": lk.a.port.state.label if lk.a.port.state else None,
+                **_trained(lk),
                 "findings": [
                     {
                         "status": f.status.name,
@@ -397,13 +393,7 @@ def errors_json(
             "type": node.type.label,
             "port": pc.port,
             "lid": pc.lid,
-            "remote": None
-            if far is None
-            else {
-                "node": far[0].description,
-                "node_guid": guid(far[0].guid),
-                "port": far[1].number,
-            },
+            "remote": None if far is None else _far(far),
             "counters": dict(pc.values),
             "findings": [
                 {

@@ -49,7 +49,7 @@ def tables(monkeypatch):
     monkeypatch.setattr(mad, "local_ports", lambda warn: [start])
     monkeypatch.setattr(mad, "smp_port", lambda *a: contextlib.nullcontext("handle"))
 
-    def lft_block(handle, lid, block, bounds):
+    def lft_block(handle, lid, block, bounds, warn):
         asked.append(lid)
         if lid not in given:
             return None

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ibtool.model.fabric.records import FabricNode
@@ -101,7 +101,30 @@ class PortCounters:
     bits: dict[str, int]
 
     def saturated(self, name: str) -> bool:
-        return self.values.get(name) == (1 << self.bits.get(name, 64)) - 1
+        return _saturated(self.values.get(name), self.bits.get(name, 64))
+
+
+def _saturated(value: int | None, bits: int) -> bool:
+    """A PMA counter at all ones: it counts no more until cleared (IBTA 16.1.3.5)."""
+    return value == (1 << bits) - 1
+
+
+def over(
+    values: dict[str, int], bits: dict[str, int], thresholds: dict[str, int]
+) -> Iterator[tuple[str, int, int, bool]]:
+    """(counter, value, threshold, saturated) of each error counter above its threshold or
+    saturated, as ibqueryerrors lists them (value > threshold; 0 where the file names none;
+    PortXmitWait only where it is named)."""
+    for name in ERROR_COUNTERS:
+        if name == CONGESTION and name not in thresholds:
+            continue
+        value = values.get(name)
+        if value is None:
+            continue
+        limit = thresholds.get(name, 0)
+        saturated = _saturated(value, bits.get(name, 64))
+        if value > limit or saturated:
+            yield name, value, limit, saturated
 
 
 @dataclass(frozen=True)
@@ -134,24 +157,14 @@ def judge_counters(
     thresholds: dict[str, int],
     before: dict[tuple[int, int], dict[str, int]] | None,
 ) -> list[CounterFinding]:
-    """Each error counter above its threshold, as ibqueryerrors lists them (value > threshold;
-    0 where the file names none; PortXmitWait only where it is named). With the counters of
+    """Each error counter above its threshold or saturated (`over`). With the counters of
     the last run (`before`), one that has not grown since is listed, OK: it is old news until
     cleared (perfquery -R); one that grew, or has no baseline (a new port, a cleared counter),
     is a WARNING, as is a counter saturated at its maximum, which counts no more."""
     found = []
     for pc in ports:
         old = before.get((pc.node, pc.port)) if before is not None else None
-        for name in ERROR_COUNTERS:
-            if name == CONGESTION and name not in thresholds:
-                continue
-            value = pc.values.get(name)
-            if value is None:
-                continue
-            limit = thresholds.get(name, 0)
-            saturated = pc.saturated(name)
-            if value <= limit and not saturated:
-                continue
+        for name, value, limit, saturated in over(pc.values, pc.bits, thresholds):
             delta = None
             if old is not None and isinstance(old.get(name), int) and old[name] <= value:
                 delta = value - old[name]
@@ -166,14 +179,6 @@ def clean_sum(thresholds: dict[str, int]) -> Callable[[PortCounters], bool]:
     saturated in the sum is not clean)."""
 
     def clean(total) -> bool:
-        for name in ERROR_COUNTERS:
-            if name == CONGESTION and name not in thresholds:
-                continue
-            value = total.values.get(name)
-            if value is None:
-                continue
-            if value > thresholds.get(name, 0) or value == (1 << total.bits.get(name, 64)) - 1:
-                return False
-        return True
+        return not any(over(total.values, total.bits, thresholds))
 
     return clean
