@@ -15,38 +15,24 @@ Usage: .venv/bin/python bench/bench_fabric_errors.py [--runs 9] [--leaves 36] [-
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.fabric import oracle  # noqa: E402
-from tests.fabric.ibsim import SimFabric, fat_tree, missing  # noqa: E402
+from tests.fabric.ibsim import SimFabric, fat_tree  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fabric import arguments, timed  # noqa: E402
 
 PILE = "ibnetdiscover >/dev/null && ibqueryerrors"
-
-
-def timed(argv: list[str], env: dict) -> tuple[float, float, str]:
-    """(wall s, CPU s of the children) of one whole run, and its output; ibqueryerrors exits 1
-    when it lists a port, as ibtool does (Nagios' WARNING)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t = time.monotonic()
-    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-    wall = time.monotonic() - t
-    if r.returncode not in (0, 1):
-        raise SystemExit(f"{argv} exited {r.returncode}: {r.stderr[-500:]}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, r.stdout
 
 
 def peak_mib(argv: list[str], env: dict) -> float:
@@ -69,14 +55,8 @@ def faulted(sim: SimFabric) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=9)
-    ap.add_argument("--leaves", type=int, default=36)
-    ap.add_argument("--hcas", type=int, default=18)
-    ap.add_argument("--spines", type=int, default=18)
-    args = ap.parse_args()
-    if missing():
-        print(f"no simulated fabric here: {', '.join(missing())} missing", file=sys.stderr)
+    args = arguments(__doc__)
+    if args is None:
         return 1
     ours = [sys.executable, "-m", "ibtool", "-j", "fabric", "errors", "--no-state"]
     theirs = ["sh", "-c", PILE]
@@ -96,8 +76,8 @@ def main() -> int:
             env["PYTHONPATH"] = str(REPO)
             a, b = [], []
             for _ in range(args.runs):
-                a.append(timed(ours, env))
-                b.append(timed(theirs, env))
+                a.append(timed(ours, env, ok=(0, 1)))
+                b.append(timed(theirs, env, ok=(0, 1)))
             answer = json.loads(a[-1][2])
             found = {
                 (int(p["node_guid"], 16), p["port"]): {

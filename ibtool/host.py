@@ -601,6 +601,9 @@ class Host:
         return subnet.counters(fabric, wanted, bounds or Bounds(), self.warn, clean, data)
 
     def _saved_counters(self, wanted: list) -> CountersRead:
+        """The saved ports' counters of `wanted`, as a snapshot's fabric scan holds them."""
+        from ibtool.model.fabric import CountersRead
+
         saved = self._saved_fabric[1] if self._saved_fabric is not None else None
         if saved is None:
             raise NotLiveError(
@@ -608,8 +611,6 @@ class Host:
                 "save it with snapshot save FILE --fabric on a node of the subnet",
             )
         by_port = {(c.node, c.port): c for c in saved}
-        from ibtool.model.fabric import CountersRead
-
         found = [by_port[n.guid, p] for n, p, _ in wanted if (n.guid, p) in by_port]
         return CountersRead(found, [])
 

@@ -43,7 +43,7 @@ def counters(
     got, dead, summed = mad.port_counters(
         start,
         [(lid, port) for _, port, lid in wanted],
-        bounds or Bounds(),
+        bounds,
         warn,
         clean,
         data,
@@ -70,7 +70,6 @@ def subnet_managers(
     """Each port whose PortInfo says an SM runs behind it (and the one this port's SM LID
     names) asked for its SMInfo, as sminfo asks; then the master's asked again until its
     activity count moves, for up to `wait` seconds (0: not asked again)."""
-    bounds = bounds or Bounds()
     start = mad.choose_port(mad.local_ports(warn), fabric.ca, fabric.ca_port)
     where = []
     for guid in sorted(fabric.nodes):
@@ -124,7 +123,6 @@ def route(
 ) -> Route:
     """The route from `source` to `dest` hop by hop, as ibtracert walks it (see
     Host.fabric_route)."""
-    bounds = bounds or Bounds()
     try:
         src, dst = resolve(fabric, source), resolve(fabric, dest)
     except ValueError as e:

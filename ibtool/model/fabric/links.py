@@ -25,8 +25,11 @@ def widest(bits: int) -> str | None:
     return max(named, key=_lanes, default=None)
 
 
+_LANES = {name: WIDTH_LANES[bit] for bit, name in WIDTHS.items()}  # "4X" -> 4
+
+
 def _lanes(width: str) -> int:
-    return {name: WIDTH_LANES[bit] for bit, name in WIDTHS.items()}[width]
+    return _LANES[width]
 
 
 def fastest(names) -> str | None:
@@ -153,38 +156,22 @@ def judge(link: Link, norm: Norm | None) -> list[LinkFinding]:
             "transceivers) if it trains narrow again",
         ))  # fmt: skip
     both_speed = fastest(_enabled_speeds(link.a.port) & _enabled_speeds(link.b.port))
-    if speed and both_speed and SPEED_ORDER.index(speed) < SPEED_ORDER.index(both_speed):
+    if speed and both_speed and _faster(both_speed, speed):
         found.append(LinkFinding(
             link, Status.CRITICAL, "speed_degraded",
             f"runs at {speed} though both ends enable {both_speed}",
             f"the cable or a transceiver is failing or not rated for {both_speed}: reseat it, "
             "then replace it",
         ))  # fmt: skip
-    for i, (this, other) in enumerate((ends, ends[::-1])):
+    for i, (this, other) in enumerate((ends, ends[::-1])):  # one finding an axis at most
         mine = widest(_enabled_width(this.port))
         could = widest(this.port.width_supported & _enabled_width(other.port))
-        seen_width = any(f.kind.startswith("width") for f in found)
-        if mine and could and _lanes(mine) < _lanes(could) and not seen_width:
-            found.append(LinkFinding(
-                link, Status.WARNING, "width_enabled_below",
-                f"{end_name(this)} enables at most {mine}; it supports {could} and "
-                f"{end_name(other)} enables it",
-                f"enable {could} on {end_name(this)} (ibportstate's width, or the SM's or "
-                "firmware's setting for that port), then retrain it",
-                i,
-            ))  # fmt: skip
-        mine_s = fastest(_enabled_speeds(this.port))
-        could_s = fastest(set(this.port.speed.supported_names()) & _enabled_speeds(other.port))
-        if mine_s and could_s and SPEED_ORDER.index(mine_s) < SPEED_ORDER.index(could_s):
-            if not any(f.kind.startswith("speed") for f in found):
-                found.append(LinkFinding(
-                    link, Status.WARNING, "speed_enabled_below",
-                    f"{end_name(this)} enables at most {mine_s}; it supports {could_s} and "
-                    f"{end_name(other)} enables it",
-                    f"enable {could_s} on {end_name(this)} (ibportstate's speed, or the SM's or "
-                    "firmware's setting for that port), then retrain it",
-                    i,
-                ))  # fmt: skip
+        if mine and could and _lanes(mine) < _lanes(could) and not _said(found, "width"):
+            found.append(_enabled_below(link, "width", this, other, mine, could, i))
+        mine = fastest(_enabled_speeds(this.port))
+        could = fastest(set(this.port.speed.supported_names()) & _enabled_speeds(other.port))
+        if mine and could and _faster(could, mine) and not _said(found, "speed"):
+            found.append(_enabled_below(link, "speed", this, other, mine, could, i))
     if not found and norm is not None and gbps(width, speed) < norm.gbps:
         limits = []
         for e in ends:
@@ -212,6 +199,26 @@ def judge(link: Link, norm: Norm | None) -> list[LinkFinding]:
             fix,
         ))  # fmt: skip
     return found
+
+
+def _said(found: list[LinkFinding], axis: str) -> bool:
+    return any(f.kind.startswith(axis) for f in found)
+
+
+def _faster(a: str, b: str) -> bool:
+    return SPEED_ORDER.index(a) > SPEED_ORDER.index(b)
+
+
+def _enabled_below(link, axis: str, this, other, mine: str, could: str, end: int) -> LinkFinding:
+    """One end set below what it supports and its peer enables (`axis`: width or speed)."""
+    return LinkFinding(
+        link, Status.WARNING, f"{axis}_enabled_below",
+        f"{end_name(this)} enables at most {mine}; it supports {could} and "
+        f"{end_name(other)} enables it",
+        f"enable {could} on {end_name(this)} (ibportstate's {axis}, or the SM's or "
+        "firmware's setting for that port), then retrain it",
+        end,
+    )  # fmt: skip
 
 
 def judge_links(links: list[Link]) -> tuple[dict[str, Norm], list[LinkFinding]]:
