@@ -16,8 +16,8 @@ IBTOOL = [sys.executable, "-m", "ibtool"]
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def ibtool(fabric, *argv, host=None):
-    env = fabric.env(host)
+def ibtool(fabric, *argv, host=None, env=None):
+    env = {**fabric.env(host), **(env or {})}
     env["PYTHONPATH"] = CHECKOUT
     return subprocess.run(
         [*IBTOOL, *argv], env=env, capture_output=True, text=True, timeout=120, cwd=fabric.dir

@@ -91,8 +91,11 @@ def test_a_damaged_saved_fabric_is_one_line_exit_7(fabric, tmp_path, change, nam
     path = tmp_path / "a.json.gz"
     save(fabric, path)
     _rewrite(path, change)
-    r = replay(fabric, path, "fabric")
+    scratch = tmp_path / "scratch"  # where the snapshot's tree is built (TMPDIR)
+    scratch.mkdir()
+    r = ibtool(fabric, "--snapshot", str(path), "fabric", host=HOST, env={"TMPDIR": str(scratch)})
     assert (r.returncode, r.stdout) == (7, "")
+    assert list(scratch.iterdir()) == []  # its tree built, then removed on the refusal
     (line,) = [s for s in said(r) if "is damaged" in s]
     assert line.startswith(f"ibtool: error: {path} is damaged: its fabric ") and named in line
 
