@@ -32,7 +32,15 @@ from ibtool.sources.sysfs.rooted import RootedFiles
 from ibtool.sources.sysfs.stack import StackFiles, module_sign
 
 if TYPE_CHECKING:  # a scan's records are loaded only by a scan
-    from ibtool.model.fabric import Bounds, CountersRead, Fabric, Route, SmScan
+    from ibtool.model.fabric import (
+        Bounds,
+        Cable,
+        CountersRead,
+        Fabric,
+        Route,
+        SmScan,
+        SubnetManager,
+    )
 
 # What `ibtool port` shows without -d: state, rate, LIDs and the netdev, all from sysfs.
 PORT_SHOWN = PORT_FIELDS + PORT_NETDEV
@@ -575,6 +583,41 @@ class Host:
         mad.check_access(self.warn)
         start = mad.choose_port(mad.local_ports(self.warn), ca, port)
         return mad.discover(start, bounds or Bounds(), self.warn)
+
+    def cables(
+        self, via: str | None = None, bounds: Bounds | None = None, counters: bool = True
+    ) -> list[Cable]:
+        """The cable of every InfiniBand port of this host that libibumad sees (or of `via`,
+        DEV[/PORT]): both ends' PortInfo and the far node, by directed-route SMPs one hop
+        out, and the far port's PMA error counters unless not `counters`; the running host
+        only. [] where there is no InfiniBand port."""
+        self.require_live(
+            "a cable's far end is asked with MADs through this host's InfiniBand port",
+            "run it on the node itself",
+        )
+        from ibtool.model.fabric import Bounds
+        from ibtool.sources import mad, subnet
+
+        ca, port = parse_selector(via) if via else (None, None)
+        mad.check_access(self.warn)
+        return subnet.cables(ca, port, bounds or Bounds(), self.warn, counters)
+
+    def subnet_manager(
+        self, via: str | None = None, bounds: Bounds | None = None
+    ) -> tuple[int, SubnetManager | None]:
+        """The SM LID the port's PortInfo names (`via`, DEV[/PORT]; default: the first active
+        InfiniBand port), and what the SM there answers for its SMInfo (None: it did not, or
+        no SM LID is set, 0); the running host only."""
+        self.require_live(
+            "the subnet manager is asked with MADs through this host's InfiniBand port",
+            "run it on the node itself",
+        )
+        from ibtool.model.fabric import Bounds
+        from ibtool.sources import mad, subnet
+
+        ca, port = parse_selector(via) if via else (None, None)
+        mad.check_access(self.warn)
+        return subnet.subnet_manager(ca, port, bounds or Bounds(), self.warn)
 
     def fabric_counters(
         self,

@@ -22,13 +22,22 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as C
+import dataclasses
 import os
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ibtool.errors import IbtoolError, NotFoundError, PermissionDeniedError, UnsupportedError
-from ibtool.model.fabric import Bounds, Fabric, FabricNode, FabricPort, NodeType, PortSpeed
+from ibtool.model.fabric import (
+    Bounds,
+    Cable,
+    Fabric,
+    FabricNode,
+    FabricPort,
+    NodeType,
+    PortSpeed,
+)
 from ibtool.model.records import PhysState, PortState
 
 LIBRARIES = {"umad": "libibumad.so.3", "mad": "libibmad.so.5", "nd": "libibnetdisc.so.5"}
@@ -595,9 +604,30 @@ def _check_layout(n, address: int) -> None:
 
 
 def _port(p: NdPort, as_node, switch_caps: int | None) -> FabricPort:
-    info = p.info
     # A switch's external ports carry no LID of their own: port 0's is the switch's.
-    lid = p.base_lid
+    remote = None
+    if p.remoteport:
+        r = C.cast(p.remoteport, C.POINTER(NdPort)).contents
+        if r.node:
+            remote = (C.cast(r.node, as_node).contents.guid, r.portnum)
+    return _port_info(
+        p.info, p.portnum, p.guid, p.base_lid, p.lmc, switch_caps, remote, p.ext_portnum
+    )
+
+
+def _port_info(
+    info,
+    number: int,
+    guid: int,
+    lid: int,
+    lmc: int,
+    switch_caps: int | None,
+    remote: tuple[int, int] | None = None,
+    ext_number: int = 0,
+) -> FabricPort:
+    """A port's record from its PortInfo (`info`, the SMP's data) and what the caller knows
+    of it beside: its GUID, its LID (a switch's external port: the switch's), what is cabled
+    to it. A switch's ports take its port 0's CapabilityMask (`switch_caps`)."""
     capmask = field(info, "IB_PORT_CAPMASK_F") if switch_caps is None else switch_caps
     extended = bool(capmask & IS_EXTENDED_SPEEDS_SUPPORTED)
     speed = PortSpeed(
@@ -608,16 +638,11 @@ def _port(p: NdPort, as_node, switch_caps: int | None) -> FabricPort:
         ext_enabled=field(info, "IB_PORT_LINK_SPEED_EXT_ENABLED_F") if extended else 0,
         ext_supported=field(info, "IB_PORT_LINK_SPEED_EXT_SUPPORTED_F") if extended else 0,
     )
-    remote = None
-    if p.remoteport:
-        r = C.cast(p.remoteport, C.POINTER(NdPort)).contents
-        if r.node:
-            remote = (C.cast(r.node, as_node).contents.guid, r.portnum)
     return FabricPort(
-        number=p.portnum,
-        guid=p.guid,
+        number=number,
+        guid=guid,
         lid=lid,
-        lmc=p.lmc,
+        lmc=lmc,
         state=_enum(PortState, field(info, "IB_PORT_STATE_F")),
         phys_state=_enum(PhysState, field(info, "IB_PORT_PHYS_STATE_F")),
         width_active=field(info, "IB_PORT_LINK_WIDTH_ACTIVE_F"),
@@ -625,7 +650,7 @@ def _port(p: NdPort, as_node, switch_caps: int | None) -> FabricPort:
         width_supported=field(info, "IB_PORT_LINK_WIDTH_SUPPORTED_F"),
         speed=speed,
         remote=remote,
-        ext_number=p.ext_portnum,
+        ext_number=ext_number,
         cap_mask=capmask,
     )
 
@@ -772,9 +797,26 @@ def smp_port(start: LocalPort, bounds: Bounds, warn: Callable[[str], None]):
 def _smp(handle, lid: int, attribute: int, modifier: int, bounds: Bounds, warn) -> bytes | None:
     """One attribute's data by a LID-routed SMP GET (smp_query_via); None when it did not
     answer (the caller names what did not: libibmad's lines about it say no more)."""
+    return _get(handle, PortId(lid=lid), attribute, modifier, bounds, warn)
+
+
+def _dr_smp(
+    handle, path: tuple[int, ...], attribute: int, modifier: int, bounds: Bounds, warn
+) -> bytes | None:
+    """One attribute's data by a directed-route SMP GET along `path` (the out port at each
+    hop; () is the local node), as `smpquery -D 0,P` asks: libibmad sends an SMP with LID 0
+    through the directed-route class (libibmad/smp.c), its path laid out as str2drpath lays it
+    (p[0] the start, p[1..cnt] the hops)."""
+    portid = PortId(lid=0)
+    portid.drpath.cnt = len(path)
+    for i, out in enumerate(path, 1):
+        portid.drpath.p[i] = out
+    return _get(handle, portid, attribute, modifier, bounds, warn)
+
+
+def _get(handle, portid: PortId, attribute: int, modifier: int, bounds: Bounds, warn):
     m = libraries().mad
     buf = (C.c_uint8 * SMP_DATA_SIZE)()
-    portid = PortId(lid=lid)
     said: list[str] = []
     with _stderr_to(said.append, "libibmad"):
         got = m.smp_query_via(buf, C.byref(portid), attribute, modifier, bounds.timeout_ms, handle)
@@ -809,3 +851,100 @@ def lft_block(
     """Block `block` of a switch's LinearForwardingTable (the out port of LIDs block*64 to
     block*64+63), asked by LID as ibtracert and ibroute ask; None when it did not answer."""
     return _smp(handle, switch_lid, ATTR_LINEAR_FORWARDING_TABLE, block, bounds, warn)
+
+
+# -- a local port's cable, end to end (directed route) --------------------------------------
+
+
+def _node(buf: bytes) -> tuple[int, NodeType | None, int, int]:
+    """(node GUID, type, port count, the port the SMP entered by) of a NodeInfo."""
+    return (
+        field(buf, "IB_NODE_GUID_F"),
+        _enum(NodeType, field(buf, "IB_NODE_TYPE_F")),
+        field(buf, "IB_NODE_NPORTS_F"),
+        field(buf, "IB_NODE_LOCAL_PORT_F"),
+    )
+
+
+def _description(buf: bytes | None) -> str:
+    """A NodeDescription's text: up to its first NUL (IBTA 14.2.5.2, 64 bytes)."""
+    return buf.split(b"\0", 1)[0].decode("utf-8", "replace") if buf else ""
+
+
+def node_at(handle, lid: int, bounds: Bounds, warn: Callable[[str], None]) -> FabricNode | None:
+    """The node behind `lid` as its NodeInfo and NodeDescription say (no ports read), by
+    LID-routed SMPs; None when it did not answer."""
+    info = _smp(handle, lid, ATTR_NODE_INFO, 0, bounds, warn)
+    if info is None:
+        return None
+    guid, kind, count, _ = _node(info)
+    desc = _description(_smp(handle, lid, ATTR_NODE_DESC, 0, bounds, warn))
+    return FabricNode(guid, kind or NodeType.CA, desc, count, {})
+
+
+def cable(handle, ca: str, port: int, bounds: Bounds, warn: Callable[[str], None]) -> Cable:
+    """The cable of local port `port` of `ca`: this end's NodeInfo and PortInfo, then, where
+    the port is up, the far node's NodeInfo, NodeDescription and the PortInfo of the port the
+    cable enters by (and a switch's port 0), by directed route: 2 SMPs, 6 with the far end
+    (5 where it is a channel adapter)."""
+    asked = 0
+
+    def get(path: tuple[int, ...], attribute: int, modifier: int = 0) -> bytes | None:
+        nonlocal asked
+        asked += 1
+        return _dr_smp(handle, path, attribute, modifier, bounds, warn)
+
+    info = get((), ATTR_NODE_INFO)
+    here = get((), ATTR_PORT_INFO, port) if info is not None else None
+    if info is None or here is None:
+        node = FabricNode(0, NodeType.CA, ca, 0, {})
+        return Cable(ca, node, None, why=f"{ca}/{port}: its own SMA did not answer", mads=asked)
+    guid, kind, count, _ = _node(info)
+    mine = _port_info(
+        here, port, field(info, "IB_NODE_PORT_GUID_F"), field(here, "IB_PORT_LID_F"),
+        field(here, "IB_PORT_LMC_F"), None,
+    )  # fmt: skip
+    near = FabricNode(guid, kind or NodeType.CA, ca, count, {port: mine})
+    if mine.state not in (PortState.INIT, PortState.ARMED, PortState.ACTIVE):
+        state = mine.state.name if mine.state is not None else "unknown"
+        return Cable(ca, near, None, why=f"{ca}/{port} is {state}", mads=asked)
+    far_info = get((port,), ATTR_NODE_INFO)
+    if far_info is None:
+        why = f"{ca}/{port} is up, and its far end did not answer"
+        return Cable(ca, near, None, why=why, mads=asked)
+    far_guid, far_kind, far_count, entered = _node(far_info)
+    desc = _description(get((port,), ATTR_NODE_DESC))
+    ports: dict[int, FabricPort] = {}
+    caps = None
+    if far_kind == NodeType.SWITCH:
+        p0 = get((port,), ATTR_PORT_INFO, 0)
+        if p0 is not None:
+            caps = field(p0, "IB_PORT_CAPMASK_F")
+            ports[0] = _port_info(p0, 0, far_guid, field(p0, "IB_PORT_LID_F"),
+                                  field(p0, "IB_PORT_LMC_F"), None)  # fmt: skip
+    there = get((port,), ATTR_PORT_INFO, entered)
+    if there is None or far_kind is None:
+        why = f"{ca}/{port} is up, and its far end's PortInfo did not answer"
+        return Cable(ca, near, None, why=why, mads=asked)
+    lid = ports[0].lid if 0 in ports else field(there, "IB_PORT_LID_F")
+    guid_there = far_guid if far_kind == NodeType.SWITCH else field(far_info, "IB_NODE_PORT_GUID_F")
+    ports[entered] = _port_info(
+        there, entered, guid_there, lid, field(there, "IB_PORT_LMC_F"), caps, (guid, port)
+    )
+    near = FabricNode(
+        guid, near.type, ca, count, {port: dataclasses.replace(mine, remote=(far_guid, entered))}
+    )
+    far = FabricNode(far_guid, far_kind, desc, far_count, ports,
+                     system_guid=field(far_info, "IB_NODE_SYSTEM_GUID_F"),
+                     vendor_id=field(far_info, "IB_NODE_VENDORID_F"),
+                     device_id=field(far_info, "IB_NODE_DEVID_F"))  # fmt: skip
+    return Cable(ca, near, far, entered, mads=asked)
+
+
+def cables(ports: list[LocalPort], bounds: Bounds, warn: Callable[[str], None]) -> list[Cable]:
+    """The cable of each of `ports` (cable), each asked through its own port."""
+    found = []
+    for p in ports:
+        with smp_port(p, bounds, warn) as handle:
+            found.append(cable(handle, p.ca, p.port, bounds, warn))
+    return found

@@ -8,14 +8,17 @@ where it replays one.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
 from ibtool.errors import NotFoundError
 from ibtool.model.fabric import (
     Bounds,
+    Cable,
     CountersRead,
     Fabric,
+    FabricNode,
     Hop,
     NodeType,
     PortCounters,
@@ -169,3 +172,62 @@ def route(
             if node.type != NodeType.SWITCH:
                 return done(f"the route reaches {node.description}/{far[1].number}, not "
                             f"LID {dlid}")  # fmt: skip
+
+
+def cables(
+    ca: str | None, port: int | None, bounds: Bounds, warn: Callable[[str], None],
+    counters: bool = True,
+) -> list[Cable]:  # fmt: skip
+    """The cable of every InfiniBand port libibumad sees up here (or of `ca`/`port`), each
+    asked through its own port (mad.cable), with its far port's PMA counters (its 64-bit
+    error counters where it has them, not its data counters) unless not `counters`."""
+    found = []
+    for p in mad.local_ports(warn):
+        if (ca is not None and p.ca != ca) or (port is not None and p.port != port):
+            continue
+        if p.link_layer not in ("InfiniBand", "IB"):
+            continue
+        with mad.smp_port(p, bounds, warn) as handle:
+            c = mad.cable(handle, p.ca, p.port, bounds, warn)
+        if counters and c.far is not None:
+            lid = c.far.lid if c.far.type == NodeType.SWITCH else c.far.ports[c.far_port].lid
+            if not lid:
+                c = dataclasses.replace(c, silent="its far end has no LID: its counters unread")
+            else:
+                got, dead, _ = mad.port_counters(p, [(lid, c.far_port)], bounds, warn, data=False)
+                q = got.get((lid, c.far_port))
+                if q is None:
+                    c = dataclasses.replace(
+                        c, silent=f"{c.far.description} (LID {lid}): its performance agent "
+                        "did not answer",
+                    )  # fmt: skip
+                else:
+                    pc = PortCounters(c.far.guid, c.far_port, lid, q.values, q.bits)
+                    c = dataclasses.replace(c, counters=pc)
+        found.append(c)
+    return found
+
+
+def subnet_manager(
+    ca: str | None, port: int | None, bounds: Bounds, warn: Callable[[str], None]
+) -> tuple[int, SubnetManager | None]:
+    """The SM LID this port's PortInfo names, and the SMInfo of the SM there (None: it did
+    not answer, or no SM LID is set); through `ca`/`port` or the first active InfiniBand
+    port."""
+    start = mad.choose_port(mad.local_ports(warn), ca, port)
+    if not start.sm_lid:
+        return 0, None
+    with mad.smp_port(start, bounds, warn) as handle:
+        info = mad.sm_info(handle, start.sm_lid, bounds, warn)
+        node = mad.node_at(handle, start.sm_lid, bounds, warn) if info is not None else None
+    if info is None:
+        return start.sm_lid, None
+    try:
+        state = SmState(info.state)
+    except ValueError:
+        state = None
+    if node is None:  # it answered for its SMInfo, not for its NodeInfo: named by its LID
+        node = FabricNode(0, NodeType.CA, f"LID {start.sm_lid}", 0, {})
+    return start.sm_lid, SubnetManager(
+        node, 0, start.sm_lid, info.guid, info.priority, state, info.activity
+    )

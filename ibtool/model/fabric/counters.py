@@ -29,6 +29,27 @@ ERROR_COUNTERS = (
     "PortXmitWait",
 )
 CONGESTION = "PortXmitWait"
+# The same counters under the names the kernel gives them in sysfs (drivers/infiniband/core/
+# sysfs.c, ports/N/counters/), which health.toml's thresholds use for the local ports.
+SYSFS_NAMES = {
+    "SymbolErrorCounter": "symbol_error",
+    "LinkErrorRecoveryCounter": "link_error_recovery",
+    "LinkDownedCounter": "link_downed",
+    "PortRcvErrors": "port_rcv_errors",
+    "PortRcvRemotePhysicalErrors": "port_rcv_remote_physical_errors",
+    "PortRcvSwitchRelayErrors": "port_rcv_switch_relay_errors",
+    "PortXmitDiscards": "port_xmit_discards",
+    "PortXmitConstraintErrors": "port_xmit_constraint_errors",
+    "PortRcvConstraintErrors": "port_rcv_constraint_errors",
+    "LocalLinkIntegrityErrors": "local_link_integrity_errors",
+    "ExcessiveBufferOverrunErrors": "excessive_buffer_overrun_errors",
+    "VL15Dropped": "VL15_dropped",
+    "PortXmitWait": "port_xmit_wait",
+    "PortXmitData": "port_xmit_data",
+    "PortRcvData": "port_rcv_data",
+    "PortXmitPkts": "port_xmit_packets",
+    "PortRcvPkts": "port_rcv_packets",
+}
 # What each counts, for the fix (IBTA vol. 1, 16.1.3.5)
 ERROR_FIXES = {
     "SymbolErrorCounter": "bit errors on the wire: reseat or replace the cable (or its "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from ibtool.model.records import PhysState, PortState
 
@@ -217,6 +218,38 @@ class Fabric:
         far = self.nodes.get(near.remote[0])
         far_port = far.ports.get(near.remote[1]) if far else None
         return (far, far_port) if far is not None and far_port is not None else None
+
+
+@dataclass(frozen=True)
+class Cable:
+    """A local port and what its cable reaches, each end as its own PortInfo says, read by
+    directed-route SMPs one hop out (as `smpquery -D nodeinfo 0,P` and `portinfo 0,P` ask):
+    `near` the local node with that port, `far` the node at the other end with the port the
+    cable enters (and a switch's port 0, which holds its LID and capabilities); `far` is None
+    where the port is not up or its far end did not answer (`why` says which). `mads`: the
+    SMPs it took. `counters`: the far port's PMA counters (a PortCounters) where they were
+    asked and answered, else `silent` says why not."""
+
+    ca: str
+    near: FabricNode
+    far: FabricNode | None
+    far_port: int = 0
+    why: str = ""
+    mads: int = 0
+    counters: Any = None
+    silent: str = ""
+
+    @property
+    def port(self) -> int:
+        return min(self.near.ports) if self.near.ports else 0
+
+    @property
+    def link(self) -> Link | None:
+        """The cable as a Link, this end `a` (not sorted), or None where there is no far end."""
+        if self.far is None:
+            return None
+        a = LinkEnd(self.near, self.near.ports[self.port])
+        return Link(a, LinkEnd(self.far, self.far.ports[self.far_port]))
 
 
 def end_name(e: LinkEnd) -> str:
