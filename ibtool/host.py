@@ -626,6 +626,7 @@ class Host:
         ports: list | None = None,
         clean: Callable | None = None,
         data: bool = True,
+        pace: Callable[[], None] | None = None,
     ) -> CountersRead:
         """The PMA counters of every port of a scanned fabric that ibqueryerrors reads (or of
         `ports`, (node, port, LID) each), asked through the port the scan went out from; and
@@ -634,14 +635,15 @@ class Host:
         holds nothing to look at), a switch whose sum is clean is not read port by port: its
         ports are left out, and the answer says which switches were left to their sum.
         Without `data`, the 64-bit data counters are not asked for (PortCountersExtended only
-        where it holds 64-bit error counters): what judging errors needs, in fewer MADs."""
+        where it holds 64-bit error counters): what judging errors needs, in fewer MADs.
+        `pace`: called before each MAD (a rate limit's wait)."""
         from ibtool.model.fabric import Bounds
         from ibtool.sources import subnet
 
         wanted = fabric.counter_ports() if ports is None else ports
         if self._saved_fabric is not None:
             return self._saved_counters(wanted)
-        return subnet.counters(fabric, wanted, bounds or Bounds(), self.warn, clean, data)
+        return subnet.counters(fabric, wanted, bounds or Bounds(), self.warn, clean, data, pace)
 
     def _saved_counters(self, wanted: list) -> CountersRead:
         """The saved ports' counters of `wanted`, as a snapshot's fabric scan holds them."""

@@ -680,6 +680,7 @@ def port_counters(
     warn: Callable[[str], None],
     clean: Callable[[Queried], bool] | None = None,
     data: bool = True,
+    pace: Callable[[], None] | None = None,
 ) -> tuple[dict[tuple[int, int], Queried], set[int], dict[int, int]]:
     """Every (LID, port) of `targets` asked for its PortCounters, and its PortCountersExtended
     where its ClassPortInfo says it has them (the 64-bit error counters too where CapabilityMask2
@@ -692,6 +693,8 @@ def port_counters(
 
     Without `data`, PortCountersExtended is asked only for its 64-bit error counters, where a
     port has them (the data counters are PortCounters' 32-bit ones).
+
+    `pace`, where given, is called before each MAD (to hold a rate of MADs a second).
 
     Returns what was read, the LIDs that did not answer, and the ports left to their sum (by
     LID)."""
@@ -707,13 +710,15 @@ def port_counters(
         buf = (C.c_uint8 * MAD_SIZE)()
         with _stderr_to(warn, "libibmad"):
             for lid, ports in by_lid.items():
-                if _pma(m, handle, buf, lid, ports[0], GSI_CLASS_PORT_INFO, bounds) is None:
+                if _pma(m, handle, buf, lid, ports[0], GSI_CLASS_PORT_INFO, bounds, pace) is None:
                     dead.add(lid)
                     continue
                 caps = (m.mad_get_field(buf, 0, CPI_CAPMASK_F),
                         m.mad_get_field(buf, 0, CPI_CAPMASK2_F))  # fmt: skip
                 if clean is not None and len(ports) > 1 and caps[0] & PMA_ALL_PORT_SELECT:
-                    total = _read_port(m, handle, buf, lid, ALL_PORTS, caps, bounds, data=False)
+                    total = _read_port(
+                        m, handle, buf, lid, ALL_PORTS, caps, bounds, data=False, pace=pace
+                    )
                     if total is None:
                         dead.add(lid)
                         continue
@@ -721,7 +726,7 @@ def port_counters(
                         summed[lid] = len(ports)
                         continue
                 for port in ports:
-                    got = _read_port(m, handle, buf, lid, port, caps, bounds, data)
+                    got = _read_port(m, handle, buf, lid, port, caps, bounds, data, pace)
                     if got is None:
                         dead.add(lid)
                         break
@@ -729,12 +734,14 @@ def port_counters(
     return found, dead, summed
 
 
-def _read_port(m, handle, buf, lid: int, port: int, caps, bounds: Bounds, data: bool = True):
+def _read_port(
+    m, handle, buf, lid: int, port: int, caps, bounds: Bounds, data: bool = True, pace=None
+):
     """One port's PortCounters, then its PortCountersExtended where it has them (for the data
     counters, unless not `data`, and the 64-bit error counters where CapabilityMask2 says so);
     None when the PortCounters did not answer."""
     mask, mask2 = caps
-    if _pma(m, handle, buf, lid, port, GSI_PORT_COUNTERS, bounds) is None:
+    if _pma(m, handle, buf, lid, port, GSI_PORT_COUNTERS, bounds, pace) is None:
         return None
     values = {n: m.mad_get_field(buf, 0, f) for n, (f, _, _) in PORT_COUNTERS.items()}
     bits = {n: b for n, (_, b, _) in PORT_COUNTERS.items()}
@@ -742,14 +749,16 @@ def _read_port(m, handle, buf, lid: int, port: int, caps, bounds: Bounds, data: 
         del values["PortXmitWait"], bits["PortXmitWait"]
     wide = [n for n in values] if mask2 & PMA_EXT_ERRORS else list(DATA_COUNTERS) if data else []
     if wide and mask & (PMA_EXT_WIDTH | PMA_EXT_WIDTH_NOIETF):
-        if _pma(m, handle, buf, lid, port, GSI_PORT_COUNTERS_EXT, bounds) is not None:
+        if _pma(m, handle, buf, lid, port, GSI_PORT_COUNTERS_EXT, bounds, pace) is not None:
             for name in wide:
                 values[name] = m.mad_get_field64(buf, 0, PORT_COUNTERS[name][2])
                 bits[name] = 64
     return Queried(values, bits)
 
 
-def _pma(m, handle, buf, lid: int, port: int, attribute: int, bounds: Bounds):
+def _pma(m, handle, buf, lid: int, port: int, attribute: int, bounds: Bounds, pace=None):
+    if pace is not None:
+        pace()
     portid = PortId(lid=lid)
     C.memset(buf, 0, MAD_SIZE)
     return m.pma_query_via(buf, C.byref(portid), port, bounds.timeout_ms, attribute, handle)

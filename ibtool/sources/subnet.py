@@ -38,9 +38,10 @@ def counters(
     warn: Callable[[str], None],
     clean: Callable | None = None,
     data: bool = True,
+    pace: Callable[[], None] | None = None,
 ) -> CountersRead:
     """The PMA counters of `wanted` ((node, port, LID) each), asked through the port the scan
-    went out from (mad.port_counters: `clean` and `data` as it takes them); what did not
+    went out from (mad.port_counters: `clean`, `data` and `pace` as it takes them); what did not
     answer, named; the switches left to their sum."""
     start = mad.choose_port(mad.local_ports(warn), fabric.ca, fabric.ca_port)
     got, dead, summed = mad.port_counters(
@@ -50,6 +51,7 @@ def counters(
         warn,
         clean,
         data,
+        pace,
     )
     by_lid = {lid: node for node, _, lid in wanted}
     found, silent = [], {}
