@@ -294,19 +294,6 @@ def _baseline(ctx, incarnation) -> tuple[dict, set[str]]:
 # counter_saturated  a counter stuck at its maximum, which counts no more until cleared
 
 
-def _judge(s: CounterSample, delta: int, limits, since: str) -> tuple[Status, str, str] | None:
-    """(status, summary, kind) of a counter that grew by `delta`; None when that is fine."""
-    text = f"{s.name} +{delta} {since}"
-    if limits.critical is not None and limits.critical.alerts(delta):
-        return Status.CRITICAL, f"{text} (critical {limits.critical.text})", "counter_errors"
-    if limits.warning is not None and limits.warning.alerts(delta):
-        return Status.WARNING, f"{text} (warning {limits.warning.text})", "counter_errors"
-    if s.name == "link_downed" and delta > 0:
-        times = "once" if delta == 1 else f"{delta} times"
-        return Status.WARNING, f"link went down {times} {since} (flap)", "link_flapped"
-    return None
-
-
 def _no_baseline(ctx) -> str:
     if not ctx.stateful:
         return "no state kept: error counters not compared"
@@ -320,6 +307,8 @@ def check_counters(ctx):
     went down and up again between two runs shows in link_downed); saturated counters; resets
     (a cleared counter, a re-created device, a reboot) taken as a new baseline, never an
     alarm."""
+    from ibtool.api.health import counter_growth
+
     host, config = ctx.host, ctx.config
     samples = [s for s in host.counters() if s.value is not None and _watched(s, config)]
     incarnations: dict[str, int | None] = {}
@@ -350,7 +339,7 @@ def check_counters(ctx):
         if note == "reset":
             findings.append((Status.OK, f"{s.name} reset {since}: new baseline", ""))
         elif delta:
-            found = _judge(s, delta, limits, since)
+            found = counter_growth(s.name, delta, limits, since, downed=s.name == "link_downed")
             findings.append(found or (Status.OK, f"{s.name} +{delta} {since}", ""))
     for subject, findings in subjects.items():
         device = subject.partition("/")[0]

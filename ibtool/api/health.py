@@ -1,7 +1,8 @@
 """`ibtool health`: the run's report (failed, as_json, nagios, unknown, status_families), the
 config (load_config) and the checks it selects, the state file kept between runs (StateFile,
 boot_id, state_path), a bounded read of a small file (read_bounded, NotAFile), the Slurm
-drain (apply_slurm) and the textfile collector's files."""
+drain (apply_slurm) and the textfile collector's files; an error counter's growth judged
+against its thresholds (counter_growth)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ibtool.health.slurm import apply as apply_slurm
 from ibtool.health.state import StateFile, boot_id
 from ibtool.health.state import default_path as state_path
 from ibtool.health.textfile import check_path, collected, write_text, write_textfile
+from ibtool.model.health import counter_growth
 
 __all__ = [
     "NotAFile",
@@ -22,6 +24,7 @@ __all__ = [
     "boot_id",
     "check_path",
     "collected",
+    "counter_growth",
     "failed",
     "load_config",
     "nagios",

@@ -199,3 +199,21 @@ class HealthResult:
         bad = [p for p in self.perfdata if not isinstance(p, Perfdata)]
         if bad:
             raise ValueError(f"perfdata must be ibtool.api.Perfdata items, not {bad[0]!r}")
+
+
+def counter_growth(
+    name: str, delta: int, limits, since: str, *, downed: bool = False
+) -> tuple[Status, str, str] | None:
+    """(status, summary, kind) of an error counter that grew by `delta` `since` (a phrase:
+    "since the last run"), against `limits` (its warning and critical Ranges, either None);
+    None when that is fine. A link-downed counter (`downed`) that grew is a flap, a WARNING,
+    below its thresholds too."""
+    text = f"{name} +{delta} {since}"
+    if limits.critical is not None and limits.critical.alerts(delta):
+        return Status.CRITICAL, f"{text} (critical {limits.critical.text})", "counter_errors"
+    if limits.warning is not None and limits.warning.alerts(delta):
+        return Status.WARNING, f"{text} (warning {limits.warning.text})", "counter_errors"
+    if downed and delta > 0:
+        times = "once" if delta == 1 else f"{delta} times"
+        return Status.WARNING, f"link went down {times} {since} (flap)", "link_flapped"
+    return None
