@@ -305,3 +305,125 @@ def ibtool_register_commands(cli):
         help="the InfiniBand subnet: its switches, channel adapters, routers and links",
         configure=_configure,
     )
+
+
+# -- ibtool health: the far end of this host's cables, and the subnet manager ----------------
+
+HEALTH_OPTIONS = {
+    "timeout": (int, 1, 60000),  # each MAD's, in milliseconds
+    "retries": (int, 0, 20),
+    "sm": (bool, None, None),  # whether the SM is checked
+    "sm_idle": (float, 1, 86400),  # seconds a master's activity may stand still
+}
+
+
+def _health_options(options) -> dict:
+    """[checks.fabric] of health.toml, checked: a ValueError naming the key at fault."""
+    known = ", ".join(HEALTH_OPTIONS)
+    found = {}
+    for key, value in options.items():
+        if key not in HEALTH_OPTIONS:
+            raise ValueError(f"[checks.fabric] names no option {key!r} ({known})")
+        kind, low, high = HEALTH_OPTIONS[key]
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise ValueError(f"[checks.fabric] {key} must be true or false")
+        elif (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float) if kind is float else int)
+            or not low <= value <= high
+        ):
+            raise ValueError(f"[checks.fabric] {key} must be a number from {low} to {high}")
+        found[key] = value
+    return found
+
+
+def check_fabric(ctx):
+    """Each InfiniBand port's cable to its far end (a switch port, as a rule): both ends'
+    width and speed, the far port's error counters' growth since the last run against the
+    local counters' thresholds; and the SM its SM LID names: answering, the master, its
+    activity moving between runs. A few MADs a port (6 SMPs and 2 PMA MADs; 3 SMPs for
+    the SM). Nothing on a host with no InfiniBand port, or on a capture."""
+    from ibtool.api import HealthResult, IbtoolError, Status, UnsupportedError
+    from ibtool.api.fabric import Bounds, judge_cable, judge_sm
+
+    host = ctx.host
+    if not host.live:
+        return  # a capture holds no cable's far end
+    try:
+        options = _health_options(ctx.options)
+    except ValueError as e:
+        yield HealthResult(Status.UNKNOWN, "", f"far ends not checked: {e}")
+        return
+    bounds = Bounds(timeout_ms=options.get("timeout", 200), retries=options.get("retries", 3))
+    try:
+        cables = host.cables(bounds=bounds)
+    except UnsupportedError as e:
+        if _has_infiniband(host):
+            hint = f" ({e.hint})" if e.hint else ""
+            yield HealthResult(Status.UNKNOWN, "", f"far ends not checked: {e.message}{hint}")
+        return  # no InfiniBand port, and no MAD library either: nothing to check
+    except IbtoolError as e:
+        hint = f" ({e.hint})" if e.hint else ""
+        yield HealthResult(Status.UNKNOWN, "", f"far ends not checked: {e.message}{hint}")
+        return
+    previous = ctx.previous if isinstance(ctx.previous, dict) else {}
+    old_cables = previous.get("cables") if isinstance(previous.get("cables"), dict) else {}
+    old_sms = previous.get("sms") if isinstance(previous.get("sms"), dict) else {}
+    kept: dict = {"cables": {}, "sms": {}}
+    active = []
+    for c in cables:
+        subject = f"{c.ca}/{c.port}"
+        if ctx.config.expect(c.ca, c.port).ignore:
+            continue
+        results, keep = judge_cable(
+            c,
+            old_cables.get(subject),
+            lambda name: ctx.config.threshold(name, "pma"),
+            _no_baseline(ctx),
+        )
+        yield from results
+        if keep is not None:
+            kept["cables"][subject] = keep
+        if c.far is not None:
+            active.append(c)
+    if options.get("sm", True):
+        asked = set()
+        for c in active:
+            subject = f"{c.ca}/{c.port}"
+            try:
+                sm_lid, sm = host.subnet_manager(subject, bounds)
+            except IbtoolError as e:
+                yield HealthResult(Status.UNKNOWN, subject, f"subnet manager: {e.message}")
+                continue
+            key = str(sm.guid) if sm is not None else f"lid{sm_lid}"
+            if key in asked:
+                continue  # the same SM, seen through another port
+            asked.add(key)
+            results, keep = judge_sm(
+                subject, sm_lid, sm, old_sms.get(key), ctx.now, options.get("sm_idle", 30.0)
+            )
+            yield from results
+            if keep is not None:
+                kept["sms"][key] = keep
+    ctx.keep(kept)
+
+
+def _has_infiniband(host) -> bool:
+    from ibtool.api import IbtoolError
+
+    try:
+        return any(p.link_layer == "InfiniBand" for p in host.ports(fields=("link_layer",)))
+    except IbtoolError:
+        return False
+
+
+def _no_baseline(ctx) -> str:
+    if not ctx.stateful:
+        return "no state kept: error counters not compared"
+    return "first run: baseline taken"
+
+
+@hookimpl
+def ibtool_health_checks(register):
+    register("fabric", check_fabric)

@@ -24,6 +24,7 @@ from ibtool.model.fabric import (
     judge_sms,
     parse_thresholds,
 )
+from ibtool.model.fabric.cables import judge_cable, judge_sm
 from ibtool.views import fabric as view
 
 __all__ = [
@@ -41,7 +42,9 @@ __all__ = [
     "fabric_changes",
     "fabric_data",
     "fabric_from_data",
+    "judge_cable",
     "judge_counters",
+    "judge_sm",
     "judge_sms",
     "parse_thresholds",
     "view",

@@ -180,15 +180,20 @@ def cables(
     ca: str | None, port: int | None, bounds: Bounds, warn: Callable[[str], None],
     counters: bool = True,
 ) -> list[Cable]:  # fmt: skip
-    """The cable of every InfiniBand port libibumad sees up here (or of `ca`/`port`), each
+    """The cable of every InfiniBand port libibumad sees here (or of `ca`/`port`), each
     asked through its own port (mad.cable), with its far port's PMA counters (its 64-bit
     error counters where it has them, not its data counters) unless not `counters`."""
+    mine = [
+        p
+        for p in mad.local_ports(warn)
+        if (ca is None or p.ca == ca)
+        and (port is None or p.port == port)
+        and p.link_layer in ("InfiniBand", "IB")  # the kernel's name, and umad2sim's
+    ]
+    if mine:
+        mad.check_access(warn)  # a RoCE port's umad device is no reason to need root
     found = []
-    for p in mad.local_ports(warn):
-        if (ca is not None and p.ca != ca) or (port is not None and p.port != port):
-            continue
-        if p.link_layer not in ("InfiniBand", "IB"):
-            continue
+    for p in mine:
         with mad.smp_port(p, bounds, warn) as handle:
             c = mad.cable(handle, p.ca, p.port, bounds, warn)
         if counters and c.far is not None:
