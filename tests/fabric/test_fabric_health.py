@@ -5,6 +5,8 @@ width against what both ends enable, and the subnet manager."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 
 import pytest
 
@@ -119,3 +121,17 @@ def test_a_bad_option_of_its_table_is_unknown_naming_it(own, tmp_path):
     config.write_text("[checks.fabric]\nsm = false\nsm_idle = 60\n")
     code, answer = health(own, "node001 mlx5_0", "--no-state", "--config", str(config))
     assert code == 0 and len(answer["results"]) == 1  # the cable, no SM
+
+
+def test_its_verdict_in_the_textfile_and_nagios(narrow, tmp_path):
+    prom = tmp_path / "ibtool.prom"
+    r = ibtool(narrow, "health", "--check", "fabric", "--no-state", "--textfile", str(prom),
+               host="node002 mlx5_0")  # fmt: skip
+    assert r.returncode == 1
+    assert r.stdout.startswith("IBTOOL WARNING - ibsim0/1: cable to leaf01/2: leaf01/2 enables")
+    text = prom.read_text()
+    assert 'ibtool_health_subject_status{check="fabric",subject="ibsim0/1"} 1.0' in text
+    if shutil.which("promtool"):
+        check = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,
+                               capture_output=True)  # fmt: skip
+        assert check.returncode == 0, check.stdout + check.stderr
