@@ -33,7 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_fabric import arguments, timed  # noqa: E402
 
 NODE = "node001 mlx5_0"
-REPEAT = 15  # umad2sim frees no agent a closed umad port registered: ~60 at most a process
+# umad2sim frees only the first of the agents a closed umad port registered (umad2sim.c
+# close_fd), of 32 a process: an SMP port (two classes) leaks one, so a process opens ~31
+REPEAT = 15
 # One port's cable read REPEAT times in one process: the cost of a port without start-up.
 LOOP = f"""
 import time
