@@ -182,8 +182,24 @@ def _name(e: LinkEnd) -> str:
     return escaped(end_name(e))
 
 
+_START_SM = (
+    "start a subnet manager on a node of the subnet (systemctl start opensm, or the switch's "
+    "or UFM's SM)"
+)
+
+
 def check_sm(local: Facts, peer: Facts | None, ctx) -> Finding:
     f: IbPath = ctx.fabric
+    near = f.cable.near.ports.get(f.cable.port) if f.cable is not None else None
+    if f.sm_why is not None and near is not None and near.state == PortState.INIT:
+        # a port whose link is up waits in INIT until the SM sets it ARMED, then ACTIVE (IBTA
+        # vol. 1, chapter 7, the port states): no SM has swept it
+        return Finding(
+            "sm",
+            FAIL,
+            f"{f.via} is INIT: its link is up and no subnet manager has brought it further",
+            f"{_START_SM}; if one runs, it does not reach this port: look at its log",
+        )
     if f.sm_why is not None:
         return Finding("sm", SKIP, f"not asked: {f.sm_why}")
     if not f.sm_lid:
@@ -191,8 +207,7 @@ def check_sm(local: Facts, peer: Facts | None, ctx) -> Finding:
             "sm",
             FAIL,
             f"{f.via} has no SM LID: no subnet manager has swept the subnet through it",
-            "start a subnet manager on a node of the subnet (systemctl start opensm, or the "
-            "switch's or UFM's SM): until one sweeps, no port leaves INIT",
+            f"{_START_SM}: until one sweeps, no port leaves INIT",
         )
     if f.sm is None:
         return Finding(

@@ -145,3 +145,18 @@ def test_the_sm_killed_is_a_failed_sm_check_with_its_fix(tmp_path):
         assert r.returncode == 2
         # the cable is still judged: the links stay up without an SM
         assert any(line.startswith("PASS  cable      ibsim0/1 <-> leaf01/1") for line in lines)
+
+
+def test_no_sm_ever_leaves_the_port_in_init_and_the_sm_check_says_so(tmp_path):
+    need_the_simulator()
+    with SimFabric(SMALL, tmp_path, sm=False) as sim:
+        r = ibtool(sim, "doctor", "--no-probe", host=HERE)
+        lines = r.stdout.splitlines()
+        at = lines.index(
+            "FAIL  sm         ibsim0/1 is INIT: its link is up and no subnet manager has "
+            "brought it further"
+        )
+        assert lines[at + 1].split()[:6] == ["fix:", "start", "a", "subnet", "manager", "on"]
+        cable = next(line for line in lines if line.startswith("FAIL  cable "))
+        assert "4X SDR INIT; not ACTIVE" in cable
+        assert r.returncode == 2

@@ -227,6 +227,15 @@ def test_the_sm_missing_silent_or_not_the_master_fails_with_its_fix():
     f = run(path(sm=None))["sm"]
     assert f.verdict == FAIL and "nothing there answers for its SMInfo" in f.evidence
     assert f.fix.startswith("start or restart the SM behind LID 1")
+    # not asked (the port not ACTIVE): a port in INIT is one no SM has swept
+    init = node(HCA.guid, "mlx5_0", NodeType.CA, port(1, 0, state=PortState.INIT))
+    why = "mlx5_0/1 is not active (state 2)"
+    f = run(path(sm_why=why, cable=dataclasses.replace(cable(), near=init)))["sm"]
+    assert (f.verdict, f.evidence) == (
+        FAIL, "mlx5_0/1 is INIT: its link is up and no subnet manager has brought it further"
+    )  # fmt: skip
+    assert f.fix.endswith("if one runs, it does not reach this port: look at its log")
+    assert run(path(sm_why=why))["sm"].verdict == SKIP
     standby = dataclasses.replace(MASTER, state=SmState.STANDBY)
     f = run(path(sm=standby))["sm"]
     assert f.verdict == FAIL and f.evidence.endswith("STANDBY, priority 0, GUID "
