@@ -262,8 +262,8 @@ def check_peer_cable(local: Facts, peer: Facts | None, ctx) -> Finding:
                        "where it stopped)")  # fmt: skip
     link = f.peer_link()
     if link is None:
-        what = "this port itself" if not f.route.hops else "a switch"
-        return Finding("peer_cable", SKIP, f"the peer's LID is {what}'s: no cable of its own")
+        what = "this port's own" if not f.route.hops else "a switch's"
+        return Finding("peer_cable", SKIP, f"the peer's LID is {what}: no cable of a peer's")
     return _judge_cable("peer_cable", link, f.peer_counters, f.peer_silent or "", f.thresholds)
 
 
