@@ -319,3 +319,14 @@ def test_a_hop_down_or_trained_slow_is_named_by_its_number():
 
 def test_the_peers_lid_travels_in_its_facts():
     assert Facts.from_wire(PEER_FACTS.to_wire()).lid == 9
+
+
+def test_a_peer_lid_of_this_port_or_a_switch_has_no_peer_cable():
+    own = Route((HCA, 1, 2), (HCA, 1, 2), ())
+    assert run(path(route=own))["peer_cable"].evidence == (
+        "the peer's LID is this port's own: no cable of a peer's"
+    )
+    to_switch = Route((HCA, 1, 2), (LEAF, 0, 4), route().hops[:1])
+    found = run(path(route=to_switch))
+    assert found["peer_cable"].evidence == "the peer's LID is a switch's: no cable of a peer's"
+    assert found["lid_route"].verdict == PASS
