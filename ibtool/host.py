@@ -618,6 +618,42 @@ class Host:
         mad.check_access(self.warn)
         return subnet.subnet_manager(ca, port, bounds or Bounds(), self.warn)
 
+    def lid_route(self, dlid: int, via: str | None = None, bounds: Bounds | None = None) -> Route:
+        """The route from this host's port (`via`, DEV[/PORT]; default: the first active
+        InfiniBand port) to LID `dlid` hop by hop, as ibtracert walks it, without a scan of
+        the subnet: by directed route out of the port, at each switch the forwarding table
+        block that holds `dlid`, each hop with both ends' PortInfo; stopped, and said why, at
+        a port not up, a switch with no route, a loop, more hops than a directed route holds,
+        or what did not answer. The running host only."""
+        self.require_live(
+            "a route is walked with MADs through this host's InfiniBand port",
+            "run it on the node itself",
+        )
+        from ibtool.model.fabric import Bounds
+        from ibtool.sources import mad, subnet
+
+        ca, port = parse_selector(via) if via else (None, None)
+        mad.check_access(self.warn)
+        return subnet.trace(ca, port, dlid, bounds or Bounds(), self.warn)
+
+    def port_counters(
+        self, ports: list, via: str | None = None, bounds: Bounds | None = None
+    ) -> CountersRead:
+        """The PMA error counters of `ports` ((node, port, LID) each: a switch's port through
+        the switch's LID), asked through this host's port (`via`, DEV[/PORT]; default: the
+        first active InfiniBand port) with no scan of the subnet; what did not answer, named.
+        The running host only."""
+        self.require_live(
+            "port counters are asked with MADs through this host's InfiniBand port",
+            "run it on the node itself",
+        )
+        from ibtool.model.fabric import Bounds
+        from ibtool.sources import mad, subnet
+
+        ca, port = parse_selector(via) if via else (None, None)
+        mad.check_access(self.warn)
+        return subnet.port_counters(ca, port, ports, bounds or Bounds(), self.warn)
+
     def fabric_counters(
         self,
         fabric: Fabric,

@@ -64,6 +64,7 @@ def run(inv: Invocation) -> int:
         timeout=args.timeout,
         probe=not args.no_probe and inv.host.live,
         pid=args.pid,
+        thresholds=lambda: _thresholds(inv.warn),
     )
     report = diagnose(inv.host, args.dev, opts, inv.warn)
     if inv.json:
@@ -74,6 +75,29 @@ def run(inv: Invocation) -> int:
             inv.print(line)
         inv.print(view.summary(report.findings))
     return report.verdict.exit_code
+
+
+def _thresholds(warn) -> dict[str, int]:
+    """infiniband-diags' error_thresholds, as ibqueryerrors reads them: none where the file
+    is missing, and where it cannot be used, none and a warning (any error counts)."""
+    from ibtool.api.fabric import THRESHOLDS_FILE, THRESHOLDS_MAX, parse_thresholds
+    from ibtool.api.health import NotAFile, read_bounded
+
+    try:
+        raw = read_bounded(THRESHOLDS_FILE, THRESHOLDS_MAX)
+    except FileNotFoundError:
+        return {}
+    except NotAFile as e:
+        warn(f"thresholds {THRESHOLDS_FILE}: {e.what}; any error counts")
+        return {}
+    except OSError as e:
+        warn(f"thresholds {THRESHOLDS_FILE}: {e.strerror or e}; any error counts")
+        return {}
+    try:
+        return parse_thresholds(raw.decode("utf-8", "replace"), THRESHOLDS_FILE)
+    except ValueError as e:
+        warn(f"{e}; any error counts")
+        return {}
 
 
 @hookimpl

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from ibtool.model.doctor import Facts, Finding, Verdict
 
 if TYPE_CHECKING:
+    from ibtool.doctor.ib import IbPath
     from ibtool.doctor.link import LinkSettings
     from ibtool.model.system import Process
 
@@ -50,13 +51,21 @@ class Context:
     process: Process | None = None
     link: LinkSettings | None = None  # this end's netdev's link modes (ethtool), when read
     link_why: str | None = None  # why they were not
+    # InfiniBand: what was asked of the subnet through this end's port (ibtool.doctor.ib);
+    # None on any other port, or a capture: no InfiniBand checks then
+    fabric: IbPath | None = None
 
 
 def run_checks(local: Facts, peer: Facts | None, ctx: Context) -> list[Finding]:
     checks = CHECKS
     if ctx.process is not None:  # the process's cgroup, after its memlock
-        at = CHECKS.index(check_memlock) + 1
-        checks = CHECKS[:at] + (check_cgroup,) + CHECKS[at:]
+        at = checks.index(check_memlock) + 1
+        checks = checks[:at] + (check_cgroup,) + checks[at:]
+    if ctx.fabric is not None:  # InfiniBand: the SM, both cables, the route, after the rate
+        from ibtool.doctor import ib
+
+        at = checks.index(check_rate) + 1
+        checks = checks[:at] + ib.CHECKS + checks[at:]
     return [check(local, peer, ctx) for check in checks]
 
 

@@ -14,10 +14,13 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ibtool.doctor import ib
 from ibtool.doctor.checks import Context, run_checks
 from ibtool.doctor.facts import collect
+from ibtool.doctor.ib import IbPath
 from ibtool.errors import IbtoolError, NotFoundError
 from ibtool.model.doctor import Facts, Finding, Verdict
 from ibtool.model.records import PortState
@@ -36,6 +39,9 @@ class Options:
     timeout: float = 2.0
     probe: bool = True
     pid: int | None = None  # the process whose limits, cgroup and CPUs count (None: doctor's)
+    # InfiniBand: the error counters' thresholds (infiniband-diags' error_thresholds), read
+    # only when the port is InfiniBand (None: none, any error counts)
+    thresholds: Callable[[], dict[str, int]] | None = None
 
 
 @dataclass
@@ -45,6 +51,7 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     peer_address: str | None = None
     process: object | None = None  # ibtool.model.system.Process, with --pid
+    fabric: IbPath | None = None  # InfiniBand: what the subnet answered (ibtool.doctor.ib)
 
     @property
     def verdict(self) -> Verdict:
@@ -60,6 +67,8 @@ class Report:
         }
         if self.process is not None:
             data["process"] = self.process.to_json()
+        if self.fabric is not None:
+            data["fabric"] = self.fabric.to_json()
         return data
 
 
@@ -181,9 +190,14 @@ def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
     process = host.read_process(opts.pid, *opened) if opened is not None else None
     local = collect(host, device, port, opts.gid_index, process=process)
     link, link_why = link_facts(host, local)
+    # InfiniBand: this end's cable and SM asked while the peer answers, the route after
+    fabric = ib.gather_local(host, local, opts.thresholds, warn)
     peer, no_facts, no_facts_fix = (None, None, None)
     if query is not None:
         peer, no_facts, no_facts_fix = query.answer()
+    if fabric is not None:
+        why = f"{opts.peer} told nothing: {no_facts}" if no_facts else None
+        fabric = ib.gather_route(host, fabric, peer, why)
     # The RDMA path goes to the peer's GID address, which may not be the one we asked.
     target = peer_ip
     if peer is not None and peer.gid_index is not None:
@@ -209,8 +223,8 @@ def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
             warn(f"IPv4 addresses not read: {e}")
     ctx = Context(opts.peer, peer_ip, route, no_facts, opts.tclass, opts.compat, siblings,
                   no_facts_fix=no_facts_fix, process=process, link=link,
-                  link_why=link_why)  # fmt: skip
-    report = Report(local, peer, run_checks(local, peer, ctx), opts.peer, process)
+                  link_why=link_why, fabric=fabric)  # fmt: skip
+    report = Report(local, peer, run_checks(local, peer, ctx), opts.peer, process, fabric)
     if opts.peer and opts.probe:
         report.findings.extend(_probe(local, peer, opts))
     return report

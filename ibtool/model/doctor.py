@@ -48,12 +48,14 @@ class Verdict(str, enum.Enum):
 class Finding:
     """One checklist line: `check` (a short id: gid, mtu, memlock...), its verdict, the
     evidence that decided it (what was read, on which side), and the fix (the command or
-    setting to change; None when there is nothing to do)."""
+    setting to change; None when there is nothing to do). `detail`: lines the text shows
+    below the evidence (an InfiniBand route's hops), whose data the JSON gives elsewhere."""
 
     check: str
     verdict: Verdict
     evidence: str
     fix: str | None = None
+    detail: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         return {

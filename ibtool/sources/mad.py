@@ -957,3 +957,57 @@ def cables(ports: list[LocalPort], bounds: Bounds, warn: Callable[[str], None]) 
         with smp_port(p, bounds, warn) as handle:
             found.append(cable(handle, p.ca, p.port, bounds, warn))
     return found
+
+
+# -- a route walked by directed route (as ibtracert walks it) --------------------------------
+
+
+def node_by_path(
+    handle, path: tuple[int, ...], bounds: Bounds, warn: Callable[[str], None]
+) -> tuple[FabricNode, int, bytes] | None:
+    """The node at the end of directed route `path` (() is the local node): its NodeInfo and
+    NodeDescription, as ibtracert's get_node asks them (infiniband-diags ibtracert.c), with no
+    port read yet; and the port the SMP entered it by (NodeInfo.LocalPortNum), and the
+    NodeInfo itself. None when it did not answer."""
+    info = _dr_smp(handle, path, ATTR_NODE_INFO, 0, bounds, warn)
+    if info is None:
+        return None
+    guid, kind, count, entered = _node(info)
+    desc = _description(_dr_smp(handle, path, ATTR_NODE_DESC, 0, bounds, warn))
+    node = FabricNode(guid, kind or NodeType.CA, desc, count, {},
+                      system_guid=field(info, "IB_NODE_SYSTEM_GUID_F"),
+                      vendor_id=field(info, "IB_NODE_VENDORID_F"),
+                      device_id=field(info, "IB_NODE_DEVID_F"))  # fmt: skip
+    return node, entered, info
+
+
+def port_by_path(
+    handle,
+    path: tuple[int, ...],
+    number: int,
+    node: FabricNode,
+    info: bytes,
+    bounds: Bounds,
+    warn: Callable[[str], None],
+    switch_caps: int | None = None,
+) -> FabricPort | None:
+    """Port `number` of the node at the end of `path` (`node`, `info` its NodeInfo), as its
+    PortInfo says; a switch's external port takes the switch's LID (`node`'s port 0, read
+    first) and its port 0's CapabilityMask (`switch_caps`). None when it did not answer."""
+    buf = _dr_smp(handle, path, ATTR_PORT_INFO, number, bounds, warn)
+    if buf is None:
+        return None
+    switch = node.type == NodeType.SWITCH
+    lid = node.lid if switch and number else field(buf, "IB_PORT_LID_F")
+    guid = node.guid if switch else field(info, "IB_NODE_PORT_GUID_F")
+    return _port_info(
+        buf, number, guid, lid, field(buf, "IB_PORT_LMC_F"), switch_caps if switch else None
+    )
+
+
+def lft_block_by_path(
+    handle, path: tuple[int, ...], block: int, bounds: Bounds, warn: Callable[[str], None]
+) -> bytes | None:
+    """Block `block` of the LinearForwardingTable of the switch at the end of `path`, by
+    directed route (as ibtracert's switch_lookup asks it); None when it did not answer."""
+    return _dr_smp(handle, path, ATTR_LINEAR_FORWARDING_TABLE, block, bounds, warn)

@@ -19,6 +19,7 @@ from ibtool.model.fabric import (
     CountersRead,
     Fabric,
     FabricNode,
+    FabricPort,
     Hop,
     NodeType,
     PortCounters,
@@ -28,6 +29,7 @@ from ibtool.model.fabric import (
     SubnetManager,
     resolve,
 )
+from ibtool.model.records import PortState
 from ibtool.sources import mad
 
 
@@ -44,6 +46,10 @@ def counters(
     went out from (mad.port_counters: `clean`, `data` and `pace` as it takes them); what did not
     answer, named; the switches left to their sum."""
     start = mad.choose_port(mad.local_ports(warn), fabric.ca, fabric.ca_port)
+    return _counters(start, wanted, bounds, warn, clean, data, pace)
+
+
+def _counters(start, wanted: list, bounds: Bounds, warn, clean=None, data=True, pace=None):
     got, dead, summed = mad.port_counters(
         start,
         [(lid, port) for _, port, lid in wanted],
@@ -238,3 +244,118 @@ def subnet_manager(
     return start.sm_lid, SubnetManager(
         node, 0, start.sm_lid, info.guid, info.priority, state, info.activity
     )
+
+
+# The longest directed route: IB_SUBNET_PATH_HOPS_MAX (libibmad/mad.h, 64) entries in the
+# path, the first of which is the start (ib_dr_path_t.p[0]), so 63 hops.
+TRACE_HOPS_MAX = mad.SUBNET_PATH_HOPS_MAX - 1
+_UP = (PortState.INIT, PortState.ARMED, PortState.ACTIVE)
+
+
+def trace(
+    ca: str | None, port: int | None, dlid: int, bounds: Bounds, warn: Callable[[str], None]
+) -> Route:
+    """The route from this host's port (`ca`/`port`, or the first active InfiniBand port) to
+    LID `dlid` hop by hop, walked as ibtracert walks it (infiniband-diags ibtracert.c,
+    find_route) and without a scan of the subnet: a directed route out of the port, and at
+    each switch the LinearForwardingTable block that holds `dlid`, then the next node's
+    NodeInfo, NodeDescription and the PortInfo of the port it is entered by, along the path
+    extended by the out port the table gives. Each hop has both ends' PortInfo (the out
+    port's asked of its node), so its width, speed and state can be judged.
+
+    Bounded: at most TRACE_HOPS_MAX hops (bounds.max_hops where it is set lower), each switch
+    once (a route that comes back to one is a loop), each SMP with the bounds' timeout and
+    retries. The walk stops at the first thing that does not answer or does not lead on, and
+    the Route says why (`broken`); its `dest` is the node reached, or, where none was, a
+    node named by the LID alone."""
+    start = mad.choose_port(mad.local_ports(warn), ca, port)
+    limit = min(TRACE_HOPS_MAX, bounds.max_hops or TRACE_HOPS_MAX)
+    unreached = (FabricNode(0, NodeType.CA, f"LID {dlid}", 0, {}), 0, dlid)
+    with mad.smp_port(start, bounds, warn) as handle:
+        got = mad.node_by_path(handle, (), bounds, warn)
+        mine = None
+        if got is not None:
+            node, _, info = got
+            node = dataclasses.replace(node, description=node.description or start.ca)
+            mine = mad.port_by_path(handle, (), start.port, node, info, bounds, warn)
+        if got is None or mine is None:
+            node = FabricNode(0, NodeType.CA, start.ca, 0, {})
+            source = (node, start.port, start.lid)
+            return Route(source, unreached, (), f"{start.ca}/{start.port}: its own SMA did "
+                         "not answer")  # fmt: skip
+        node = dataclasses.replace(node, ports={start.port: mine})
+        source = (node, start.port, mine.lid)
+        if _holds(mine, dlid):
+            return Route(source, source, ())
+        hops: list[Hop] = []
+        path: tuple[int, ...] = ()
+        out, seen = start.port, set()
+
+        def broken(why: str) -> Route:
+            return Route(source, unreached, tuple(hops), why)
+
+        while True:
+            near = node.ports[out]
+            if near.state not in _UP:
+                state = near.state.name if near.state is not None else "unknown"
+                return broken(f"{node.description}/{out} is {state}: the route ends there")
+            if len(hops) >= limit:
+                return broken(f"more than {limit} hops")
+            path += (out,)
+            got = mad.node_by_path(handle, path, bounds, warn)
+            if got is None:
+                return broken(f"what {node.description}/{out} is cabled to did not answer")
+            far, entered, info = got
+            caps = None
+            if far.type == NodeType.SWITCH:
+                p0 = mad.port_by_path(handle, path, 0, far, info, bounds, warn)
+                if p0 is not None:
+                    caps = p0.cap_mask
+                    far = dataclasses.replace(far, ports={0: p0})
+            into = mad.port_by_path(handle, path, entered, far, info, bounds, warn, caps)
+            if into is None:
+                return broken(f"{far.description}/{entered}, cabled to {node.description}/"
+                              f"{out}, did not answer for its PortInfo")  # fmt: skip
+            far = dataclasses.replace(far, ports={**far.ports, entered: into})
+            hops.append(Hop(node, near, far, into))
+            if far.type != NodeType.SWITCH:
+                if _holds(into, dlid):
+                    return Route(source, (far, entered, dlid), tuple(hops))
+                return broken(f"the route reaches {far.description}/{entered} (LID "
+                              f"{into.lid}), not LID {dlid}")  # fmt: skip
+            if far.lid == dlid:
+                return Route(source, (far, 0, dlid), tuple(hops))
+            if far.guid in seen:
+                return broken(f"a loop: the route comes back to {far.description}")
+            seen.add(far.guid)
+            block = mad.lft_block_by_path(handle, path, dlid // mad.LFT_BLOCK, bounds, warn)
+            if block is None:
+                return broken(f"{far.description} (LID {far.lid}) did not answer for its "
+                              "forwarding table")  # fmt: skip
+            out = block[dlid % mad.LFT_BLOCK]
+            if out == 0 or out > far.port_count:
+                return broken(f"{far.description} has no route to LID {dlid} (its forwarding "
+                              f"table says {out})")  # fmt: skip
+            leaving = mad.port_by_path(handle, path, out, far, info, bounds, warn, caps)
+            if leaving is None:
+                return broken(f"{far.description}/{out} did not answer for its PortInfo")
+            node = dataclasses.replace(far, ports={**far.ports, out: leaving})
+
+
+def _holds(p: FabricPort, lid: int) -> bool:
+    """Whether a channel adapter's port answers to `lid` (its LID and the LMC's range)."""
+    return bool(p.lid) and p.lid <= lid < p.lid + (1 << p.lmc)
+
+
+def port_counters(
+    ca: str | None,
+    port: int | None,
+    wanted: list,
+    bounds: Bounds,
+    warn: Callable[[str], None],
+) -> CountersRead:
+    """The PMA error counters of `wanted` ((node, port, LID) each), asked through this host's
+    port (`ca`/`port`, or the first active InfiniBand port) with no scan of the subnet, and
+    what did not answer, named (mad.port_counters, without the data counters)."""
+    start = mad.choose_port(mad.local_ports(warn), ca, port)
+    return _counters(start, wanted, bounds, warn, data=False)

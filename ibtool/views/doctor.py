@@ -1,5 +1,6 @@
-"""`ibtool doctor`'s checklist as text: one line a check (verdict, check, evidence), its fix
-indented below, a head line naming both ends and a summary line.
+"""`ibtool doctor`'s checklist as text: one line a check (verdict, check, evidence), its detail
+lines (an InfiniBand route's hops) and its fix indented below, a head line naming both ends and
+a summary line.
 
 The evidence holds a peer's text: everything in Facts was made printable when it came in
 (ibtool.model.doctor.Facts.from_wire), so nothing here can drive the terminal.
@@ -37,6 +38,7 @@ def lines(findings: list[Finding]) -> list[str]:
     out = []
     for f in findings:
         out.append(f"{f.verdict.value:<5} {f.check:<{WIDTH}} {f.evidence}")
+        out.extend(f"{'':<5} {'':<{WIDTH}} {line}" for line in f.detail)
         if f.fix:
             out.append(f"{'':<5} {'':<{WIDTH}} fix: {f.fix}")
     return out

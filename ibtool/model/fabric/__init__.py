@@ -27,6 +27,7 @@ from ibtool.model.fabric.counters import (
     PortCounters,
     clean_sum,
     judge_counters,
+    over,
     parse_thresholds,
 )
 from ibtool.model.fabric.links import (
@@ -143,6 +144,7 @@ __all__ = [
     "judge_sms",
     "names_of",
     "norms",
+    "over",
     "parse_thresholds",
     "resolve",
     "tier",
