@@ -40,8 +40,8 @@ class FabricSeen:
     """One scan: the fabric, every port's counters (by node GUID and port), the SMs, and the
     counters' rates against the scan before (per second, in each counter's own unit:
     PortXmitData and PortRcvData count 4-byte words, IBTA vol. 1 16.1.3.5; absent on a first
-    scan or for a counter that went down: cleared). `error` says why a scan gave nothing (no InfiniBand
-    port, the discovery failed); `notes` what did not answer."""
+    scan or for a counter that went down: cleared). `error` says why a scan gave nothing (no
+    InfiniBand port, the discovery failed); `notes` what did not answer."""
 
     number: int
     time: float  # wall clock at its end
