@@ -300,6 +300,7 @@ class CableFinding:
     # and the paths (two endpoints' names) whose verdicts it takes the place of
     endpoints: tuple[str, ...] = ()
     paths: tuple[str, ...] = ()
+    estimated: bool = False  # passing_total estimated from its sample (mesh/cables.py)
 
 
 @dataclass(frozen=True)

@@ -523,6 +523,7 @@ def cable_json(f: CableFinding) -> dict:
         "passing": s.passing,
         "passing_walked": s.passing_paths,
         "passing_total": f.passing_total,
+        "passing_total_estimated": f.estimated,
         "explained_by_endpoints": s.explained,
         "errors": [
             {

@@ -57,12 +57,19 @@ for r in range(schedule.rounds):
 settings = Settings(20, 64, "send", 100.0, 2.0, False, 10.0, 18521, "local")
 result = MeshResult(settings, eps, table, schedule.rounds, {})
 analyse(result, schedule)
+from ibtool.sources import mad
+asked = []
+lft_block = mad.lft_block
+mad.lft_block = lambda handle, lid, block, *rest: asked.append((lid, block)) or lft_block(
+    handle, lid, block, *rest)
 name_cables(host, result, lambda line: print(line, file=sys.stderr), thresholds={})
 names = [e.name for e in eps]
 print(json.dumps({
     "failing": failing,
     "passing": passing,
     "broken_routes": sum(1 for r in routes.values() if r.broken),
+    "switches": len(fabric.by_type(NodeType.SWITCH)),
+    "lft_smps": asked,
     "verdicts": [verdict_json(v, names) for v in result.verdicts],
 }))
 """
@@ -103,6 +110,9 @@ def test_the_spine_port_the_failing_routes_cross_is_named_with_its_counts_and_er
         {"end": "spine02/3", "counter": "SymbolErrorCounter", "value": 500, "threshold": 0,
          "saturated": False}
     ]  # fmt: skip
+    # every route of every pair walked both ways for the cable: each switch's one block of
+    # its forwarding table (LIDs under 64) asked once for them all
+    assert len(got["lft_smps"]) == len(set(map(tuple, got["lft_smps"]))) <= got["switches"]
     assert cable["next"][0].startswith(f"ibtool fabric --via {c['via']} route ")
     # its pairs' path verdicts folded into it, the endpoint every failing pair of which it
     # explains said in it

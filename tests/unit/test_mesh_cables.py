@@ -5,12 +5,13 @@ tests/fabric/test_fabric_mesh.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from ibtool.errors import PermissionDeniedError
-from ibtool.mesh import cables
+from ibtool.mesh import cables, last
 from ibtool.mesh.analysis import analyse
 from ibtool.mesh.schedule import plan
 from ibtool.model.fabric import (
@@ -186,6 +187,18 @@ def test_the_broken_cable_is_named_first_with_its_counts_and_errors():
     assert all("cable" not in x for x in got if x["culprit"] != "cable")
 
 
+def test_the_last_mesh_keeps_the_cable_verdict_for_the_dashboard(tmp_path):
+    result = _mesh()
+    cables.name_cables(Subnet(), result, [].append, thresholds={})
+    last.save(result, str(tmp_path / "mesh.json"))
+    kept = last.load(str(tmp_path / "mesh.json"))
+    assert (kept.verdicts[0].culprit.value, kept.verdicts[0].subject) == (
+        "cable",
+        "leaf03/5 <-> spine02/3",
+    )
+    assert kept.verdicts[0].why == result.verdicts[0].why
+
+
 def test_passing_pairs_past_the_cap_are_walked_as_an_even_sample(monkeypatch):
     monkeypatch.setattr(cables, "PASSING_MAX", 40)
     result, host = _mesh(), Subnet()
@@ -196,6 +209,24 @@ def test_passing_pairs_past_the_cap_are_walked_as_an_even_sample(monkeypatch):
         f"on {failing} of {failing} failing paths, 0 of 40 passing (walked of {passing})"
     )
     assert v.why.endswith("; no error counter over its threshold at either end")
+
+
+def test_past_four_times_the_cap_the_passing_pairs_are_counted_not_looked_at(monkeypatch):
+    monkeypatch.setattr(cables, "PASSING_MAX", 4)  # a stride of 11 over the 144 slots
+    failing, passing = _counts()
+    result = _mesh()
+    cables.name_cables(Subnet(), result, [].append, thresholds={})
+    v = result.verdicts[0]
+    assert v.why.startswith(f"on {failing} of {failing} failing paths, 0 of 4 passing (walked")
+    assert (v.cable.passing_total, v.cable.estimated) == (passing, False)  # every end IB: exact
+    # one endpoint RoCE (a storage NIC meshed too): its pairs are not walked, and the
+    # passing ones are counted in the share of the sample's that are walkable
+    result = _mesh()
+    result.endpoints[11] = dataclasses.replace(result.endpoints[11], link_layer="Ethernet")
+    cables.name_cables(Subnet(), result, [].append, thresholds={})
+    v = result.verdicts[0]
+    assert v.cable.estimated and " (walked of about " in v.why
+    assert 0.7 * passing < v.cable.passing_total < passing
 
 
 def test_roce_endpoints_ask_the_subnet_nothing_and_say_nothing():
