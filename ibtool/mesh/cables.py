@@ -18,6 +18,7 @@ from array import array
 from collections.abc import Callable
 
 from ibtool.errors import IbtoolError
+from ibtool.mesh.analysis import LOOPED
 from ibtool.model.fabric import (
     THRESHOLDS_FILE,
     THRESHOLDS_MAX,
@@ -162,12 +163,16 @@ def _paths_crossing(result: MeshResult, walked: list, mine: dict) -> list[Verdic
 
 
 def explained(result: MeshResult) -> set[int]:
-    """The endpoints a verdict other than a path's names (as the analysis leaves their bad
-    pairs to that verdict): their host cables are theirs to name."""
+    """The endpoints a verdict other than a path's names, as the analysis leaves their bad
+    pairs to that verdict (a node's ports looped through lo excepted: only the pairs between
+    them are theirs): their host cables are theirs to name."""
     out: set[int] = set()
     for v in result.verdicts:
-        if v.culprit not in (Culprit.PATH, Culprit.CABLE):
-            out.update(v.endpoints)
+        if v.culprit in (Culprit.PATH, Culprit.CABLE):
+            continue
+        if v.culprit == Culprit.NODE and v.why.startswith(LOOPED):
+            continue
+        out.update(v.endpoints)
     return out
 
 
