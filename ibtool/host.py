@@ -14,7 +14,14 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ibtool.errors import DataError, IbtoolError, NotFoundError, NotLiveError, UsageError
+from ibtool.errors import (
+    DataError,
+    IbtoolError,
+    NotFoundError,
+    NotLiveError,
+    UnsupportedError,
+    UsageError,
+)
 from ibtool.model.records import CounterSample, Device, Gid, LinkLayer, PKey, Port
 from ibtool.model.system import (
     Dcb,
@@ -712,6 +719,45 @@ class Host:
                 )
             return self._saved_fabric[2]  # its activity count read once: not watched
         return subnet.subnet_managers(fabric, bounds or Bounds(), self.warn, wait)
+
+    def fabric_routes(
+        self, fabric: Fabric, pairs: list[tuple[int, int]], bounds: Bounds | None = None
+    ) -> dict[tuple[int, int], Route]:
+        """The route of each (source LID, destination LID) of `pairs` whose ends are ports of
+        the scanned fabric, walked as fabric_route walks one, each switch's forwarding table
+        block asked once for them all (a thousand routes through a tree cost about one block
+        a switch); the running host only."""
+        from ibtool.model.fabric import Bounds
+        from ibtool.sources import subnet
+
+        if self._saved_fabric is not None:
+            raise NotLiveError(
+                "routes are walked through the switches' forwarding tables, and a snapshot's "
+                "fabric scan does not hold them",
+                "run it on a node of the subnet",
+            )
+        return subnet.routes(fabric, pairs, bounds or Bounds(), self.warn)
+
+    def fabric_port_reaching(
+        self, targets: list[tuple[int, int]], bounds: Bounds | None = None
+    ) -> str | None:
+        """The local InfiniBand port (DEV/PORT) whose subnet holds `targets` ((LID, node
+        GUID) each): the first active one through which one of the first few answers as that
+        node, by LID-routed SMPs. None, said nowhere, where this host has no active
+        InfiniBand port that libibumad sees (no rdma-core, no HCA, RoCE only) or none reaches
+        them; PermissionDeniedError where the umad devices are there and not ours."""
+        if not self.live or self._saved_fabric is not None:
+            return None
+        from ibtool.model.fabric import Bounds
+        from ibtool.sources import mad, subnet
+
+        mad.check_access(self.warn)
+        try:
+            # libibumad's lines about a host with no HCA are no news to this question
+            found = subnet.port_reaching(targets, bounds or Bounds(), lambda line: None)
+        except UnsupportedError:
+            return None
+        return None if found is None else f"{found.ca}/{found.port}"
 
     def fabric_route(
         self, fabric: Fabric, source: str, dest: str, bounds: Bounds | None = None

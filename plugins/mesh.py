@@ -237,7 +237,7 @@ def run(inv: Invocation) -> int:
         )  # fmt: skip
     _check_outputs(args)  # before the mesh: a wrong path is known in a second, not after it
     engine, argv = engine_for(inv)
-    from ibtool.api.mesh import Options, mesh
+    from ibtool.api.mesh import Options, mesh, name_cables
 
     options = Options(
         count=args.count,
@@ -270,6 +270,7 @@ def run(inv: Invocation) -> int:
         sys.stderr.flush()
 
     result = mesh(engine, options, argv, say, listen=args.listen or ("", 0))
+    name_cables(inv.host, result, say)  # on InfiniBand, where this host reaches the subnet
     _outputs(inv, result)
     return result.exit_code()
 

@@ -1,11 +1,13 @@
 """`ibtool mesh`: the run (Options, mesh), its engines (ClusterShell, srun, local), the agent a
-node runs (agent_main, PortChoice), the rails' map and the listener's address, the last mesh
-saved (last_path, save_last), its text and heat map (view) and plot."""
+node runs (agent_main, PortChoice), the rails' map and the listener's address, the cable the
+failing pairs have in common on InfiniBand (name_cables), the last mesh saved (last_path,
+save_last), its text and heat map (view) and plot."""
 
 from __future__ import annotations
 
 from ibtool.mesh.agent import PortChoice
 from ibtool.mesh.agent import main as agent_main
+from ibtool.mesh.cables import name_cables
 from ibtool.mesh.channel import parse_listen
 from ibtool.mesh.engines import ClusterShellEngine, LocalEngine, SrunEngine, slurm_overlap
 from ibtool.mesh.last import default_path as last_path
@@ -25,6 +27,7 @@ __all__ = [
     "agent_main",
     "last_path",
     "mesh",
+    "name_cables",
     "parse_listen",
     "parse_map",
     "plot",

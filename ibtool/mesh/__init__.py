@@ -9,6 +9,8 @@ cluster already runs (ClusterShell, Slurm), and the analysis that names the bad 
 - channel: the agents' way back: the coordinator's listener, their joins, their connections
 - run: the coordinator (rounds as a barrier, every node's faults its own)
 - analysis: baselines, each pair's health, the verdicts
+- cables: on InfiniBand, the cable the failing pairs' routes have in common (the subnet
+  walked through the Host)
 - last: the last mesh that ran on this node, kept for the dashboard
 
 May import ibtool.rdma, ibtool.host, ibtool.views, ibtool.model, ibtool.errors and

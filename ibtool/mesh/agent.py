@@ -121,7 +121,7 @@ def local_endpoints(
     out = []
     sides = 0
     ipv4: list | None = None
-    facts: dict[str, tuple[str | None, str | None]] = {}  # device -> (firmware, driver)
+    facts: dict[str, tuple] = {}  # device -> (firmware, driver, node GUID)
     kernel = host.kernel_release()
     for p in sorted(host.ports(), key=lambda p: (natural_key(p.device), p.port)):
         if chosen is not None and not chosen(p.device, p.port):
@@ -185,19 +185,27 @@ def local_endpoints(
                 **({"trust": trust} if trust is not None else {}),
                 "prefix": None if tcp_port else prefix,
                 **({"side": tcp_port} if tcp_port else {}),
+                # an InfiniBand port's LID and its node's GUID: where its pairs' routes go
+                # through the subnet (the coordinator names a cable by them)
+                **({"lid": p.lid} if link == "InfiniBand" and p.lid else {}),
+                **(
+                    {"guid": facts[p.device][2]}
+                    if link == "InfiniBand" and p.lid and facts[p.device][2]
+                    else {}
+                ),
             }
         )
     return out
 
 
-def _device_facts(host, device: str) -> tuple[str | None, str | None]:
-    """The device's firmware version and driver, None where they cannot be read (a warning
-    said why)."""
+def _device_facts(host, device: str) -> tuple[str | None, str | None, str | None]:
+    """The device's firmware version, driver and node GUID, None where they cannot be read
+    (a warning said why)."""
     try:
         (found,) = host.devices(device)
     except (IbtoolError, ValueError):
-        return None, None
-    return found.fw_ver, found.driver
+        return None, None, None
+    return found.fw_ver, found.driver, found.node_guid
 
 
 def _dcb(host, netdev: str | None) -> tuple[str | None, str | None]:

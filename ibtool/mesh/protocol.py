@@ -9,7 +9,8 @@ The agent connects back to the coordinator over TCP, says its join there, and fr
 each side speaks over that connection. An agent says:
 
   hello   its endpoints (every RDMA port of its node: device, port, state, link layer, the
-          address its ping server will listen on), and a random id the plan names it by
+          address its ping server will listen on; an InfiniBand port's LID and its node's
+          GUID, where it has them), and a random id the plan names it by
   ready   its ping servers listen; `problems`: endpoints it could not serve, and why
   result  round R's pairs it was the client of: [src, dst, state, sent, received, median,
           p90, p99, hw, error, extras]; extras (optional) what the pair measured beyond its
@@ -66,6 +67,8 @@ BW_SIZE = 1 << 20
 BW_PINGS = 5  # the first is not counted: it warms the path (the ARP, the responder's caches)
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _ID = re.compile(r"[0-9a-f]{16,64}")
+_GUID = re.compile(r"[0-9a-f]{4}(:[0-9a-f]{4}){3}")
+LID_MAX = 0xBFFF  # the last unicast LID (IBTA vol. 1, 4.1.3: 0xC000 up are multicast)
 _STATES = ("NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER", "UNKNOWN")
 
 
@@ -214,7 +217,16 @@ def _hello_endpoint(e: Any) -> dict[str, Any]:
         # an InfiniBand port without IPoIB: its address is the node's management one, its
         # server on the mesh's TCP port + this
         "side": None if e.get("side") is None else _int(e["side"], 1, MAX_ENDPOINTS, "hello: side"),
+        # optional too (InfiniBand): the port's LID, its node's GUID (the cable analysis)
+        "lid": None if e.get("lid") is None else _int(e["lid"], 1, LID_MAX, "hello: lid"),
+        "guid": None if e.get("guid") is None else _guid(e["guid"]),
     }
+
+
+def _guid(v: Any) -> int:
+    if not isinstance(v, str) or not _GUID.fullmatch(v):
+        raise AgentError("hello: guid not a GUID as sysfs writes it (0002:c903:0001:2345)")
+    return int(v.replace(":", ""), 16)
 
 
 def _short(v: Any, what: str) -> str | None:

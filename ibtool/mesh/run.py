@@ -341,6 +341,8 @@ class Coordinator:
                         kernel=e.get("kernel"),
                         pfc=e.get("pfc"),
                         trust=e.get("trust"),
+                        lid=e.get("lid"),
+                        guid=e.get("guid"),
                     )  # fmt: skip
                 )
                 ids.append((node.agent, k))

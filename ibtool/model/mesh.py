@@ -18,6 +18,8 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from ibtool.model.fabric.suspects import CableSuspect
+
 
 class PairState(enum.IntEnum):
     """What became of one scheduled pair."""
@@ -83,6 +85,10 @@ class Endpoint:
     # its server's TCP port where it is not the mesh's (an InfiniBand port without IPoIB:
     # `address` is then its node's management address, shared by its other such ports)
     tcp_port: int | None = None
+    # an InfiniBand port's LID and its node's GUID, where its agent said them: where its
+    # pairs' routes begin and end in the subnet (the cable analysis, mesh/cables.py)
+    lid: int | None = None
+    guid: int | None = None
 
     @property
     def name(self) -> str:
@@ -248,6 +254,7 @@ class Culprit(str, enum.Enum):
     RAIL = "rail"  # most of a rail's endpoints bad at once: the rail's switch
     ENDPOINT = "endpoint"  # one port: its port, cable or node
     PATH = "path"  # one pair alone: the path between its two ends
+    CABLE = "cable"  # a cable of the subnet common to the failing paths (InfiniBand)
 
 
 UNKNOWN_EXIT = 3  # no verdict and no pair probed: the Nagios plugins' UNKNOWN
@@ -262,6 +269,38 @@ class Verdict:
     endpoints: tuple[int, ...] = ()  # the endpoints it names (a path: its two ends)
     rail: int | None = None
     next: tuple[str, ...] = ()  # the commands to run next (ibtool doctor)
+    cable: CableFinding | None = None  # a cable's verdict: what named it
+
+
+@dataclass(frozen=True)
+class CounterOver:
+    """An error counter of a cable's end over its threshold (or saturated)."""
+
+    end: str  # the end's name, `leaf03/19`
+    counter: str  # its name as ibqueryerrors says it (SymbolErrorCounter)
+    value: int
+    threshold: int
+    saturated: bool = False
+
+
+@dataclass(frozen=True)
+class CableFinding:
+    """What named a cable: the paths through it (CableSuspect, ibtool.model.fabric.suspects),
+    how many pairs its walked paths were taken from, the local port the subnet was walked
+    through, its ends' error counters over their thresholds (`unread`: the ends whose
+    counters did not answer, named), and the other verdicts it explains."""
+
+    suspect: CableSuspect
+    via: str
+    failing_total: int
+    passing_total: int
+    errors: tuple[CounterOver, ...] = ()
+    unread: tuple[str, ...] = ()
+    # the endpoints named by a verdict of their own every failing pair of which crosses it,
+    # and the paths (two endpoints' names) whose verdicts it takes the place of
+    endpoints: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+    estimated: bool = False  # passing_total estimated from its sample (mesh/cables.py)
 
 
 @dataclass(frozen=True)

@@ -880,6 +880,13 @@ def _description(buf: bytes | None) -> str:
     return buf.split(b"\0", 1)[0].decode("utf-8", "replace") if buf else ""
 
 
+def node_info(handle, lid: int, bounds: Bounds, warn: Callable[[str], None]):
+    """(node GUID, type, port count, the port the SMP entered by) of the node behind `lid`,
+    by one LID-routed SMP; None when it did not answer."""
+    info = _smp(handle, lid, ATTR_NODE_INFO, 0, bounds, warn)
+    return None if info is None else _node(info)
+
+
 def node_at(handle, lid: int, bounds: Bounds, warn: Callable[[str], None]) -> FabricNode | None:
     """The node behind `lid` as its NodeInfo and NodeDescription say (no ports read), by
     LID-routed SMPs; None when it did not answer."""

@@ -138,6 +138,87 @@ def route(
         src, dst = resolve(fabric, source), resolve(fabric, dest)
     except ValueError as e:
         raise NotFoundError(str(e), "give a LID, a GUID (0x...) or a node description") from None
+    if src[0].guid == dst[0].guid:
+        return Route(src, dst, ())
+    start = mad.choose_port(mad.local_ports(warn), fabric.ca, fabric.ca_port)
+    with mad.smp_port(start, bounds, warn) as handle:
+        return _walk(fabric, src, dst, _tables(handle, bounds, warn))
+
+
+def routes(
+    fabric: Fabric, pairs: list[tuple[int, int]], bounds: Bounds, warn: Callable[[str], None]
+) -> dict[tuple[int, int], Route]:
+    """The route of each (source LID, destination LID) of `pairs` whose ends are ports of
+    the fabric, walked as `route` walks one, through one SMP port, each switch's forwarding
+    table block asked once for them all: a walk of a route whose blocks were asked for
+    another costs no MAD."""
+    ends: dict[int, tuple[FabricNode, int, int]] = {}
+    for node in fabric.nodes.values():
+        if node.type == NodeType.SWITCH:
+            if node.lid:
+                ends.setdefault(node.lid, (node, 0, node.lid))
+            continue
+        for number, port in sorted(node.ports.items()):
+            for lid in range(port.lid, port.lid + (1 << port.lmc) if port.lid else 0):
+                ends.setdefault(lid, (node, number, lid))
+    found: dict[tuple[int, int], Route] = {}
+    wanted = [(s, d) for s, d in dict.fromkeys(pairs) if s in ends and d in ends]
+    if not wanted:
+        return found
+    start = mad.choose_port(mad.local_ports(warn), fabric.ca, fabric.ca_port)
+    with mad.smp_port(start, bounds, warn) as handle:
+        tables = _tables(handle, bounds, warn)
+        for s, d in wanted:
+            src, dst = ends[s], ends[d]
+            found[s, d] = (
+                Route(src, dst, ()) if src[0].guid == dst[0].guid
+                else _walk(fabric, src, dst, tables)
+            )  # fmt: skip
+    return found
+
+
+TARGETS_TRIED = 3  # endpoints asked for their NodeInfo through each local port, at most
+
+
+def port_reaching(
+    targets: list[tuple[int, int]], bounds: Bounds, warn: Callable[[str], None]
+) -> mad.LocalPort | None:
+    """The first active InfiniBand port here through which one of `targets` ((LID, node
+    GUID) each, TARGETS_TRIED of them at most) answers as that node: a port of their subnet
+    (a LID names a port in one subnet only; the GUID says which). None where libibumad sees
+    no active InfiniBand port, or none reaches them."""
+    ports = [
+        p
+        for p in mad.local_ports(warn)
+        if p.link_layer in ("InfiniBand", "IB") and p.state == PortState.ACTIVE
+    ]
+    for p in ports:
+        with mad.smp_port(p, bounds, warn) as handle:
+            for lid, guid in targets[:TARGETS_TRIED]:
+                info = mad.node_info(handle, lid, bounds, warn)
+                if info is not None and info[0] == guid:
+                    return p
+    return None
+
+
+def _tables(handle, bounds: Bounds, warn: Callable[[str], None]) -> Callable:
+    """The out port a switch's linear forwarding table gives for a LID, each block asked
+    once (None: the switch did not answer for it)."""
+    blocks: dict[tuple[int, int], bytes | None] = {}
+
+    def out_port(switch: FabricNode, lid: int) -> int | None:
+        key = (switch.guid, lid // mad.LFT_BLOCK)
+        if key not in blocks:
+            blocks[key] = mad.lft_block(handle, switch.lid, key[1], bounds, warn)
+        block = blocks[key]
+        return None if block is None else block[lid % mad.LFT_BLOCK]
+
+    return out_port
+
+
+def _walk(fabric: Fabric, src: tuple, dst: tuple, out_port: Callable) -> Route:
+    """The hops from `src` to `dst` ((node, port, LID) each, on two nodes), out of the
+    source's port, then at each switch the port `out_port` (its forwarding table) gives."""
     dnode, dport, dlid = dst
     hops: list[Hop] = []
 
@@ -145,41 +226,36 @@ def route(
         return Route(src, dst, tuple(hops), broken)
 
     node, out = src[0], src[1]
-    if node.guid == dnode.guid:
-        return done()
-    start = mad.choose_port(mad.local_ports(warn), fabric.ca, fabric.ca_port)
     seen = set()
-    with mad.smp_port(start, bounds, warn) as handle:
-        while True:
-            if node.type == NodeType.SWITCH:
-                if node.guid in seen:
-                    return done(f"a loop: the route comes back to {node.description}")
-                seen.add(node.guid)
-                block = mad.lft_block(handle, node.lid, dlid // mad.LFT_BLOCK, bounds, warn)
-                if block is None:
-                    return done(f"{node.description} (LID {node.lid}) did not answer for "
-                                "its forwarding table")  # fmt: skip
-                out = block[dlid % mad.LFT_BLOCK]
-                if out == 0 and node.guid == dnode.guid:
-                    return done()
-                if out == 0 or out > node.port_count:
-                    return done(f"{node.description} has no route to LID {dlid} (its "
-                                f"forwarding table says {out})")  # fmt: skip
-            port = node.ports.get(out)
-            far = fabric.far_end(node.guid, out)
-            if port is None or far is None:
-                return done(f"{node.description}/{out} has no cable up: the route ends there")
-            hops.append(Hop(node, port, far[0], far[1]))
-            if len(hops) > mad.SUBNET_PATH_HOPS_MAX:
-                return done(f"more than {mad.SUBNET_PATH_HOPS_MAX} hops")
-            node = far[0]
-            if node.guid == dnode.guid and (node.type == NodeType.SWITCH or far[1].number == dport):
-                if node.type != NodeType.SWITCH:
-                    return done()
-                continue  # a switch: its own table sends the LID to port 0
+    while True:
+        if node.type == NodeType.SWITCH:
+            if node.guid in seen:
+                return done(f"a loop: the route comes back to {node.description}")
+            seen.add(node.guid)
+            out = out_port(node, dlid)
+            if out is None:
+                return done(f"{node.description} (LID {node.lid}) did not answer for "
+                            "its forwarding table")  # fmt: skip
+            if out == 0 and node.guid == dnode.guid:
+                return done()
+            if out == 0 or out > node.port_count:
+                return done(f"{node.description} has no route to LID {dlid} (its "
+                            f"forwarding table says {out})")  # fmt: skip
+        port = node.ports.get(out)
+        far = fabric.far_end(node.guid, out)
+        if port is None or far is None:
+            return done(f"{node.description}/{out} has no cable up: the route ends there")
+        hops.append(Hop(node, port, far[0], far[1]))
+        if len(hops) > mad.SUBNET_PATH_HOPS_MAX:
+            return done(f"more than {mad.SUBNET_PATH_HOPS_MAX} hops")
+        node = far[0]
+        if node.guid == dnode.guid and (node.type == NodeType.SWITCH or far[1].number == dport):
             if node.type != NodeType.SWITCH:
-                return done(f"the route reaches {node.description}/{far[1].number}, not "
-                            f"LID {dlid}")  # fmt: skip
+                return done()
+            continue  # a switch: its own table sends the LID to port 0
+        if node.type != NodeType.SWITCH:
+            return done(f"the route reaches {node.description}/{far[1].number}, not "
+                        f"LID {dlid}")  # fmt: skip
 
 
 def cables(

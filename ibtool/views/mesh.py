@@ -21,10 +21,12 @@ import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from ibtool.model.fabric import end_name
 from ibtool.model.mesh import (
     CODE,
     NONE,
     SELF,
+    CableFinding,
     Fold,
     Full,
     Health,
@@ -37,6 +39,7 @@ from ibtool.model.mesh import (
     refold,
     short_names,
 )
+from ibtool.views.fabric import guid
 from ibtool.views.prometheus import MetricFamily, exposition
 
 # Rich styles (the dashboard) and SGR codes (a terminal) of each cell, one mapping
@@ -483,7 +486,7 @@ def baseline_json(b) -> dict:
 
 
 def verdict_json(v: Verdict, names: list[str]) -> dict:
-    return {
+    out = {
         "culprit": v.culprit.value,
         "level": v.level.name,
         "subject": v.subject,
@@ -491,6 +494,51 @@ def verdict_json(v: Verdict, names: list[str]) -> dict:
         "endpoints": [names[i] for i in v.endpoints if 0 <= i < len(names)],
         "rail": v.rail,
         "next": list(v.next),
+    }
+    if v.cable is not None:
+        out["cable"] = cable_json(v.cable)
+    return out
+
+
+def _end_json(e) -> dict:
+    return {
+        "name": end_name(e),
+        "node": e.node.description,
+        "guid": guid(e.node.guid),
+        "port": e.port.number,
+    }
+
+
+def cable_json(f: CableFinding) -> dict:
+    """A cable verdict's evidence: its ends (the one nearer the hosts first), those it cannot
+    be told from, the paths walked through it and in all, its ends' error counters over
+    their thresholds, and the local port the subnet was walked through."""
+    s = f.suspect
+    return {
+        "ends": [_end_json(s.near), _end_json(s.far)],
+        "ties": [[_end_json(a), _end_json(b)] for a, b in s.ties],
+        "failing": s.failing,
+        "failing_walked": s.failing_paths,
+        "failing_total": f.failing_total,
+        "passing": s.passing,
+        "passing_walked": s.passing_paths,
+        "passing_total": f.passing_total,
+        "passing_total_estimated": f.estimated,
+        "explained_by_endpoints": s.explained,
+        "errors": [
+            {
+                "end": e.end,
+                "counter": e.counter,
+                "value": e.value,
+                "threshold": e.threshold,
+                "saturated": e.saturated,
+            }
+            for e in f.errors
+        ],
+        "unread": list(f.unread),
+        "endpoints_crossing": list(f.endpoints),
+        "paths": list(f.paths),
+        "via": f.via,
     }
 
 

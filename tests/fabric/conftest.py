@@ -10,6 +10,10 @@ from tests.fabric.ibsim import SimFabric, fat_tree, missing
 
 # Two leaves of three HCAs and two spines: the small tree most tests read.
 SMALL = fat_tree(2, 3, 2)
+# Four leaves of two HCAs under two spines: a leaf's uplink is crossed by its own hosts' routes
+# through that spine only, not by every cross-leaf route as in a tree of two leaves (the mesh's
+# cable analysis needs a cable that the others do not always come with).
+TREE = fat_tree(4, 2, 2)
 # The small tree with two cables at 1X: leaf01/1 <-> node001 (both ends enable only 1X, as a
 # cable left at 1X by its ends' settings is) and leaf01/2 <-> node002 (the switch end enables
 # only 1X, the HCA 1X and 4X). ibsim trains a link at what both ends enable.
@@ -58,6 +62,13 @@ def need_the_simulator() -> None:
 def small(tmp_path_factory):
     need_the_simulator()
     with SimFabric(SMALL, tmp_path_factory.mktemp("small")) as fabric:
+        yield fabric
+
+
+@pytest.fixture(scope="session")
+def tree(tmp_path_factory):
+    need_the_simulator()
+    with SimFabric(TREE, tmp_path_factory.mktemp("tree")) as fabric:
         yield fabric
 
 

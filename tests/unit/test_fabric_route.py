@@ -114,3 +114,72 @@ def test_to_a_switch_the_route_ends_at_its_port_0(tables):
     given.update({4: {6: 3}, 1: {6: 2}, 6: {6: 0}})
     route = walk("node001", "leaf02")
     assert route.broken is None and hops(route)[-1] == ("spine01", 2, "leaf02", 3)
+
+
+def test_many_routes_ask_each_switch_s_table_block_once_for_them_all(tables):
+    given, asked = tables
+    given.update({4: {8: 3, 2: 1}, 1: {8: 2, 2: 1}, 6: {8: 1, 2: 3}})
+    host = Host(root="/nonexistent", live=False)
+    got = host.fabric_routes(fabric(), [(2, 8), (8, 2), (2, 8), (2, 99)])
+    assert set(got) == {(2, 8), (8, 2)}  # LID 99 is no port of the subnet: not walked
+    there = [("node001", 1, "leaf01", 1), ("leaf01", 3, "spine01", 1),
+             ("spine01", 2, "leaf02", 3), ("leaf02", 1, "node004", 1)]  # fmt: skip
+    back = [("node004", 1, "leaf02", 1), ("leaf02", 3, "spine01", 2),
+            ("spine01", 1, "leaf01", 3), ("leaf01", 1, "node001", 1)]  # fmt: skip
+    assert (hops(got[2, 8]), hops(got[8, 2])) == (there, back)
+    assert sorted(asked) == [1, 4, 6]  # LIDs 2 and 8 share block 0: one SMP a switch
+    # as fabric route walks each
+    for (s, d), route in got.items():
+        assert hops(walk(str(s), str(d))) == hops(route)
+
+
+def test_a_route_among_many_breaks_where_one_alone_does(tables):
+    given, _ = tables
+    given.update({4: {8: 3}, 1: {}})
+    (route,) = Host(root="/nonexistent", live=False).fabric_routes(fabric(), [(2, 8)]).values()
+    assert route.broken == "spine01 has no route to LID 8 (its forwarding table says 255)"
+
+
+def test_the_port_whose_subnet_holds_the_endpoints_is_the_one_they_answer_through(monkeypatch):
+    """Two InfiniBand subnets here (one a rail each), LID 7 in both: the node GUID that
+    answers says which; a RoCE port and a port down are not asked."""
+    ports = [
+        mad.LocalPort("mlx5_0", 1, "InfiniBand", 4, 2, 1, 0x11),
+        mad.LocalPort("mlx5_1", 1, "InfiniBand", 4, 30, 1, 0x12),
+        mad.LocalPort("mlx5_2", 1, "Ethernet", 4, 0, 0, 0x13),
+        mad.LocalPort("mlx5_3", 1, "InfiniBand", 1, 0, 0, 0x14),
+    ]
+    subnets = {"mlx5_0": {7: 0x100}, "mlx5_1": {7: 0x200}}
+    opened = []
+    monkeypatch.setattr(mad, "check_access", lambda warn: None)
+    monkeypatch.setattr(mad, "local_ports", lambda warn: ports)
+
+    def smp_port(start, bounds, warn):
+        opened.append(start.ca)
+        return contextlib.nullcontext(start.ca)
+
+    monkeypatch.setattr(mad, "smp_port", smp_port)
+    monkeypatch.setattr(
+        mad, "node_info",
+        lambda handle, lid, bounds, warn: (
+            (subnets[handle][lid], NodeType.CA, 1, 1) if lid in subnets[handle] else None
+        ),
+    )  # fmt: skip
+    host = Host(live=True)
+    assert host.fabric_port_reaching([(7, 0x200)]) == "mlx5_1/1"
+    assert opened == ["mlx5_0", "mlx5_1"]
+    assert host.fabric_port_reaching([(7, 0x300), (9, 0x100)]) is None
+    assert Host(root="/nonexistent", live=False).fabric_port_reaching([(7, 0x200)]) is None
+
+
+def test_no_rdma_core_or_no_hca_here_is_no_port_said_nowhere(monkeypatch):
+    from ibtool.errors import UnsupportedError
+
+    def none(warn):
+        raise UnsupportedError("ibtool fabric needs rdma-core's libibumad.so.3")
+
+    warned = []
+    monkeypatch.setattr(mad, "check_access", lambda warn: None)
+    monkeypatch.setattr(mad, "local_ports", none)
+    assert Host(live=True, warn=warned.append).fabric_port_reaching([(7, 0x200)]) is None
+    assert warned == []

@@ -55,6 +55,19 @@ def test_infiniband_endpoints_take_their_ipoib_address(tmp_path):
     assert (down["port"], down["state"], down["problem"]) == (2, "DOWN", None)
 
 
+def test_an_infiniband_endpoint_says_its_lid_and_node_guid_for_the_cable_analysis(tmp_path):
+    up, down = local_endpoints(_host("mlx5_ib_hca", tmp_path), lambda: [("ib0", "10.9.0.7", 16)])
+    assert (up["lid"], up["guid"]) == (28, "9803:9b03:009f:cfd6")  # sysfs lid, node_guid
+    assert "lid" not in down and "guid" not in down  # down: LID 0, no place in the subnet
+    hello = {"t": "hello", "v": protocol.VERSION, "id": "0" * 16, "node": "n1",
+             "endpoints": [up, down]}  # fmt: skip
+    first, second = protocol.parse_agent(json.dumps(hello))["endpoints"]
+    assert (first["lid"], first["guid"]) == (28, 0x98039B03009FCFD6)
+    assert (second["lid"], second["guid"]) == (None, None)
+    (roce,) = local_endpoints(_host("mlx5_roce", tmp_path / "roce"), lambda: [])
+    assert "lid" not in roce and "guid" not in roce
+
+
 def test_a_broken_device_is_an_endpoint_with_its_problem_and_the_others_are_fine(tmp_path):
     warnings: list[str] = []
     broken, good = local_endpoints(_host("broken_device", tmp_path, warnings), lambda: [])
@@ -374,7 +387,9 @@ def test_a_result_s_quiet_window_and_counters_are_checked(bad):
 
 
 @pytest.mark.parametrize("field", [{"prefix": 129}, {"prefix": "24"}, {"side": 0},
-                                   {"side": 65}, {"kernel": 7}])  # fmt: skip
+                                   {"side": 65}, {"kernel": 7}, {"lid": 0}, {"lid": 0xC000},
+                                   {"lid": "28"}, {"guid": 5}, {"guid": "9803:9b03:009f"},
+                                   {"guid": "9803:9B03:009f:cfd6"}])  # fmt: skip
 def test_a_hello_s_new_facts_are_checked(field):
     ep = {"device": "mlx5_0", "port": 1, "state": "ACTIVE", "link_layer": "InfiniBand",
           "address": "10.0.0.1", "gid_index": None, "hw": False, "problem": None,

@@ -5,6 +5,7 @@
     counters  the ports' PMA counters against infiniband-diags' thresholds (`fabric errors`)
     sm        the subnet managers and what is wrong with them (`fabric sm`)
     route     a route hop by hop, and what names its ends (`fabric route`)
+    suspects  the cable the failing paths have in common (`mesh` on InfiniBand)
     saved     a scan as a snapshot keeps it, read back checked, and two scans compared
 
 Decoded from MADs by ibtool.sources.mad; written for people and programs by ibtool.views.fabric.
@@ -88,6 +89,11 @@ from ibtool.model.fabric.sm import (
     SubnetManager,
     judge_sms,
 )
+from ibtool.model.fabric.suspects import (
+    CableSuspect,
+    cable_name,
+    suspect_cables,
+)
 
 __all__ = [
     "CONGESTION",
@@ -112,6 +118,7 @@ __all__ = [
     "WIDTH_LANES",
     "Bounds",
     "Cable",
+    "CableSuspect",
     "CounterFinding",
     "CountersRead",
     "Fabric",
@@ -131,6 +138,7 @@ __all__ = [
     "SmScan",
     "SmState",
     "SubnetManager",
+    "cable_name",
     "clean_sum",
     "end_name",
     "fabric_changes",
@@ -147,6 +155,7 @@ __all__ = [
     "over",
     "parse_thresholds",
     "resolve",
+    "suspect_cables",
     "tier",
     "up",
     "widest",
