@@ -890,10 +890,10 @@ def node_info(handle, lid: int, bounds: Bounds, warn: Callable[[str], None]):
 def node_at(handle, lid: int, bounds: Bounds, warn: Callable[[str], None]) -> FabricNode | None:
     """The node behind `lid` as its NodeInfo and NodeDescription say (no ports read), by
     LID-routed SMPs; None when it did not answer."""
-    info = _smp(handle, lid, ATTR_NODE_INFO, 0, bounds, warn)
+    info = node_info(handle, lid, bounds, warn)
     if info is None:
         return None
-    guid, kind, count, _ = _node(info)
+    guid, kind, count, _ = info
     desc = _description(_smp(handle, lid, ATTR_NODE_DESC, 0, bounds, warn))
     return FabricNode(guid, kind or NodeType.CA, desc, count, {})
 
@@ -901,69 +901,40 @@ def node_at(handle, lid: int, bounds: Bounds, warn: Callable[[str], None]) -> Fa
 def cable(handle, ca: str, port: int, bounds: Bounds, warn: Callable[[str], None]) -> Cable:
     """The cable of local port `port` of `ca`: this end's NodeInfo and PortInfo, then, where
     the port is up, the far node's NodeInfo, NodeDescription and the PortInfo of the port the
-    cable enters by (and a switch's port 0), by directed route: 2 SMPs, 6 with the far end
-    (5 where it is a channel adapter)."""
-    asked = 0
-
-    def get(path: tuple[int, ...], attribute: int, modifier: int = 0) -> bytes | None:
-        nonlocal asked
-        asked += 1
-        return _dr_smp(handle, path, attribute, modifier, bounds, warn)
-
-    info = get((), ATTR_NODE_INFO)
-    here = get((), ATTR_PORT_INFO, port) if info is not None else None
-    if info is None or here is None:
-        node = FabricNode(0, NodeType.CA, ca, 0, {})
-        return Cable(ca, node, None, why=f"{ca}/{port}: its own SMA did not answer", mads=asked)
-    guid, kind, count, _ = _node(info)
-    mine = _port_info(
-        here, port, field(info, "IB_NODE_PORT_GUID_F"), field(here, "IB_PORT_LID_F"),
-        field(here, "IB_PORT_LMC_F"), None,
-    )  # fmt: skip
-    near = FabricNode(guid, kind or NodeType.CA, ca, count, {port: mine})
+    cable enters by (and a switch's port 0, its LID and capabilities), by directed route (as
+    `smpquery -D nodeinfo 0,P` asks): 2 SMPs, 6 with the far end (5 where it is a channel
+    adapter)."""
+    info = _dr_smp(handle, (), ATTR_NODE_INFO, 0, bounds, warn)
+    guid, kind, count, _ = _node(info) if info is not None else (0, None, 0, 0)
+    near = FabricNode(guid, kind or NodeType.CA, ca, count, {})
+    mine = port_by_path(handle, (), port, near, info, bounds, warn) if info else None
+    if mine is None:
+        return Cable(ca, near, None, why=f"{ca}/{port}: its own SMA did not answer")
+    near = dataclasses.replace(near, ports={port: mine})
     if mine.state not in (PortState.INIT, PortState.ARMED, PortState.ACTIVE):
         state = mine.state.name if mine.state is not None else "unknown"
-        return Cable(ca, near, None, why=f"{ca}/{port} is {state}", mads=asked)
-    far_info = get((port,), ATTR_NODE_INFO)
-    if far_info is None:
-        why = f"{ca}/{port} is up, and its far end did not answer"
-        return Cable(ca, near, None, why=why, mads=asked)
-    far_guid, far_kind, far_count, entered = _node(far_info)
-    desc = _description(get((port,), ATTR_NODE_DESC))
-    ports: dict[int, FabricPort] = {}
+        return Cable(ca, near, None, why=f"{ca}/{port} is {state}")
+    found = node_by_path(handle, (port,), bounds, warn)
+    if found is None:
+        return Cable(ca, near, None, why=f"{ca}/{port} is up, and its far end did not answer")
+    far, entered, far_info = found
     caps = None
-    if far_kind == NodeType.SWITCH:
-        p0 = get((port,), ATTR_PORT_INFO, 0)
+    if far.type == NodeType.SWITCH:
+        p0 = port_by_path(handle, (port,), 0, far, far_info, bounds, warn)
         if p0 is not None:
-            caps = field(p0, "IB_PORT_CAPMASK_F")
-            ports[0] = _port_info(p0, 0, far_guid, field(p0, "IB_PORT_LID_F"),
-                                  field(p0, "IB_PORT_LMC_F"), None)  # fmt: skip
-    there = get((port,), ATTR_PORT_INFO, entered)
-    if there is None or far_kind is None:
+            caps = p0.cap_mask
+            far = dataclasses.replace(far, ports={0: p0})
+    there = port_by_path(handle, (port,), entered, far, far_info, bounds, warn, caps)
+    if there is None:
         why = f"{ca}/{port} is up, and its far end's PortInfo did not answer"
-        return Cable(ca, near, None, why=why, mads=asked)
-    lid = ports[0].lid if 0 in ports else field(there, "IB_PORT_LID_F")
-    guid_there = far_guid if far_kind == NodeType.SWITCH else field(far_info, "IB_NODE_PORT_GUID_F")
-    ports[entered] = _port_info(
-        there, entered, guid_there, lid, field(there, "IB_PORT_LMC_F"), caps, (guid, port)
+        return Cable(ca, near, None, why=why)
+    near = dataclasses.replace(
+        near, ports={port: dataclasses.replace(mine, remote=(far.guid, entered))}
     )
-    near = FabricNode(
-        guid, near.type, ca, count, {port: dataclasses.replace(mine, remote=(far_guid, entered))}
+    far = dataclasses.replace(
+        far, ports={**far.ports, entered: dataclasses.replace(there, remote=(guid, port))}
     )
-    far = FabricNode(far_guid, far_kind, desc, far_count, ports,
-                     system_guid=field(far_info, "IB_NODE_SYSTEM_GUID_F"),
-                     vendor_id=field(far_info, "IB_NODE_VENDORID_F"),
-                     device_id=field(far_info, "IB_NODE_DEVID_F"))  # fmt: skip
-    return Cable(ca, near, far, entered, mads=asked)
-
-
-def cables(ports: list[LocalPort], bounds: Bounds, warn: Callable[[str], None]) -> list[Cable]:
-    """The cable of each of `ports` (cable), each asked through its own port."""
-    found = []
-    for p in ports:
-        with smp_port(p, bounds, warn) as handle:
-            found.append(cable(handle, p.ca, p.port, bounds, warn))
-    return found
+    return Cable(ca, near, far, entered)
 
 
 # -- a route walked by directed route (as ibtracert walks it) --------------------------------

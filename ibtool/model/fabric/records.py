@@ -226,16 +226,15 @@ class Cable:
     directed-route SMPs one hop out (as `smpquery -D nodeinfo 0,P` and `portinfo 0,P` ask):
     `near` the local node with that port, `far` the node at the other end with the port the
     cable enters (and a switch's port 0, which holds its LID and capabilities); `far` is None
-    where the port is not up or its far end did not answer (`why` says which). `mads`: the
-    SMPs it took. `counters`: the far port's PMA counters (a PortCounters) where they were
-    asked and answered, else `silent` says why not."""
+    where the port is not up or its far end did not answer (`why` says which). `counters`:
+    the far port's PMA counters (a PortCounters) where they were asked and answered, else
+    `silent` says why not."""
 
     ca: str
     near: FabricNode
     far: FabricNode | None
     far_port: int = 0
     why: str = ""
-    mads: int = 0
     counters: Any = None
     silent: str = ""
 
