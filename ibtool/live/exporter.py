@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from ibtool.errors import UnsupportedError, UsageError
+from ibtool.live.fabric import DEFAULT_INTERVAL, DEFAULT_MADS_PER_SECOND
 from ibtool.views.prometheus import METRIC_TYPES, MetricFamily, exposition
 
 DEFAULT_PORT = 9877
@@ -27,6 +28,13 @@ DEFAULT_PORT = 9877
 # cached poll in milliseconds: over a thousand at once is a flood, not scrapes.
 MAX_REQUESTS, MAX_REQUESTS_MAX = 40, 1000
 METRICS_PATH = "/metrics"
+# --fabric: the scans' interval from a second to a day, and the PMA queries a second they may
+# send (defaults: ibtool.live.fabric's). A scan sends one query at a time and waits for its
+# answer, so round trips hold it below the ceiling anyway; at the floor a 648-HCA tree's
+# 5,900 queries (ClassPortInfo a LID, PortCounters and PortCountersExtended a port) take 10
+# minutes.
+FABRIC_INTERVAL, FABRIC_INTERVAL_MIN, FABRIC_INTERVAL_MAX = DEFAULT_INTERVAL, 1.0, 86400.0
+FABRIC_MADS, FABRIC_MADS_MIN, FABRIC_MADS_MAX = DEFAULT_MADS_PER_SECOND, 10, 20000
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -128,6 +136,60 @@ class Faults:
         with self._lock:
             count, self._count = self._count, 0
         return count
+
+
+class FabricSeries:
+    """The fabric's families (`ibtool exporter --fabric`) of a FabricWatch's latest scan:
+    built by `refresh` (the poller's, once a poll) when a new scan has ended, never at a
+    scrape, which reads `families`: nothing before the first scan ends; after, every port's
+    families and the scan's own, so that a failed or stale scan is seen (ibtool_fabric_up,
+    ibtool_fabric_last_scan_timestamp_seconds)."""
+
+    def __init__(self, watch, warn: Callable[[str], None]) -> None:
+        self.watch, self.warn = watch, warn
+        self.families: list[MetricFamily] = []
+        self._seen = None
+
+    def refresh(self) -> None:
+        seen = self.watch.latest
+        if seen is None or seen is self._seen:
+            return
+        try:
+            families = fabric_families(seen)
+        except Exception as e:  # one scan that cannot be served must not end the exporter
+            self.warn(f"fabric: scan {seen.number} not served: {type(e).__name__}: {e}")
+        else:
+            self.families = families  # one reference swapped: a scrape sees either whole
+        self._seen = seen
+
+
+def fabric_families(seen) -> list[MetricFamily]:
+    """The families of one FabricSeen: every port's (none where the scan failed), then the
+    scan's own."""
+    from ibtool.views.fabric_metrics import port_families, scan_families
+
+    nodes = seen.fabric.nodes.values() if seen.fabric is not None else ()
+    own = scan_families(
+        number=seen.number,
+        at=seen.time,
+        duration=seen.duration,
+        mads=seen.mads,
+        warnings=len(seen.notes),
+        error=seen.error,
+        nodes=nodes,
+        sms=seen.sms.sms if seen.sms is not None else (),
+    )
+    if seen.fabric is None:
+        return own
+    return port_families(seen.fabric, seen.counters) + own
+
+
+def fabric_watch(inv, warn: Callable[[str], None], **options):
+    """The exporter's FabricWatch (ibtool.live.fabric.watch_for): `interval`, `bounds`, `via`,
+    `mads_per_second`; not started."""
+    from ibtool.live.fabric import watch_for
+
+    return watch_for(inv, warn, **options)
 
 
 def poller(inv, checks: dict, config, warn: Callable[[str], None] | None = None):
@@ -293,10 +355,17 @@ class Endpoint:
     before anything else. __call__ does not check them again: it is never called without
     auth() before it (serve() passes both)."""
 
-    def __init__(self, latest: Latest, server_stats: Callable[[], dict], web=None) -> None:
+    def __init__(
+        self,
+        latest: Latest,
+        server_stats: Callable[[], dict],
+        web=None,
+        fabric: FabricSeries | None = None,
+    ) -> None:
         from prometheus_client import ProcessCollector
 
         self.latest, self.server_stats, self.web = latest, server_stats, web
+        self.fabric = fabric
         self.process = ProcessCollector(registry=None)
         self.info = _build_info()
 
@@ -373,9 +442,13 @@ class Endpoint:
         return encoder(registry), content_type
 
     def families(self, names: list[str] | None = None) -> list[MetricFamily]:
-        """What an answer holds: the last poll's families, the server's, the build and the
-        process; only those `names` (Prometheus' `name[]`) asks for, if any."""
-        families = self.latest.snapshot() + _server_families(self.server_stats()) + [self.info]
+        """What an answer holds: the last poll's families, the fabric's (with --fabric), the
+        server's, the build and the process; only those `names` (Prometheus' `name[]`) asks
+        for, if any."""
+        families = self.latest.snapshot()
+        if self.fabric is not None:
+            families += self.fabric.families
+        families += _server_families(self.server_stats()) + [self.info]
         families += _process_families(self.process)
         if names:
             wanted = set(names)
@@ -408,13 +481,15 @@ def serve(
     web=None,
     faults: Faults | None = None,
     limits=None,
+    fabric: FabricSeries | None = None,
 ) -> None:
     """Serves the latest `poll()` on `listen` until interrupted (or `stop` is set): a poll, then
     `interval` seconds of rest, and so on; a poll that raises is one warning, and the families
     of the poll before stay served. `web`: exporter-toolkit's web configuration file (TLS,
     basic auth) as a webconfig.Watcher, which re-reads it when it or a file it names changes.
     `faults`: what `poll` warned about, taken after each poll (a poll with faults counts as an
-    error)."""
+    error). `fabric`: the fabric's families, refreshed after each poll and served after the
+    poll's."""
     try:
         import prometheus_client  # noqa: F401
     except ImportError:
@@ -427,7 +502,7 @@ def serve(
     limits = limits or httpserve.Limits(max_requests=max_requests)
     latest = Latest()
     server: httpserve.HTTPServer | None = None
-    endpoint = Endpoint(latest, lambda: server.stats() if server else _no_stats(), web)
+    endpoint = Endpoint(latest, lambda: server.stats() if server else _no_stats(), web, fabric)
     address, port = listen
     server = httpserve.HTTPServer(
         (address, port),
@@ -459,6 +534,8 @@ def serve(
             count = faults.take() if faults is not None else 0
             if count:
                 latest.faulted(count, error=not failed)
+            if fabric is not None:
+                fabric.refresh()
             stop.wait(interval)
     finally:
         server.shutdown()
