@@ -17,7 +17,7 @@ import html
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ibtool.errors import UnsupportedError, UsageError
 from ibtool.live.fabric import DEFAULT_INTERVAL, DEFAULT_MADS_PER_SECOND
@@ -138,34 +138,87 @@ class Faults:
         return count
 
 
+TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
+EOF = b"# EOF\n"  # OpenMetrics' last line (prometheus_client's openmetrics.exposition)
+
+
 class FabricSeries:
-    """The fabric's families (`ibtool exporter --fabric`) of a FabricWatch's latest scan:
-    built by `refresh` (the poller's, once a poll) when a new scan has ended, never at a
-    scrape, which reads `families`: nothing before the first scan ends; after, every port's
-    families and the scan's own, so that a failed or stale scan is seen (ibtool_fabric_up,
+    """The fabric's series (`ibtool exporter --fabric`) of a FabricWatch's latest scan, for
+    the scrapes: written out by `refresh` (the poller's, once a poll) when a new scan has
+    ended, never at a scrape, which copies the text (`text`). Another format (OpenMetrics) is
+    written once a scan too, at the first scrape that asks for it; only a scrape that names
+    families (`name[]`) has them built again (`families`). What is held between scans is the
+    scan and its texts: tens of thousands of series are kept as text, not as objects.
+
+    Nothing before the first scan ends; after, every port's families and the scan's own, so
+    that a failed or stale scan is seen (ibtool_fabric_up,
     ibtool_fabric_last_scan_timestamp_seconds)."""
 
     def __init__(self, watch, warn: Callable[[str], None]) -> None:
         self.watch, self.warn = watch, warn
-        self.families: list[MetricFamily] = []
+        # the scan served and its texts by content type, swapped whole
+        self._current: tuple[object, dict[str, bytes]] = (None, {})
         self._seen = None
+        self._lock = threading.Lock()  # one scrape writes a new format, the others wait
 
     def refresh(self) -> None:
         seen = self.watch.latest
         if seen is None or seen is self._seen:
             return
+        self._seen = seen
         try:
-            families = fabric_families(seen)
+            # family by family, each let go once written: one held at a time, not 60,000
+            # series and their lines for a 648-HCA tree
+            text = b"".join(exposition((f,)).encode() for f in fabric_families(seen))
         except Exception as e:  # one scan that cannot be served must not end the exporter
             self.warn(f"fabric: scan {seen.number} not served: {type(e).__name__}: {e}")
         else:
-            self.families = families  # one reference swapped: a scrape sees either whole
-        self._seen = seen
+            self._current = (seen, {TEXT_FORMAT: text})  # one swap: a scrape sees one whole
+
+    def families(self) -> list[MetricFamily]:
+        """The families of the scan served, built again (for a scrape with `name[]`, or the
+        encoder of a format not written out yet)."""
+        seen = self._current[0]
+        return list(fabric_families(seen)) if seen is not None else []
+
+    def text(self, content_type: str = TEXT_FORMAT, encoder=None) -> bytes:
+        """The series as `encoder` writes them for `content_type` (default: the text format
+        0.0.4, written by `refresh`), without OpenMetrics' closing "# EOF"; written once a
+        scan."""
+        seen, texts = self._current
+        found = texts.get(content_type)
+        if found is not None or seen is None:
+            return found or b""
+        with self._lock:
+            seen, texts = self._current
+            if content_type not in texts:
+                texts[content_type] = b"".join(
+                    _unclosed(_encoded(encoder, [f])) for f in fabric_families(seen)
+                )  # family by family, as refresh writes the text format
+            return texts[content_type]
 
 
-def fabric_families(seen) -> list[MetricFamily]:
+def _unclosed(body: bytes) -> bytes:
+    """An encoder's text without OpenMetrics' closing "# EOF", for more to follow."""
+    return body[: -len(EOF)] if body.endswith(EOF) else body
+
+
+def _encoded(encoder, families: list[MetricFamily]) -> bytes:
+    """`families` as one of prometheus_client's encoders writes them."""
+    from prometheus_client.registry import CollectorRegistry
+
+    class Collector:
+        def collect(self):
+            return _client_families(families)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector())
+    return encoder(registry)
+
+
+def fabric_families(seen) -> Iterator[MetricFamily]:
     """The families of one FabricSeen: every port's (none where the scan failed), then the
-    scan's own."""
+    scan's own; one at a time, for a writer that lets each go once written."""
     from ibtool.views.fabric_metrics import port_families, scan_families
 
     nodes = seen.fabric.nodes.values() if seen.fabric is not None else ()
@@ -179,9 +232,9 @@ def fabric_families(seen) -> list[MetricFamily]:
         nodes=nodes,
         sms=seen.sms.sms if seen.sms is not None else (),
     )
-    if seen.fabric is None:
-        return own
-    return port_families(seen.fabric, seen.counters) + own
+    if seen.fabric is not None:
+        yield from port_families(seen.fabric, seen.counters)
+    yield from own
 
 
 def fabric_watch(inv, warn: Callable[[str], None], **options):
@@ -427,19 +480,22 @@ class Endpoint:
         prometheus_client's."""
         from prometheus_client.exposition import choose_encoder, generate_latest
 
-        families = self.families(names)
         encoder, content_type = choose_encoder(accept)
-        if encoder is generate_latest:
+        text = encoder is generate_latest
+        if self.fabric is not None and not names:
+            # the fabric's series as written once for its scan: a scrape copies them, never
+            # encodes them again (tens of thousands of series)
+            fabric = self.fabric.text(TEXT_FORMAT if text else content_type, encoder)
+            head, tail = self.latest.snapshot(), self._own()
+            if text:
+                body = exposition(head).encode() + fabric + exposition(tail).encode()
+            else:
+                body = _unclosed(_encoded(encoder, head)) + fabric + _encoded(encoder, tail)
+            return body, content_type
+        families = self.families(names)
+        if text:
             return exposition(families).encode(), content_type
-        from prometheus_client.registry import CollectorRegistry
-
-        class Collector:
-            def collect(self):
-                return _client_families(families)
-
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(Collector())
-        return encoder(registry), content_type
+        return _encoded(encoder, families), content_type
 
     def families(self, names: list[str] | None = None) -> list[MetricFamily]:
         """What an answer holds: the last poll's families, the fabric's (with --fabric), the
@@ -447,13 +503,16 @@ class Endpoint:
         for, if any."""
         families = self.latest.snapshot()
         if self.fabric is not None:
-            families += self.fabric.families
-        families += _server_families(self.server_stats()) + [self.info]
-        families += _process_families(self.process)
+            families += self.fabric.families()
+        families += self._own()
         if names:
             wanted = set(names)
             families = [f for f in families if _named(f, wanted)]
         return families
+
+    def _own(self) -> list[MetricFamily]:
+        """The server's families, the build's and the process'."""
+        return _server_families(self.server_stats()) + [self.info] + _process_families(self.process)
 
     @staticmethod
     def _headers(config, content_type: str) -> list[tuple[str, str]]:

@@ -12,7 +12,7 @@ table, and the families it has that this has not (and the other way round).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from ibtool.model.fabric import (
     LANE_GBPS,
@@ -115,15 +115,26 @@ class _Kind:
             f"Signalling rate of the {kind} port's link (lanes times a lane's signalling rate)",
             "gauge",
         )
-        self.counters = {
-            n: MetricFamily(f"{p}_{suffix}", _counter_help(n, kind), "counter")
-            for n, suffix in COUNTER_NAMES.items()
-        }
+        self.read: list[tuple[dict[str, str], dict[str, int]]] = []  # each port's counters
 
-    def families(self) -> list[MetricFamily]:
+    def families(self) -> Iterator[MetricFamily]:
+        """Its families with samples, each sealed. The counters' (most of the samples) are
+        filled one family at a time as they are taken: a caller that writes each out and lets
+        it go holds one at a time."""
         found = [self.info, self.uplink, self.state, self.phys, self.width, self.speed]
-        found += [self.rate, self.raw_rate, *self.counters.values()]
-        return [f for f in found if f.samples]
+        found += [self.rate, self.raw_rate]
+        yield from (f.seal() for f in found if f.samples)
+        for name, suffix in COUNTER_NAMES.items():
+            family = MetricFamily(
+                f"{PREFIX}{self.kind}_{suffix}", _counter_help(name, self.kind), "counter"
+            )
+            scale = WORD_COUNTERS.get(name, 1)
+            for labels, values in self.read:
+                value = values.get(name)
+                if value is not None:
+                    family.add(labels, value * scale)
+            if family.samples:
+                yield family.seal()
 
 
 def _port_guid(node: FabricNode, number: int) -> int:
@@ -169,12 +180,13 @@ def _port(k: _Kind, fabric: Fabric, node: FabricNode, port: FabricPort) -> None:
 
 def port_families(
     fabric: Fabric, counters: dict[tuple[int, int], PortCounters]
-) -> list[MetricFamily]:
+) -> Iterator[MetricFamily]:
     """Every node's and port's families of one scan: switches', then HCAs', then routers'
     (a kind with no node has none); each node by GUID, each port by number (a switch's port
     0, its management port, has no cable and is left out). A port is named by its GUID and
     number, as infiniband-diags and treydock/infiniband_exporter name it: a switch's ports
-    share one GUID, an HCA's each have their own (its info, one per port GUID)."""
+    share one GUID, an HCA's each have their own (its info, one per port GUID). A generator:
+    see _Kind.families."""
     kinds = {t: _Kind(name) for t, name in KINDS.items()}
     read: dict[int, list[PortCounters]] = {}
     for key in sorted(counters):
@@ -194,11 +206,9 @@ def port_families(
             _port(k, fabric, node, node.ports[number])
         for pc in read.get(node_guid, ()):
             labels = {"guid": guid(_port_guid(node, pc.port)), "port": str(pc.port)}
-            for name, value in pc.values.items():
-                family = k.counters.get(name)
-                if family is not None:
-                    family.add(labels, value * WORD_COUNTERS.get(name, 1))
-    return [f for t in KINDS for f in kinds[t].families()]
+            k.read.append((labels, pc.values))
+    for t in KINDS:
+        yield from kinds[t].families()
 
 
 def scan_families(

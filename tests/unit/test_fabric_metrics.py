@@ -157,27 +157,27 @@ class Watch:
         self.latest = None
 
 
-def test_the_series_are_built_once_a_scan_and_none_before_the_first():
+def test_the_series_are_written_once_a_scan_and_none_before_the_first():
     watch, warned = Watch(), []
     series = FabricSeries(watch, warned.append)
     series.refresh()
-    assert series.families == []  # no scan ended yet: nothing
+    assert series.text() == b"" and series.families() == []  # no scan ended yet: nothing
     watch.latest = seen(fabric(), counters=counters())
     series.refresh()
-    first = series.families
-    assert "ibtool_fabric_up 1.0" in lines(first)
+    first = series.text()
+    assert first == exposition(fabric_families(watch.latest)).encode()
     series.refresh()
-    assert series.families is first  # the same scan: not built again
+    assert series.text() is first  # the same scan: not written again
     broken = seen(fabric(), counters=counters(), number=4)
     object.__setattr__(broken, "counters", {(SWITCH, 1): "not counters"})
     watch.latest = broken
     series.refresh()
-    assert series.families is first and warned == [
+    assert series.text() is first and warned == [
         "fabric: scan 4 not served: AttributeError: 'str' object has no attribute 'port'"
     ]
     watch.latest = seen(error="discovery failed", number=5)
     series.refresh()
-    assert "ibtool_fabric_up 0.0" in lines(series.families)
+    assert "ibtool_fabric_up 0.0" in series.text().decode().splitlines()
 
 
 @pytest.mark.parametrize(
@@ -196,3 +196,64 @@ def test_fabric_options_out_of_range_or_without_fabric_are_usage_errors(tmp_path
     root = sysfs_trees.build("mlx5_ib_hca", tmp_path / "root")
     got = run_cli(["--root", str(root), "exporter", "--listen", "127.0.0.1:0", *argv])
     assert got.code == 2 and said in got.err, got.err
+
+
+@pytest.mark.parametrize(
+    "accept", ["", "application/openmetrics-text; version=1.0.0", "text/plain; version=1.0.0"]
+)
+def test_a_scrape_serves_the_fabric_as_written_once_between_the_polls_and_the_servers(accept):
+    """The answer a scrape gets, the fabric's part copied as written once for its scan, is what
+    the encoder the scraper asks for writes of every family in the same order
+    (prometheus_client's process_* series aside: they move between two reads); with name[],
+    the families asked for."""
+    from prometheus_client.exposition import choose_encoder
+
+    from ibtool.live.exporter import Endpoint, Latest
+
+    watch = Watch()
+    watch.latest = seen(fabric(), counters=counters())
+    series = FabricSeries(watch, print)
+    series.refresh()
+    latest = Latest()
+    latest.store([], 1795000000.0, 0.25)
+    stats = {"connections": 1, "in_flight": 1, "accepted": 1, "responses": {}, "closed": {}}
+    endpoint = Endpoint(latest, lambda: stats, None, series)
+    for _ in range(2):  # the second answer from the text written for the first
+        body, content_type = endpoint.metrics(accept, None)
+        encoder, expected_type = choose_encoder(accept)
+        whole = _whole(encoder, endpoint.families())
+
+        def mine(text: bytes) -> list[str]:
+            return [x for x in text.decode().splitlines() if "process_" not in x]
+
+        assert mine(body) == mine(whole) and content_type == expected_type
+        assert b"ibtool_fabric_switch_info" in body
+    only, _ = endpoint.metrics("", ["ibtool_fabric_up"])
+    assert only.decode().splitlines() == [
+        "# HELP ibtool_fabric_up Whether the last fabric scan read the subnet (0: it failed)",
+        "# TYPE ibtool_fabric_up gauge",
+        "ibtool_fabric_up 1.0",
+    ]
+
+
+def _whole(encoder, families) -> bytes:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    if encoder is generate_latest:
+        return exposition(families).encode()
+
+    class Collector:
+        def collect(self):
+            for f in families:
+                kind = CounterMetricFamily if f.type == "counter" else GaugeMetricFamily
+                names = sorted({k for s in f.samples for k in s.labels})
+                out = kind(f.name, f.documentation, labels=names)
+                for labels, value in f.samples:
+                    out.add_metric([labels.get(n, "") for n in names], value)
+                yield out
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector())
+    return encoder(registry)
