@@ -159,6 +159,7 @@ class FabricSeries:
         # the scan served and its texts by content type, swapped whole
         self._current: tuple[object, dict[str, bytes]] = (None, {})
         self._seen = None
+        self._error: str | None = None  # the last scan's, said once
         self._lock = threading.Lock()  # one scrape writes a new format, the others wait
 
     def refresh(self) -> None:
@@ -166,6 +167,9 @@ class FabricSeries:
         if seen is None or seen is self._seen:
             return
         self._seen = seen
+        if seen.error and seen.error != self._error:  # said once, until it changes
+            self.warn(f"fabric: {seen.error}")
+        self._error = seen.error
         try:
             # family by family, each let go once written: one held at a time, not 60,000
             # series and their lines for a 648-HCA tree

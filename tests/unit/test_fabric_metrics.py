@@ -257,3 +257,21 @@ def _whole(encoder, families) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector())
     return encoder(registry)
+
+
+def test_a_root_tree_has_no_fabric_and_says_so_as_a_failed_scan_beside_the_hosts_series(tmp_path):
+    """A captured tree holds no fabric: the exporter serves the host as ever and the scan's
+    failure as ibtool_fabric_up 0 (its error a warning), and stops on SIGTERM with its watch."""
+    from tests.fixtures import sysfs_trees
+    from tests.unit.test_exporter import request, start_exporter, stop_exporter, wait_until
+
+    root = sysfs_trees.build("mlx5_ib_hca", tmp_path / "root")
+    proc, url = start_exporter(root, "--fabric")
+    try:
+        wait_until(lambda: b"\nibtool_fabric_up " in request(url)[2], "a fabric scan served")
+        body = request(url)[2].decode()
+    finally:
+        stop_exporter(proc)
+    assert "\nibtool_fabric_up 0.0\n" in body and "ibtool_health_status" in body
+    assert "ibtool_fabric_switch" not in body
+    assert "fabric" in proc.stderr.read()
