@@ -384,8 +384,6 @@ def run_exporter(inv: Invocation) -> None:
         host, port = bound[0], bound[1]
         inv.print(f"serving {scheme}://{'[' + host + ']' if ':' in host else host}:{port}/metrics")
         inv.out.flush()
-        if watch is not None:
-            watch.start()  # bound: the scans begin
 
     try:
         exporter.serve(
@@ -398,7 +396,7 @@ def run_exporter(inv: Invocation) -> None:
             web=web,
             faults=faults,
             fabric=exporter.FabricSeries(watch, inv.warn) if watch is not None else None,
-        )
+        )  # the FabricSeries starts the watch after the first poll
     finally:
         if watch is not None:
             watch.stop()

@@ -144,8 +144,9 @@ EOF = b"# EOF\n"  # OpenMetrics' last line (prometheus_client's openmetrics.expo
 
 class FabricSeries:
     """The fabric's series (`ibtool exporter --fabric`) of a FabricWatch's latest scan, for
-    the scrapes: written out by `refresh` (the poller's, once a poll) when a new scan has
-    ended, never at a scrape, which copies the text (`text`). Another format (OpenMetrics) is
+    the scrapes: written out by `refresh` (the poller's, once a poll; it starts the watch
+    after the first poll, and its owner stops it) when a new scan has ended, never at a
+    scrape, which copies the text (`text`). Another format (OpenMetrics) is
     written once a scan too, at the first scrape that asks for it; only a scrape that names
     families (`name[]`) has them built again (`families`). What is held between scans is the
     scan and its texts: tens of thousands of series are kept as text, not as objects.
@@ -159,10 +160,16 @@ class FabricSeries:
         # the scan served and its texts by content type, swapped whole
         self._current: tuple[object, dict[str, bytes]] = (None, {})
         self._seen = None
+        self._started = False
         self._error: str | None = None  # the last scan's, said once
         self._lock = threading.Lock()  # one scrape writes a new format, the others wait
 
     def refresh(self) -> None:
+        """After each poll: the watch started after the first (the host's own first read done
+        before the scans begin, not beside them), the scan served when a new one has ended."""
+        if not self._started:
+            self._started = True
+            self.watch.start()
         seen = self.watch.latest
         if seen is None or seen is self._seen:
             return

@@ -154,13 +154,17 @@ def test_a_failed_scan_serves_its_own_figures_up_0_and_no_port():
 
 class Watch:
     def __init__(self):
-        self.latest = None
+        self.latest, self.started = None, 0
+
+    def start(self):
+        self.started += 1
 
 
 def test_the_series_are_written_once_a_scan_and_none_before_the_first():
     watch, warned = Watch(), []
     series = FabricSeries(watch, warned.append)
-    series.refresh()
+    assert watch.started == 0
+    series.refresh()  # after the first poll: the scans begin
     assert series.text() == b"" and series.families() == []  # no scan ended yet: nothing
     watch.latest = seen(fabric(), counters=counters())
     series.refresh()
@@ -178,6 +182,7 @@ def test_the_series_are_written_once_a_scan_and_none_before_the_first():
     watch.latest = seen(error="discovery failed", number=5)
     series.refresh()
     assert "ibtool_fabric_up 0.0" in series.text().decode().splitlines()
+    assert warned[-1] == "fabric: discovery failed" and watch.started == 1
 
 
 @pytest.mark.parametrize(
