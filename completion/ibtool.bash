@@ -43,7 +43,7 @@ _ibtool_options() {
         counters) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --rate --interval --watch --errors --explain) ;;
         dev) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
         doctor) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --dev --port --compat --gid-index --tclass -c --count --size --timeout --no-probe --pid) ;;
-        exporter) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --listen --interval --config --skip --web.max-requests --web.config.file) ;;
+        exporter) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --listen --interval --config --skip --web.max-requests --web.config.file --fabric --fabric-interval --fabric-via --fabric-mads --fabric-timeout --fabric-retries) ;;
         fabric) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --wait --against --thresholds --state --all-ports --no-state --via --timeout --retries --max-smps) ;;
         gids) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --type --netdev --ip --port --best) ;;
         health) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --config --state --no-state --lock-wait --check --skip --datapath --textfile --slurm-drain -v --verbose --list --print-nhc) ;;
@@ -84,7 +84,8 @@ _ibtool_value() {
         'doctor --compat') _ibtool_kind=choices _ibtool_r=(rc_pingpong rping) ;;
         'exporter --root') _ibtool_kind=dir ;;
         'exporter --snapshot'|'exporter --config'|'exporter --web.config.file') _ibtool_kind=file ;;
-        'exporter --snapshot-limit'|'exporter --listen'|'exporter --interval'|'exporter --skip'|'exporter --web.max-requests') _ibtool_kind=none ;;
+        'exporter --snapshot-limit'|'exporter --listen'|'exporter --interval'|'exporter --skip'|'exporter --web.max-requests'|'exporter --fabric-interval'|'exporter --fabric-mads'|'exporter --fabric-timeout'|'exporter --fabric-retries') _ibtool_kind=none ;;
+        'exporter --fabric-via') _ibtool_kind=devport ;;
         'fabric --root') _ibtool_kind=dir ;;
         'fabric --snapshot'|'fabric --against'|'fabric --thresholds'|'fabric --state') _ibtool_kind=file ;;
         'fabric --snapshot-limit'|'fabric --wait'|'fabric --timeout'|'fabric --retries'|'fabric --max-smps') _ibtool_kind=none ;;

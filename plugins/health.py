@@ -251,7 +251,17 @@ def _textfile(inv: Invocation, report, collect: bool = True) -> None:
 
 
 def configure_exporter(parser) -> None:
-    from ibtool.api.exporter import DEFAULT_PORT, MAX_REQUESTS, MAX_REQUESTS_MAX
+    from ibtool.api.exporter import (
+        DEFAULT_PORT,
+        FABRIC_INTERVAL,
+        FABRIC_INTERVAL_MAX,
+        FABRIC_INTERVAL_MIN,
+        FABRIC_MADS,
+        FABRIC_MADS_MAX,
+        FABRIC_MADS_MIN,
+        MAX_REQUESTS,
+        MAX_REQUESTS_MAX,
+    )
 
     parser.add_argument(
         "--listen",
@@ -284,6 +294,72 @@ def configure_exporter(parser) -> None:
         metavar="FILE",
         help="TLS and basic auth, in the Prometheus exporter-toolkit's format (YAML)",
     )
+    parser.add_argument(
+        "--fabric",
+        action="store_true",
+        help="also scan the InfiniBand fabric on its own interval and serve every port's "
+        "state, width, speed and PMA counters (ibtool_fabric_*)",
+    )
+    parser.add_argument(
+        "--fabric-interval",
+        type=number(float, FABRIC_INTERVAL_MIN, FABRIC_INTERVAL_MAX, unit="seconds"),
+        metavar="SECONDS",
+        help=f"time between two scans of the fabric (default {FABRIC_INTERVAL:g}, "
+        f"{FABRIC_INTERVAL_MIN:g} to {FABRIC_INTERVAL_MAX:g})",
+    )
+    parser.add_argument(
+        "--fabric-via",
+        metavar="DEV[/PORT]",
+        help="the local InfiniBand port to scan through (default: the first active one)",
+    )
+    parser.add_argument(
+        "--fabric-mads",
+        type=number(int, FABRIC_MADS_MIN, FABRIC_MADS_MAX),
+        metavar="N",
+        help=f"PMA queries a second the scan may send (default {FABRIC_MADS}, "
+        f"{FABRIC_MADS_MIN} to {FABRIC_MADS_MAX})",
+    )
+    parser.add_argument(
+        "--fabric-timeout",
+        type=number(int, 1, 60000),
+        metavar="MS",
+        help="each MAD's timeout in milliseconds (default 200)",
+    )
+    parser.add_argument(
+        "--fabric-retries",
+        type=number(int, 0, 20),
+        metavar="N",
+        help="retries of a MAD that timed out (default 3)",
+    )
+
+
+FABRIC_OPTIONS = ("interval", "via", "mads", "timeout", "retries")
+
+
+def _fabric_watch(inv: Invocation):
+    """The FabricWatch --fabric asks for (None without it; a --fabric-* option without it is a
+    usage error)."""
+    from ibtool.api.exporter import FABRIC_INTERVAL, FABRIC_MADS, fabric_watch
+    from ibtool.api.fabric import Bounds
+
+    given = [n for n in FABRIC_OPTIONS if getattr(inv.args, f"fabric_{n}") is not None]
+    if not inv.args.fabric:
+        if given:
+            raise UsageError(f"--fabric-{given[0]} needs --fabric")
+        return None
+    a = inv.args
+    bounds = Bounds(
+        timeout_ms=a.fabric_timeout if a.fabric_timeout is not None else Bounds.timeout_ms,
+        retries=a.fabric_retries if a.fabric_retries is not None else Bounds.retries,
+    )
+    return fabric_watch(
+        inv,
+        inv.warn,
+        interval=a.fabric_interval if a.fabric_interval is not None else FABRIC_INTERVAL,
+        bounds=bounds,
+        via=a.fabric_via,
+        mads_per_second=a.fabric_mads if a.fabric_mads is not None else FABRIC_MADS,
+    )
 
 
 def run_exporter(inv: Invocation) -> None:
@@ -302,22 +378,28 @@ def run_exporter(inv: Invocation) -> None:
     checks = select_checks(checks, [], _names(inv.args.skip), config, inv.warn)
     scheme = "https" if web is not None and web.current().tls else "http"
     faults = exporter.Faults(inv.warn)
+    watch = _fabric_watch(inv)
 
     def ready(bound) -> None:
         host, port = bound[0], bound[1]
         inv.print(f"serving {scheme}://{'[' + host + ']' if ':' in host else host}:{port}/metrics")
         inv.out.flush()
 
-    exporter.serve(
-        listen,
-        exporter.poller(inv, checks, config, faults.warn),
-        inv.args.interval,
-        inv.warn,
-        ready=ready,
-        max_requests=inv.args.web_max_requests,
-        web=web,
-        faults=faults,
-    )
+    try:
+        exporter.serve(
+            listen,
+            exporter.poller(inv, checks, config, faults.warn),
+            inv.args.interval,
+            inv.warn,
+            ready=ready,
+            max_requests=inv.args.web_max_requests,
+            web=web,
+            faults=faults,
+            fabric=exporter.FabricSeries(watch, inv.warn) if watch is not None else None,
+        )  # the FabricSeries starts the watch after the first poll
+    finally:
+        if watch is not None:
+            watch.stop()
 
 
 @hookimpl

@@ -1,6 +1,7 @@
 """`ibtool exporter`: serve the Engine's families over HTTP (serve, poller, its Faults), the
-listen address and request limits it takes, and the reload of its web config (WebConfigWatcher:
-exporter-toolkit's --web.config.file)."""
+fabric's with --fabric (fabric_watch, FabricSeries), the listen address and request limits it
+takes, and the reload of its web config (WebConfigWatcher: exporter-toolkit's
+--web.config.file)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,17 @@ from typing import TYPE_CHECKING, Any
 
 from ibtool.live.exporter import (
     DEFAULT_PORT,
+    FABRIC_INTERVAL,
+    FABRIC_INTERVAL_MAX,
+    FABRIC_INTERVAL_MIN,
+    FABRIC_MADS,
+    FABRIC_MADS_MAX,
+    FABRIC_MADS_MIN,
     MAX_REQUESTS,
     MAX_REQUESTS_MAX,
+    FabricSeries,
     Faults,
+    fabric_watch,
     parse_listen,
     poller,
     serve,
@@ -21,10 +30,18 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PORT",
+    "FABRIC_INTERVAL",
+    "FABRIC_INTERVAL_MAX",
+    "FABRIC_INTERVAL_MIN",
+    "FABRIC_MADS",
+    "FABRIC_MADS_MAX",
+    "FABRIC_MADS_MIN",
     "MAX_REQUESTS",
     "MAX_REQUESTS_MAX",
+    "FabricSeries",
     "Faults",
     "WebConfigWatcher",
+    "fabric_watch",
     "parse_listen",
     "poller",
     "serve",

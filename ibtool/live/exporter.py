@@ -17,9 +17,10 @@ import html
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ibtool.errors import UnsupportedError, UsageError
+from ibtool.live.fabric import DEFAULT_INTERVAL, DEFAULT_MADS_PER_SECOND
 from ibtool.views.prometheus import METRIC_TYPES, MetricFamily, exposition
 
 DEFAULT_PORT = 9877
@@ -27,6 +28,13 @@ DEFAULT_PORT = 9877
 # cached poll in milliseconds: over a thousand at once is a flood, not scrapes.
 MAX_REQUESTS, MAX_REQUESTS_MAX = 40, 1000
 METRICS_PATH = "/metrics"
+# --fabric: the scans' interval from a second to a day, and the PMA queries a second they may
+# send (defaults: ibtool.live.fabric's). A scan sends one query at a time and waits for its
+# answer, so round trips hold it below the ceiling anyway; at the floor a 648-HCA tree's
+# 5,900 queries (ClassPortInfo a LID, PortCounters and PortCountersExtended a port) take 10
+# minutes.
+FABRIC_INTERVAL, FABRIC_INTERVAL_MIN, FABRIC_INTERVAL_MAX = DEFAULT_INTERVAL, 1.0, 86400.0
+FABRIC_MADS, FABRIC_MADS_MIN, FABRIC_MADS_MAX = DEFAULT_MADS_PER_SECOND, 10, 20000
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -128,6 +136,124 @@ class Faults:
         with self._lock:
             count, self._count = self._count, 0
         return count
+
+
+TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
+EOF = b"# EOF\n"  # OpenMetrics' last line (prometheus_client's openmetrics.exposition)
+
+
+class FabricSeries:
+    """The fabric's series (`ibtool exporter --fabric`) of a FabricWatch's latest scan, for
+    the scrapes: written out by `refresh` (the poller's, once a poll; it starts the watch
+    after the first poll, and its owner stops it) when a new scan has ended, never at a
+    scrape, which copies the text (`text`). Another format (OpenMetrics) is
+    written once a scan too, at the first scrape that asks for it; only a scrape that names
+    families (`name[]`) has them built again (`families`). What is held between scans is the
+    scan and its texts: tens of thousands of series are kept as text, not as objects.
+
+    Nothing before the first scan ends; after, every port's families and the scan's own, so
+    that a failed or stale scan is seen (ibtool_fabric_up,
+    ibtool_fabric_last_scan_timestamp_seconds)."""
+
+    def __init__(self, watch, warn: Callable[[str], None]) -> None:
+        self.watch, self.warn = watch, warn
+        # the scan served and its texts by content type, swapped whole
+        self._current: tuple[object, dict[str, bytes]] = (None, {})
+        self._seen = None
+        self._started = False
+        self._error: str | None = None  # the last scan's, said once
+        self._lock = threading.Lock()  # one scrape writes a new format, the others wait
+
+    def refresh(self) -> None:
+        """After each poll: the watch started after the first (the host's own first read done
+        before the scans begin, not beside them), the scan served when a new one has ended."""
+        if not self._started:
+            self._started = True
+            self.watch.start()
+        seen = self.watch.latest
+        if seen is None or seen is self._seen:
+            return
+        self._seen = seen
+        if seen.error and seen.error != self._error:  # said once, until it changes
+            self.warn(f"fabric: {seen.error}")
+        self._error = seen.error
+        try:
+            # family by family, each let go once written: one held at a time, not 60,000
+            # series and their lines for a 648-HCA tree
+            text = b"".join(exposition((f,)).encode() for f in fabric_families(seen))
+        except Exception as e:  # one scan that cannot be served must not end the exporter
+            self.warn(f"fabric: scan {seen.number} not served: {type(e).__name__}: {e}")
+        else:
+            self._current = (seen, {TEXT_FORMAT: text})  # one swap: a scrape sees one whole
+
+    def families(self) -> list[MetricFamily]:
+        """The families of the scan served, built again (for a scrape with `name[]`, or the
+        encoder of a format not written out yet)."""
+        seen = self._current[0]
+        return list(fabric_families(seen)) if seen is not None else []
+
+    def text(self, content_type: str = TEXT_FORMAT, encoder=None) -> bytes:
+        """The series as `encoder` writes them for `content_type` (default: the text format
+        0.0.4, written by `refresh`), without OpenMetrics' closing "# EOF"; written once a
+        scan."""
+        seen, texts = self._current
+        found = texts.get(content_type)
+        if found is not None or seen is None:
+            return found or b""
+        with self._lock:
+            seen, texts = self._current
+            if content_type not in texts:
+                texts[content_type] = b"".join(
+                    _unclosed(_encoded(encoder, [f])) for f in fabric_families(seen)
+                )  # family by family, as refresh writes the text format
+            return texts[content_type]
+
+
+def _unclosed(body: bytes) -> bytes:
+    """An encoder's text without OpenMetrics' closing "# EOF", for more to follow."""
+    return body[: -len(EOF)] if body.endswith(EOF) else body
+
+
+def _encoded(encoder, families: list[MetricFamily]) -> bytes:
+    """`families` as one of prometheus_client's encoders writes them."""
+    from prometheus_client.registry import CollectorRegistry
+
+    class Collector:
+        def collect(self):
+            return _client_families(families)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector())
+    return encoder(registry)
+
+
+def fabric_families(seen) -> Iterator[MetricFamily]:
+    """The families of one FabricSeen: every port's (none where the scan failed), then the
+    scan's own; one at a time, for a writer that lets each go once written."""
+    from ibtool.views.fabric_metrics import port_families, scan_families
+
+    nodes = seen.fabric.nodes.values() if seen.fabric is not None else ()
+    own = scan_families(
+        number=seen.number,
+        at=seen.time,
+        duration=seen.duration,
+        mads=seen.mads,
+        warnings=len(seen.notes),
+        error=seen.error,
+        nodes=nodes,
+        sms=seen.sms.sms if seen.sms is not None else (),
+    )
+    if seen.fabric is not None:
+        yield from port_families(seen.fabric, seen.counters)
+    yield from own
+
+
+def fabric_watch(inv, warn: Callable[[str], None], **options):
+    """The exporter's FabricWatch (ibtool.live.fabric.watch_for): `interval`, `bounds`, `via`,
+    `mads_per_second`; not started."""
+    from ibtool.live.fabric import watch_for
+
+    return watch_for(inv, warn, **options)
 
 
 def poller(inv, checks: dict, config, warn: Callable[[str], None] | None = None):
@@ -293,10 +419,17 @@ class Endpoint:
     before anything else. __call__ does not check them again: it is never called without
     auth() before it (serve() passes both)."""
 
-    def __init__(self, latest: Latest, server_stats: Callable[[], dict], web=None) -> None:
+    def __init__(
+        self,
+        latest: Latest,
+        server_stats: Callable[[], dict],
+        web=None,
+        fabric: FabricSeries | None = None,
+    ) -> None:
         from prometheus_client import ProcessCollector
 
         self.latest, self.server_stats, self.web = latest, server_stats, web
+        self.fabric = fabric
         self.process = ProcessCollector(registry=None)
         self.info = _build_info()
 
@@ -358,29 +491,39 @@ class Endpoint:
         prometheus_client's."""
         from prometheus_client.exposition import choose_encoder, generate_latest
 
-        families = self.families(names)
         encoder, content_type = choose_encoder(accept)
-        if encoder is generate_latest:
+        text = encoder is generate_latest
+        if self.fabric is not None and not names:
+            # the fabric's series as written once for its scan: a scrape copies them, never
+            # encodes them again (tens of thousands of series)
+            fabric = self.fabric.text(TEXT_FORMAT if text else content_type, encoder)
+            head, tail = self.latest.snapshot(), self._own()
+            if text:
+                body = exposition(head).encode() + fabric + exposition(tail).encode()
+            else:
+                body = _unclosed(_encoded(encoder, head)) + fabric + _encoded(encoder, tail)
+            return body, content_type
+        families = self.families(names)
+        if text:
             return exposition(families).encode(), content_type
-        from prometheus_client.registry import CollectorRegistry
-
-        class Collector:
-            def collect(self):
-                return _client_families(families)
-
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(Collector())
-        return encoder(registry), content_type
+        return _encoded(encoder, families), content_type
 
     def families(self, names: list[str] | None = None) -> list[MetricFamily]:
-        """What an answer holds: the last poll's families, the server's, the build and the
-        process; only those `names` (Prometheus' `name[]`) asks for, if any."""
-        families = self.latest.snapshot() + _server_families(self.server_stats()) + [self.info]
-        families += _process_families(self.process)
+        """What an answer holds: the last poll's families, the fabric's (with --fabric), the
+        server's, the build and the process; only those `names` (Prometheus' `name[]`) asks
+        for, if any."""
+        families = self.latest.snapshot()
+        if self.fabric is not None:
+            families += self.fabric.families()
+        families += self._own()
         if names:
             wanted = set(names)
             families = [f for f in families if _named(f, wanted)]
         return families
+
+    def _own(self) -> list[MetricFamily]:
+        """The server's families, the build's and the process'."""
+        return _server_families(self.server_stats()) + [self.info] + _process_families(self.process)
 
     @staticmethod
     def _headers(config, content_type: str) -> list[tuple[str, str]]:
@@ -408,13 +551,15 @@ def serve(
     web=None,
     faults: Faults | None = None,
     limits=None,
+    fabric: FabricSeries | None = None,
 ) -> None:
     """Serves the latest `poll()` on `listen` until interrupted (or `stop` is set): a poll, then
     `interval` seconds of rest, and so on; a poll that raises is one warning, and the families
     of the poll before stay served. `web`: exporter-toolkit's web configuration file (TLS,
     basic auth) as a webconfig.Watcher, which re-reads it when it or a file it names changes.
     `faults`: what `poll` warned about, taken after each poll (a poll with faults counts as an
-    error)."""
+    error). `fabric`: the fabric's families, refreshed after each poll and served after the
+    poll's."""
     try:
         import prometheus_client  # noqa: F401
     except ImportError:
@@ -427,7 +572,7 @@ def serve(
     limits = limits or httpserve.Limits(max_requests=max_requests)
     latest = Latest()
     server: httpserve.HTTPServer | None = None
-    endpoint = Endpoint(latest, lambda: server.stats() if server else _no_stats(), web)
+    endpoint = Endpoint(latest, lambda: server.stats() if server else _no_stats(), web, fabric)
     address, port = listen
     server = httpserve.HTTPServer(
         (address, port),
@@ -459,6 +604,8 @@ def serve(
             count = faults.take() if faults is not None else 0
             if count:
                 latest.faulted(count, error=not failed)
+            if fabric is not None:
+                fabric.refresh()
             stop.wait(interval)
     finally:
         server.shutdown()

@@ -55,7 +55,7 @@ class MetricFamily:
             self.name += "_" + self.unit
         if not _METRIC_NAME.fullmatch(self.name):
             raise ValueError(f"bad metric name {self.name!r}")
-        self._series: set[frozenset[tuple[str, str]]] = set()
+        self._series: set[frozenset[tuple[str, str]]] | None = set()
 
     @property
     def exposed_name(self) -> str:
@@ -75,11 +75,20 @@ class MetricFamily:
                 )
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"metric {self.name}: value must be an int or float, not {value!r}")
+        if self._series is None:
+            raise ValueError(f"metric {self.name}: sealed, no sample may be added")
         series = frozenset(labels.items())
         if series in self._series:
             raise ValueError(f"metric {self.name}: series {dict(labels)} added twice")
         self._series.add(series)
         self.samples.append(Sample(dict(labels), value))
+
+    def seal(self) -> MetricFamily:
+        """No sample is added after this: the set that keeps a series from being added twice
+        is let go (as much memory again as the samples themselves, for a family kept long
+        and large, as the fabric's are). Returns the family."""
+        self._series = None
+        return self
 
 
 def _go_float(value: float) -> str:

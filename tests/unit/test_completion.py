@@ -167,6 +167,7 @@ def test_what_each_value_completes_with(parser):
         "fabric --via": "devport",
         "exporter --config": "file",
         "exporter --web.config.file": "file",
+        "exporter --fabric-via": "devport",
         "fabric --against": "file",
         "fabric --state": "file",
         "fabric --thresholds": "file",
