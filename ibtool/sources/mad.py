@@ -25,6 +25,7 @@ import ctypes as C
 import dataclasses
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -323,6 +324,13 @@ def structs() -> dict[str, type]:
 _loaded: Libraries | None = None
 
 
+# One caller at a time in rdma-core's MAD libraries, in this process: libibumad's CA table
+# (umad_init, umad_get_ca) and libibnetdisc's discovery keep state of their own, and the
+# exporter asks from two threads (its polls' health checks, its fabric scan). A port opened
+# with mad_port is held until it is closed: its MADs and their answers are one conversation.
+ONE_AT_A_TIME = threading.RLock()
+
+
 def libraries() -> Libraries:
     """The three libraries, loaded once, their functions typed; UnsupportedError naming the
     one missing and how to install it."""
@@ -417,6 +425,11 @@ class LocalPort:
 def local_ports(warn: Callable[[str], None]) -> list[LocalPort]:
     """Every port of every CA libibumad sees (the kernel's, or a simulator's under umad2sim),
     with its link layer, state, LID and SM LID."""
+    with ONE_AT_A_TIME:
+        return _local_ports(warn)
+
+
+def _local_ports(warn: Callable[[str], None]) -> list[LocalPort]:
     u = libraries().umad
     with _stderr_to(warn, "libibumad"):
         if u.umad_init() < 0:
@@ -510,8 +523,13 @@ def discover(start: LocalPort, bounds: Bounds, warn: Callable[[str], None]) -> F
         retries=bounds.retries,
         max_hops=bounds.max_hops,
     )
-    with _stderr_to(warn, "libibnetdisc"):
-        raw = libs.nd.ibnd_discover_fabric(start.ca.encode(), start.port, None, C.byref(config))
+    with ONE_AT_A_TIME:
+        with _stderr_to(warn, "libibnetdisc"):
+            raw = libs.nd.ibnd_discover_fabric(start.ca.encode(), start.port, None, C.byref(config))
+        return _discovered(libs, raw, start)
+
+
+def _discovered(libs, raw, start: LocalPort) -> Fabric:
     if not raw:
         raise IbtoolError(
             f"the subnet could not be discovered through {start.ca}/{start.port}",
@@ -783,8 +801,13 @@ def mad_port(
     and retries, closed on every exit."""
     m = libraries().mad
     wanted = (C.c_int * len(classes))(*classes)
-    with _stderr_to(warn, "libibmad"):
-        handle = m.mad_rpc_open_port(start.ca.encode(), start.port, wanted, len(classes))
+    with ONE_AT_A_TIME:
+        with _stderr_to(warn, "libibmad"):
+            handle = m.mad_rpc_open_port(start.ca.encode(), start.port, wanted, len(classes))
+        yield from _opened(m, handle, start, bounds, what)
+
+
+def _opened(m, handle, start: LocalPort, bounds: Bounds, what: str) -> Iterator:
     if not handle:
         raise IbtoolError(
             f"cannot open {start.ca}/{start.port} for {what} MADs",
