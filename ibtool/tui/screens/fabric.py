@@ -27,6 +27,7 @@ from ibtool.model.fabric import (
     judge_sms,
     over,
 )
+from ibtool.model.fabric.cables import SM_IDLE
 from ibtool.model.health import Status
 from ibtool.model.names import escaped
 from ibtool.tui import format
@@ -57,20 +58,28 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h ago"
 
 
-def sm_moved(before, seen) -> tuple[int | None, float]:
-    """How far the master's activity count moved between two scans, and in how long (None:
-    not known: a first scan, no master in either, another master)."""
-    if before is None or before.sms is None or seen.sms is None:
-        return None, 0.0
-    now = [s for s in seen.sms.sms if s.state == SmState.MASTER]
-    then = {s.guid: s for s in before.sms.sms if s.state == SmState.MASTER}
-    if len(now) != 1 or now[0].guid not in then:
-        return None, 0.0
-    moved = (now[0].activity - then[now[0].guid].activity) % (1 << 32)  # SMInfo.ActCount
-    return moved, seen.time - before.time
+def sm_activity(baseline, seen) -> tuple[int | None, float, tuple | None]:
+    """How far the master's activity count moved since `baseline` (its GUID, count and the
+    scan time it last moved at), in how long, and the baseline to keep: as the health
+    check's sm_idle judges it, a count that stood still is said (0) only after SM_IDLE
+    seconds (opensm moves it at each sweep, every 10 s by default); None where it is not
+    known (a first scan, no master or two, a new one)."""
+    if seen.sms is None:
+        return None, 0.0, baseline
+    masters = [s for s in seen.sms.sms if s.state == SmState.MASTER]
+    if len(masters) != 1:
+        return None, 0.0, None
+    m = masters[0]
+    if baseline is None or baseline[0] != m.guid:
+        return None, 0.0, (m.guid, m.activity, seen.time)
+    moved = (m.activity - baseline[1]) % (1 << 32)  # SMInfo.ActCount, 32 bits
+    waited = seen.time - baseline[2]
+    if moved:
+        return moved, waited, (m.guid, m.activity, seen.time)
+    return (0 if waited >= SM_IDLE else None), waited, baseline
 
 
-def sm_text(seen, before=None) -> Text:
+def sm_text(seen, activity: tuple[int | None, float] = (None, 0.0)) -> Text:
     """The subnet managers on one line: the master (its LID and node), the standbys, and what
     is wrong with them (judge_sms), the worst first."""
     text = Text(" SM ", style="bold")
@@ -88,7 +97,7 @@ def sm_text(seen, before=None) -> Text:
         text.append(f"standby {names} · ")
     else:
         text.append("no standby · ", style="dim")
-    moved, waited = sm_moved(before, seen)
+    moved, waited = activity
     findings = judge_sms(scan.sms, scan.silent, scan.local_sm_lid, moved, waited)
     if not findings:
         return text.append("OK", style="green")
@@ -104,7 +113,7 @@ def sm_text(seen, before=None) -> Text:
 
 def head_text(
     seen,
-    before,
+    activity: tuple[int | None, float],
     rows: list[FabricRow],
     now: float,
     live: bool,
@@ -146,7 +155,7 @@ def head_text(
         if not width or text.cell_len <= width:
             break
     text.append("\n")
-    text.append_text(sm_text(seen, before))
+    text.append_text(sm_text(seen, activity))
     if seen.notes:
         more = f" (+{len(seen.notes) - 1} more)" if len(seen.notes) > 1 else ""
         text.append(f"\n {escaped(seen.notes[0])}{more}", style="yellow")
@@ -197,7 +206,8 @@ class FabricScreen(Screen):
         self.thresholds = dict(thresholds)
         self.wall = wall
         self.seen = None  # the scan shown
-        self.before = None  # the one before it: the SM's activity between the two
+        self.sm_baseline = None  # the master's GUID, activity count and when it last moved
+        self.activity: tuple[int | None, float] = (None, 0.0)
         self.rows: list[FabricRow] = []
 
     def compose(self) -> ComposeResult:
@@ -216,13 +226,15 @@ class FabricScreen(Screen):
         head's age in any case."""
         latest = self.watch.latest
         if latest is not None and latest is not self.seen and not self.app.paused:
-            self.before, self.seen = self.seen, latest
+            self.seen = latest
+            moved, waited, self.sm_baseline = sm_activity(self.sm_baseline, latest)
+            self.activity = (moved, waited)
             self.rows = fabric_rows(latest, self.thresholds)
             self.query_one(FabricTable).show(self.rows)
             self._why()
         head = head_text(
             self.seen,
-            self.before,
+            self.activity,
             self.rows,
             self.wall(),
             self.watch.live,
