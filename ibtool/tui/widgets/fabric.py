@@ -143,8 +143,9 @@ WIDE = (
     ("rx", "RX"),
 )
 # Narrower than this the wide columns do not fit: the switch and port in one (`leaf01/7`), no
-# CHECK (the state and errors are coloured by it), width and speed in one, the rates figures
-# alone (Gb/s); the errors column is cut, the note under the table names them all.
+# CHECK (the port's name is coloured by it), width and speed in one, both rates in one column
+# (Gb/s); the errors column is cut, the note under the table names them all. So the table fits
+# 80 columns with its scrollbar, where the far ends' names are 16 characters or fewer.
 NARROW_BELOW = 130
 NARROW = (
     ("port", "PORT"),
@@ -152,11 +153,10 @@ NARROW = (
     ("link", "LINK"),
     ("far", "FAR END"),
     ("errors", "ERRORS"),
-    ("tx", "TX Gb/s"),
-    ("rx", "RX Gb/s"),
+    ("rates", "TX/RX Gb/s"),
 )
 WIDTH = {"tx": 17, "rx": 17}  # format.throughput's 17 cells
-NARROW_WIDTH = {"errors": 16, "tx": 7, "rx": 7}
+NARROW_WIDTH = {"errors": 16, "rates": 10}
 
 
 def state_cell(row: FabricRow) -> Text:
@@ -199,10 +199,15 @@ def _bytes(row: FabricRow, name: str) -> float | None:
     return rate * WORD if rate is not None else None
 
 
-def _gbps_cell(bytes_per_s: float | None) -> Text:
-    if bytes_per_s is None:
-        return Text("-", style="dim", justify="right")
-    return Text(f"{bytes_per_s * 8 / 1e9:.1f}", justify="right")
+def _gbps(bytes_per_s: float | None) -> str:
+    return "-" if bytes_per_s is None else f"{bytes_per_s * 8 / 1e9:.1f}"
+
+
+def rates_cell(row: FabricRow) -> Text:
+    """`6.0/2.0`: Gb/s out and in, dim where nothing moved (or no rate is known yet)."""
+    tx, rx = _bytes(row, "PortXmitData"), _bytes(row, "PortRcvData")
+    idle = not (tx or rx)
+    return Text(f"{_gbps(tx)}/{_gbps(rx)}", style="dim" if idle else "", justify="right")
 
 
 def far_cell(row: FabricRow) -> str:
@@ -219,8 +224,7 @@ def cells(row: FabricRow, narrow: bool) -> tuple:
             Text(link, style=_link_style(row)),
             far_cell(row),
             errors_cell(row, NARROW_WIDTH["errors"]),
-            _gbps_cell(_bytes(row, "PortXmitData")),
-            _gbps_cell(_bytes(row, "PortRcvData")),
+            rates_cell(row),
         )
     rate = row.gbps or None
     return (
