@@ -252,6 +252,12 @@ class Dashboard(App):
     def on_screen_resume(self) -> None:
         self._show_overview()
 
+    def on_unmount(self) -> None:
+        """Quitting (q, Ctrl-C): the fabric's scans end after the one under way, if any; the
+        terminal is given back without waiting for it."""
+        if self.fabric is not None:
+            self.fabric.stop(timeout=0)
+
     # -- actions -------------------------------------------------------------------------------
 
     def _selected(self):

@@ -264,3 +264,38 @@ def test_offered_for_a_snapshot_with_a_fabric_not_for_one_without_nor_a_tree(tmp
     finally:
         hosts.close()
     assert tui.fabric_watch(_inv(root=str(tmp_path)), None) is None
+
+
+@pytest.mark.asyncio
+async def test_the_watch_scans_in_its_thread_and_stops_when_the_dashboard_quits(node):
+    """A FabricWatch on its own thread (the saved fabric as if scanned live, every 50 ms):
+    the screen takes each new scan, the rates come with the second, and q stops it."""
+    import threading
+
+    from ibtool.live.fabric import FabricWatch
+    from ibtool.snapshot.save import SnapshotHost
+
+    capture = SnapshotHost(str(FIXTURE), lambda m: None, False)
+    watch = FabricWatch(lambda note: capture.host, live=True, interval=0.05)
+    try:
+        app = node().app(fabric=watch, thresholds={})
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            await pilot.press("f")
+            screen = app.screen
+            for _ in range(400):
+                await pilot.pause(0.01)
+                screen.refresh_scan()
+                if screen.seen is not None and screen.seen.number >= 2:
+                    break
+            assert screen.seen.number >= 2 and screen.seen.rates
+            table = screen.query_one(FabricTable)
+            assert cell(table, table.selected, "rates") == "0.0/0.0"
+            await pilot.press("q")
+        for thread in threading.enumerate():
+            if thread.name == "ibtool-fabric":
+                thread.join(5.0)
+                assert not thread.is_alive()
+    finally:
+        watch.stop()
+        capture.close()
