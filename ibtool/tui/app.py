@@ -80,8 +80,10 @@ class Dashboard(App):
         Binding("l", "loopback", "Loopback"),
         Binding("d", "doctor", "Doctor", tooltip="Doctor: why RDMA to a peer fails"),
         # only where there is a fabric to show (check_action): an InfiniBand port here, or a
-        # snapshot that saved one
+        # snapshot that saved one. Narrower than 100 columns with a filter set the footer has
+        # no room for it beside "Esc Clear": its twin, never in the footer, takes the key.
         Binding("f", "fabric", "Fabric", tooltip="Fabric: the subnet's switch ports and SMs"),
+        Binding("f", "fabric('twin')", show=False),
         # in the help, not the footer: with a filter set, an 80-column footer has no room for it
         Binding("m", "mesh", "Mesh", tooltip="Mesh: the last ibtool mesh run here", show=False),
         Binding("p", "pause", "Pause"),
@@ -360,7 +362,9 @@ class Dashboard(App):
         if action in ("loopback", "doctor", "mesh"):  # of the overview's port or the detail's
             return self.screen is self.overview or isinstance(self.screen, PortScreen)
         if action == "fabric":  # not offered at all where there is no fabric
-            return self.fabric is not None and self.screen is self.overview
+            if self.fabric is None or self.screen is not self.overview:
+                return False
+            return bool(parameters) or self.size.width >= 100 or not self._filtering()
         if action == "refresh":  # the host's read, not the fabric's: its watch scans alone
             return not isinstance(self.screen, (FabricScreen, FabricPortScreen))
         return True
@@ -420,13 +424,15 @@ class Dashboard(App):
         return None
 
     def action_help(self) -> None:
-        overview = [b for b in self.BINDINGS if self.fabric is not None or b.action != "fabric"]
+        overview = [
+            b for b in self.BINDINGS if self.fabric is not None or not b.action.startswith("fabric")
+        ]
         sections = [("Overview", overview), ("Port detail", PortScreen.BINDINGS)]
         if self.fabric is not None:
             sections.append(("Fabric", FabricScreen.BINDINGS))
         self.push_screen(HelpScreen(sections))
 
-    def action_fabric(self) -> None:
+    def action_fabric(self, twin: str = "") -> None:
         """The fabric's switch ports and SMs, from the latest scan of the FabricWatch, which
         starts scanning (in its own thread) the first time the screen opens."""
         if self.fabric is None:

@@ -299,3 +299,31 @@ async def test_the_watch_scans_in_its_thread_and_stops_when_the_dashboard_quits(
     finally:
         watch.stop()
         capture.close()
+
+
+def footer_actions(app) -> set[str]:
+    return {b.binding.action for b in app.active_bindings.values() if b.binding.show}
+
+
+@pytest.mark.asyncio
+async def test_f_is_in_the_footer_but_for_80_columns_with_a_filter_set_and_works_there(
+    node, two_scans
+):
+    app = node().app(fabric=Watch(two_scans[1]), thresholds={})
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert "fabric" in footer_actions(app)
+        await pilot.press("slash", *"mlx5", "enter")
+        await pilot.pause()
+        # "Esc Clear" and "? Help" keep their room
+        assert "fabric" not in footer_actions(app) and "clear_filter" in footer_actions(app)
+        await pilot.press("f")
+        await pilot.pause()
+        assert isinstance(app.screen, FabricScreen)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is app.overview
+        await pilot.press("question_mark")
+        await pilot.pause()
+        helped = str(app.screen.query_one(Static).render())
+        assert helped.count("Fabric") == 2  # the key, and the fabric screen's section
