@@ -3,9 +3,11 @@ CLI loads its plugins."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ibtool.api import Invocation, UnsupportedError, UsageError, hookimpl, number
 
@@ -192,6 +194,29 @@ def doctor_runner(
     return runner
 
 
+@contextlib.contextmanager
+def screen_of_its_own() -> Iterator[None]:
+    """The terminal on a descriptor of the dashboard's own while inside. Textual draws on
+    sys.__stderr__ (its Linux driver's output file), that is fd 2; and where a MAD is sent
+    (the fabric screen's scans, the doctor on InfiniBand) ibtool.sources.mad points fd 2 at a
+    file for as long as libibmad runs, to make its messages notes: from the scan's thread,
+    that took the screen's own writes too (the screen froze, and its escape sequences came
+    back as a note). A dup of fd 2 is the same terminal, and nothing points it elsewhere."""
+    original = sys.__stderr__
+    try:
+        fd = os.dup(original.fileno())
+    except (AttributeError, ValueError, OSError):  # no stderr, or not a file: as it is
+        yield
+        return
+    screen = os.fdopen(fd, "w", encoding=original.encoding, errors=original.errors)
+    sys.__stderr__ = screen
+    try:
+        yield
+    finally:
+        sys.__stderr__ = original
+        screen.close()
+
+
 def run(inv: Invocation) -> int:
     if inv.json:
         raise UsageError("ibtool tui has no JSON output", "use ibtool port/counters -j")
@@ -233,17 +258,18 @@ def run(inv: Invocation) -> int:
         else:  # the capture's one host, as the polls read it (Hosts.done closes no capture)
             hosts = feed.engine.hosts
             doctor = doctor_runner(hosts.open, hosts.done, False, feed.note)
-        app = Dashboard(
-            feed,
-            interval=inv.args.interval,
-            panels=panel_factories(inv.plugins, inv.warn),
-            loopback=loopback,
-            doctor=doctor,
-            peers=feed.engine.config.peers,
-            fabric=fabric,
-            thresholds=fabric_thresholds(feed.note) if fabric is not None else None,
-        )
-        app.run()
+        with screen_of_its_own():
+            app = Dashboard(
+                feed,
+                interval=inv.args.interval,
+                panels=panel_factories(inv.plugins, inv.warn),
+                loopback=loopback,
+                doctor=doctor,
+                peers=feed.engine.config.peers,
+                fabric=fabric,
+                thresholds=fabric_thresholds(feed.note) if fabric is not None else None,
+            )
+            app.run()
     finally:
         for close in closing:
             close()

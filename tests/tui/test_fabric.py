@@ -327,3 +327,30 @@ async def test_f_is_in_the_footer_but_for_80_columns_with_a_filter_set_and_works
         await pilot.pause()
         helped = str(app.screen.query_one(Static).render())
         assert helped.count("Fabric") == 2  # the key, and the fabric screen's section
+
+
+@pytest.mark.asyncio
+async def test_a_failed_scan_after_a_good_one_keeps_its_table_and_says_why(node, two_scans):
+    from ibtool.live.fabric import FabricSeen
+
+    watch = Watch(two_scans[1])
+    app = node().app(fabric=watch, thresholds={})
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot)
+        await pilot.press("f")
+        await pilot.pause()
+        screen = app.screen
+        watch.latest = FabricSeen(
+            3, EPOCH - 1, 0.1, error="the subnet could not be discovered through ibsim0/1"
+        )
+        screen.refresh_scan()
+        assert screen.seen is two_scans[1] and screen.query_one(FabricTable).row_count == 14
+        head = str(screen.query_one("#fabric-head", Static).render()).splitlines()
+        assert head[0].endswith("scanned 4 s ago, every 10 s")
+        assert head[-1] == (
+            " the scan of 14:13:19 failed: the subnet could not be discovered through ibsim0/1"
+        )
+        watch.latest = two_scans[0]  # the next one answers: the error goes
+        screen.refresh_scan()
+        assert screen.seen is two_scans[0] and screen.failed is None
+        assert "failed" not in str(screen.query_one("#fabric-head", Static).render())

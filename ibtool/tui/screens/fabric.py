@@ -206,6 +206,7 @@ class FabricScreen(Screen):
         self.thresholds = dict(thresholds)
         self.wall = wall
         self.seen = None  # the scan shown
+        self.failed = None  # a scan after it that found no fabric (its error said above)
         self.sm_baseline = None  # the master's GUID, activity count and when it last moved
         self.activity: tuple[int | None, float] = (None, 0.0)
         self.rows: list[FabricRow] = []
@@ -225,8 +226,12 @@ class FabricScreen(Screen):
         """The watch's latest scan, shown if it is new (and the dashboard not paused); the
         head's age in any case."""
         latest = self.watch.latest
-        if latest is not None and latest is not self.seen and not self.app.paused:
-            self.seen = latest
+        fresh = latest is not None and latest is not self.seen and latest is not self.failed
+        if fresh and not self.app.paused and latest.fabric is None and self.seen is not None:
+            # a scan that failed after one that did not: its table stays, the head says why
+            self.failed = latest
+        elif fresh and not self.app.paused:
+            self.seen, self.failed = latest, None
             moved, waited, self.sm_baseline = sm_activity(self.sm_baseline, latest)
             self.activity = (moved, waited)
             self.rows = fabric_rows(latest, self.thresholds)
@@ -242,6 +247,9 @@ class FabricScreen(Screen):
             self.app.paused,
             self.size.width,
         )
+        if self.failed is not None:
+            head.append(f"\n the scan of {_clock(self.failed.time)} failed: ", style="bold red")
+            head.append(escaped(self.failed.error or "no fabric"), style="red")
         self.query_one("#fabric-head", Static).update(head)
 
     def _why(self) -> None:
