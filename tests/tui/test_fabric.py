@@ -354,3 +354,41 @@ async def test_a_failed_scan_after_a_good_one_keeps_its_table_and_says_why(node,
         screen.refresh_scan()
         assert screen.seen is two_scans[0] and screen.failed is None
         assert "failed" not in str(screen.query_one("#fabric-head", Static).render())
+
+
+@pytest.mark.parametrize("tree, offered", [("mlx5_ib_hca", True), ("mlx5_roce", False)])
+def test_offered_on_a_host_with_an_infiniband_port_only(node, tree, offered):
+    from ibtool_plugins import tui
+
+    from ibtool.live.fabric import FabricWatch
+
+    watch = tui.fabric_watch(_inv(), node(tree=tree).feed)
+    if offered:
+        assert isinstance(watch, FabricWatch) and watch.live and watch.interval == 10.0
+        assert watch.latest is None  # made, not started: no MAD until the screen opens
+    else:
+        assert watch is None
+
+
+def test_the_dashboard_draws_on_a_descriptor_no_capture_of_fd_2_takes(tmp_path, monkeypatch):
+    """The MAD code points fd 2 at a file while libibmad runs (its messages become notes);
+    from the scan's thread that would take the screen's writes too."""
+    import os
+    import sys
+
+    from ibtool_plugins import tui
+
+    terminal = open(tmp_path / "terminal", "w", encoding="utf-8")
+    monkeypatch.setattr(sys, "__stderr__", terminal)
+    with tui.screen_of_its_own():
+        screen = sys.__stderr__
+        assert screen is not terminal and screen.fileno() != terminal.fileno()
+        sink = open(tmp_path / "libibmad", "w")
+        os.dup2(sink.fileno(), terminal.fileno())  # as ibtool.sources.mad does to fd 2
+        screen.write("drawn")
+        screen.flush()
+    assert sys.__stderr__ is terminal
+    assert (tmp_path / "terminal").read_text() == "drawn"
+    assert (tmp_path / "libibmad").read_text() == ""
+    terminal.close()
+    sink.close()
