@@ -56,7 +56,7 @@ _ibtool_options() {
         res) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
         snapshot) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --fabric --via) ;;
         system) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
-        tui) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --interval --health-interval --config) ;;
+        tui) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --interval --health-interval --fabric-interval --config) ;;
         *) _ibtool_r=() ;;
     esac
 }
@@ -134,7 +134,7 @@ _ibtool_value() {
         'system --snapshot-limit') _ibtool_kind=none ;;
         'tui --root') _ibtool_kind=dir ;;
         'tui --snapshot'|'tui --config') _ibtool_kind=file ;;
-        'tui --snapshot-limit'|'tui --interval'|'tui --health-interval') _ibtool_kind=none ;;
+        'tui --snapshot-limit'|'tui --interval'|'tui --health-interval'|'tui --fabric-interval') _ibtool_kind=none ;;
         *) return 1 ;;
     esac
 }

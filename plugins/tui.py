@@ -3,9 +3,11 @@ CLI loads its plugins."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ibtool.api import Invocation, UnsupportedError, UsageError, hookimpl, number
 
@@ -13,6 +15,10 @@ INTERVAL = (0.2, 10.0)  # as rdmatop's refresh bounds
 # The checks run at a poll: more often than every second is every poll at the default
 # --interval; a day apart, the port and device changes that also start them say the rest.
 HEALTH_INTERVAL = (1.0, 86400.0)
+# The fabric screen's scans (each a discovery and every port's PMA counters, ibtool fabric
+# errors' MADs): a scan that outlasts the interval is followed by the next, never two at once.
+FABRIC_INTERVAL = (1.0, 86400.0)
+FABRIC_INTERVAL_DEFAULT = 10.0
 
 
 def configure(parser) -> None:
@@ -29,6 +35,13 @@ def configure(parser) -> None:
         default=60.0,
         metavar="SECONDS",
         help="run the health checks this often, and at once when a port changes (default 60)",
+    )
+    parser.add_argument(
+        "--fabric-interval",
+        type=number(float, *FABRIC_INTERVAL, unit="seconds"),
+        default=FABRIC_INTERVAL_DEFAULT,
+        metavar="SECONDS",
+        help="scan the InfiniBand fabric this often once its screen (f) is opened (default 10)",
     )
     parser.add_argument("--config", metavar="FILE", help="the health checks' file, as for health")
 
@@ -85,6 +98,62 @@ def _feed(inv: Invocation, closing: list):
     return feed
 
 
+def _has_fabric(feed) -> bool:
+    """Whether the dashboard offers the fabric screen: on this host, an InfiniBand port to
+    scan it through; on a snapshot, a fabric it saved (snapshot save --fabric); a --root tree
+    holds none."""
+    from ibtool.api import IbtoolError, LinkLayer
+
+    hosts = feed.engine.hosts
+    host = hosts.open()
+    try:
+        if feed.live:
+            ports = host.ports(fields=("link_layer",))
+            return any(p.link_layer == LinkLayer.INFINIBAND for p in ports)
+        host.fabric()  # a capture's saved one, or NotLiveError: no MAD is sent
+        return True
+    except IbtoolError:
+        return False
+    finally:
+        hosts.done(host)
+
+
+def fabric_watch(inv: Invocation, feed):
+    """The fabric screen's FabricWatch, not started, or None where there is no fabric: on
+    this host a Host opened for each scan; on a snapshot the capture the polls read, its
+    saved fabric scanned once."""
+    from ibtool.api.live import FabricWatch, watch_for
+
+    if (inv.snapshot is None and inv.root != "/") or not _has_fabric(feed):
+        return None
+    interval = inv.args.fabric_interval
+    if feed.live:
+        return watch_for(inv, None, interval=interval)
+    hosts = feed.engine.hosts
+    return FabricWatch(lambda note: hosts.open(), hosts.done, interval=interval, live=False)
+
+
+def fabric_thresholds(warn) -> dict[str, int]:
+    """The error counters' thresholds: infiniband-diags' error_thresholds file where it
+    exists (as ibqueryerrors and ibtool fabric errors read it), else none (any error counts);
+    a file that cannot be read or parsed is said once and none are used."""
+    from ibtool.api.fabric import THRESHOLDS_FILE, THRESHOLDS_MAX, parse_thresholds
+    from ibtool.api.health import NotAFile, read_bounded
+
+    try:
+        raw = read_bounded(THRESHOLDS_FILE, THRESHOLDS_MAX)
+        return parse_thresholds(raw.decode("utf-8", "replace"), THRESHOLDS_FILE)
+    except FileNotFoundError:
+        return {}
+    except NotAFile as e:
+        warn(f"thresholds {THRESHOLDS_FILE}: {e.what}; any error counts")
+    except OSError as e:
+        warn(f"thresholds {THRESHOLDS_FILE}: {e.strerror or e}; any error counts")
+    except ValueError as e:
+        warn(f"{e}; any error counts")
+    return {}
+
+
 def loopback_runner(host_gid_index: Callable[[str, int], int | None]):
     """The dashboard's loopback test: ibtool loopback's, on the live host's verbs, as the
     screen's Runner (SIZE bytes, ITERS iterations, TIMEOUT seconds per operation)."""
@@ -125,6 +194,29 @@ def doctor_runner(
     return runner
 
 
+@contextlib.contextmanager
+def screen_of_its_own() -> Iterator[None]:
+    """The terminal on a descriptor of the dashboard's own while inside. Textual draws on
+    sys.__stderr__ (its Linux driver's output file), that is fd 2; and where a MAD is sent
+    (the fabric screen's scans, the doctor on InfiniBand) ibtool.sources.mad points fd 2 at a
+    file for as long as libibmad runs, to make its messages notes: from the scan's thread,
+    that took the screen's own writes too (the screen froze, and its escape sequences came
+    back as a note). A dup of fd 2 is the same terminal, and nothing points it elsewhere."""
+    original = sys.__stderr__
+    try:
+        fd = os.dup(original.fileno())
+    except (AttributeError, ValueError, OSError):  # no stderr, or not a file: as it is
+        yield
+        return
+    screen = os.fdopen(fd, "w", encoding=original.encoding, errors=original.errors)
+    sys.__stderr__ = screen
+    try:
+        yield
+    finally:
+        sys.__stderr__ = original
+        screen.close()
+
+
 def run(inv: Invocation) -> int:
     if inv.json:
         raise UsageError("ibtool tui has no JSON output", "use ibtool port/counters -j")
@@ -145,6 +237,9 @@ def run(inv: Invocation) -> int:
     closing: list = []
     try:
         feed = _feed(inv, closing)
+        fabric = fabric_watch(inv, feed)
+        if fabric is not None:
+            closing.insert(0, lambda: fabric.stop(timeout=1.0))  # before the hosts close
         loopback = None
         if feed.live:
 
@@ -163,15 +258,18 @@ def run(inv: Invocation) -> int:
         else:  # the capture's one host, as the polls read it (Hosts.done closes no capture)
             hosts = feed.engine.hosts
             doctor = doctor_runner(hosts.open, hosts.done, False, feed.note)
-        app = Dashboard(
-            feed,
-            interval=inv.args.interval,
-            panels=panel_factories(inv.plugins, inv.warn),
-            loopback=loopback,
-            doctor=doctor,
-            peers=feed.engine.config.peers,
-        )
-        app.run()
+        with screen_of_its_own():
+            app = Dashboard(
+                feed,
+                interval=inv.args.interval,
+                panels=panel_factories(inv.plugins, inv.warn),
+                loopback=loopback,
+                doctor=doctor,
+                peers=feed.engine.config.peers,
+                fabric=fabric,
+                thresholds=fabric_thresholds(feed.note) if fabric is not None else None,
+            )
+            app.run()
     finally:
         for close in closing:
             close()

@@ -27,6 +27,7 @@ from ibtool.tui.messages import Polled
 from ibtool.tui.screens.detail import PortScreen
 from ibtool.tui.screens.doctor import DoctorScreen
 from ibtool.tui.screens.doctor import Runner as DoctorRunner
+from ibtool.tui.screens.fabric import FabricPortScreen, FabricScreen
 from ibtool.tui.screens.help import HelpScreen
 from ibtool.tui.screens.loopback import LoopbackScreen, Runner
 from ibtool.tui.screens.mesh import MeshScreen
@@ -78,6 +79,11 @@ class Dashboard(App):
         Binding("enter", "open", "Port detail", show=False),
         Binding("l", "loopback", "Loopback"),
         Binding("d", "doctor", "Doctor", tooltip="Doctor: why RDMA to a peer fails"),
+        # only where there is a fabric to show (check_action): an InfiniBand port here, or a
+        # snapshot that saved one. Narrower than 100 columns with a filter set the footer has
+        # no room for it beside "Esc Clear": its twin, never in the footer, takes the key.
+        Binding("f", "fabric", "Fabric", tooltip="Fabric: the subnet's switch ports and SMs"),
+        Binding("f", "fabric('twin')", show=False),
         # in the help, not the footer: with a filter set, an 80-column footer has no room for it
         Binding("m", "mesh", "Mesh", tooltip="Mesh: the last ibtool mesh run here", show=False),
         Binding("p", "pause", "Pause"),
@@ -102,6 +108,8 @@ class Dashboard(App):
         doctor: DoctorRunner | None = None,
         peers: tuple[str, ...] | None = None,
         mesh: str | None = None,
+        fabric=None,
+        thresholds: dict[str, int] | None = None,
     ) -> None:
         super().__init__()
         self.feed = feed
@@ -111,6 +119,10 @@ class Dashboard(App):
         self.loopback_runner = loopback
         self.doctor_runner = doctor
         self.mesh_path = mesh  # the last mesh's file; None: ibtool.mesh.last.default_path()
+        # the fabric's FabricWatch (ibtool.live.fabric), started when the fabric screen is
+        # first opened, stopped by whoever made it; and the error counters' thresholds
+        self.fabric = fabric
+        self.thresholds = dict(thresholds or {})
         # the doctor's peer: the last one run in this session, else the health config's first
         # [datapath] peer
         if peers is None:
@@ -242,6 +254,12 @@ class Dashboard(App):
     def on_screen_resume(self) -> None:
         self._show_overview()
 
+    def on_unmount(self) -> None:
+        """Quitting (q, Ctrl-C): the fabric's scans end after the one under way, if any; the
+        terminal is given back without waiting for it."""
+        if self.fabric is not None:
+            self.fabric.stop(timeout=0)
+
     # -- actions -------------------------------------------------------------------------------
 
     def _selected(self):
@@ -343,6 +361,12 @@ class Dashboard(App):
             return self.screen is self.overview
         if action in ("loopback", "doctor", "mesh"):  # of the overview's port or the detail's
             return self.screen is self.overview or isinstance(self.screen, PortScreen)
+        if action == "fabric":  # not offered at all where there is no fabric
+            if self.fabric is None or self.screen is not self.overview:
+                return False
+            return bool(parameters) or self.size.width >= 100 or not self._filtering()
+        if action == "refresh":  # the host's read, not the fabric's: its watch scans alone
+            return not isinstance(self.screen, (FabricScreen, FabricPortScreen))
         return True
 
     def action_clear_filter(self) -> None:
@@ -400,8 +424,21 @@ class Dashboard(App):
         return None
 
     def action_help(self) -> None:
-        sections = [("Overview", self.BINDINGS), ("Port detail", PortScreen.BINDINGS)]
+        overview = [
+            b for b in self.BINDINGS if self.fabric is not None or not b.action.startswith("fabric")
+        ]
+        sections = [("Overview", overview), ("Port detail", PortScreen.BINDINGS)]
+        if self.fabric is not None:
+            sections.append(("Fabric", FabricScreen.BINDINGS))
         self.push_screen(HelpScreen(sections))
+
+    def action_fabric(self, twin: str = "") -> None:
+        """The fabric's switch ports and SMs, from the latest scan of the FabricWatch, which
+        starts scanning (in its own thread) the first time the screen opens."""
+        if self.fabric is None:
+            return
+        self.fabric.start()
+        self.push_screen(FabricScreen(self.fabric, self.thresholds, self.feed.wall))
 
     def action_loopback(self) -> None:
         key = self._selected()

@@ -134,3 +134,34 @@ def test_mesh_none_yet(snap_compare, node, tmp_path):
 
     app = node().app(mesh=str(tmp_path / "mesh.json"))
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_fabric(snap_compare, node, size):
+    """`f`: the simulated fabric's switch ports (tests/tui/fabric_fixture.py), the two cables
+    at 1X and the ports with error counters first, node003's cable busy; the SM above."""
+    from tests.tui.test_fabric import Watch, scans
+
+    async def run_before(pilot):
+        await settle(pilot)
+        await pilot.press("f")
+        await pilot.pause()
+
+    app = node().app(fabric=Watch(scans()[1]), thresholds={})
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_fabric_port(snap_compare, node, size):
+    """Enter on leaf02/2 (57 symbol errors saved, 12 more since): every PMA counter."""
+    from tests.tui.test_fabric import Watch, scans
+
+    async def run_before(pilot):
+        await settle(pilot)
+        await pilot.press("f")
+        await pilot.pause()
+        await pilot.press("down", "down", "down", "enter")
+        await pilot.pause()
+
+    app = node().app(fabric=Watch(scans()[1]), thresholds={})
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
