@@ -410,10 +410,11 @@ def check_fabric(ctx):
 
 
 def _has_infiniband(host) -> bool:
-    from ibtool.api import IbtoolError
+    from ibtool.api import IbtoolError, LinkLayer
 
     try:
-        return any(p.link_layer == "InfiniBand" for p in host.ports(fields=("link_layer",)))
+        ports = host.ports(fields=("link_layer",))
+        return any(p.link_layer == LinkLayer.INFINIBAND for p in ports)
     except IbtoolError:
         return False
 

@@ -160,3 +160,37 @@ def test_no_sm_a_silent_one_and_a_standby():
         "sm_not_master",
     )]  # fmt: skip
     assert kept == {"x": 1}
+
+
+class NoMadLibraries:
+    """A running host whose MAD libraries are not installed, its ports of `layer`."""
+
+    live = True
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def cables(self, bounds=None):
+        from ibtool.errors import UnsupportedError
+
+        raise UnsupportedError("ibtool fabric needs rdma-core's libibmad.so.5, which is not "
+                               "installed", "apt install libibmad5")  # fmt: skip
+
+    def ports(self, fields=()):
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(device="mlx5_0", port=1, link_layer=self.layer)]
+
+
+def test_without_the_mad_libraries_an_infiniband_host_is_unknown_and_a_roce_one_silent():
+    from ibtool.model.records import LinkLayer
+    from ibtool.plugin.context import CheckContext
+    from plugins.fabric import check_fabric
+
+    ib = list(check_fabric(CheckContext(NoMadLibraries(LinkLayer.INFINIBAND), HealthConfig())))
+    assert said(ib) == [(
+        Status.UNKNOWN, "far ends not checked: ibtool fabric needs rdma-core's libibmad.so.5, "
+        "which is not installed (apt install libibmad5)", "",
+    )]  # fmt: skip
+    roce = CheckContext(NoMadLibraries(LinkLayer.ETHERNET), HealthConfig())
+    assert list(check_fabric(roce)) == []
