@@ -178,17 +178,20 @@ def _link_style(row: FabricRow) -> str:
 
 def errors_cell(row: FabricRow, width: int = 0) -> Text:
     """This port's error counters over their thresholds: the first one's value and name, and
-    how many more; else its far end's, as `far …`; '-' where none is. Cut to `width` (the
-    value is first: it is what a cut keeps)."""
+    how many more (`57 SymbolErrorCounter +1 more`); else its far end's, as `far …`; '-'
+    where none is. Cut to `width` in the name: the value and how many more are kept."""
     said, style, far = row.over, "bold red", ""
     if not said and row.far_over:
         said, style, far = row.far_over, "yellow", "far "
     if not said:
         return Text("-", style="dim")
     name, value, _, saturated = said[0]
-    more = f"+{len(said) - 1} " if len(said) > 1 else ""
-    text = f"{far}{value:,}{' SAT' if saturated else ''} {more}{name}"
-    shown = Text(text, style=style, no_wrap=True, overflow="ellipsis")
+    head = f"{far}{value:,}{' SAT' if saturated else ''} "
+    more = f" +{len(said) - 1} more" if len(said) > 1 else ""
+    if width and len(head) + len(name) + len(more) > width:
+        room = max(width - len(head) - len(more), 2)
+        name = name[: room - 1] + "…"
+    shown = Text(f"{head}{name}{more}", style=style, no_wrap=True, overflow="ellipsis")
     if width and shown.cell_len > width:
         shown.truncate(width, overflow="ellipsis")
     return shown
