@@ -63,6 +63,7 @@ class SimFabric:
         self.sock = f"ibtool-test-{uuid.uuid4().hex[:12]}"
         self.sim: subprocess.Popen | None = None
         self.sm: subprocess.Popen | None = None
+        self.started: list[subprocess.Popen] = []  # every opensm started: each ends with it
 
     # -- the environment a program needs to sit on one node of this fabric ---------------------
 
@@ -130,6 +131,7 @@ class SimFabric:
             cwd=osm, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
+        self.started.append(proc)
         if self.sm is None:
             self.sm = proc
         _until(
@@ -153,6 +155,8 @@ class SimFabric:
 
     def __exit__(self, *exc) -> None:
         self.stop_sm()
+        for proc in self.started:  # a standby started beside the master too
+            _kill(proc)
         if self.sim is not None:
             with contextlib.suppress(OSError):
                 self.sim.stdin.close()
