@@ -406,7 +406,8 @@ def check_fabric(ctx):
             yield from results
             if keep is not None:
                 kept["sms"][key] = keep
-    ctx.keep(kept)
+    if kept["cables"] or kept["sms"]:  # nothing judged (no InfiniBand port): nothing kept
+        ctx.keep(kept)
 
 
 def _has_infiniband(host) -> bool:

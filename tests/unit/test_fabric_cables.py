@@ -194,3 +194,15 @@ def test_without_the_mad_libraries_an_infiniband_host_is_unknown_and_a_roce_one_
     )]  # fmt: skip
     roce = CheckContext(NoMadLibraries(LinkLayer.ETHERNET), HealthConfig())
     assert list(check_fabric(roce)) == []
+
+
+def test_a_host_without_an_infiniband_cable_keeps_nothing_in_the_state():
+    from types import SimpleNamespace
+
+    from ibtool.plugin.context import CheckContext
+    from plugins.fabric import check_fabric
+
+    host = SimpleNamespace(live=True, cables=lambda bounds=None: [])
+    ctx = CheckContext(host, HealthConfig(), stateful=True)
+    assert list(check_fabric(ctx)) == []
+    assert ctx.kept is None  # the state file holds no "fabric" entry for a RoCE host
