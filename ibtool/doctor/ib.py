@@ -42,7 +42,7 @@ from ibtool.model.fabric import (
 from ibtool.model.health import Status
 from ibtool.model.names import escaped
 from ibtool.model.records import PortState
-from ibtool.views.fabric import guid, route_json
+from ibtool.views.fabric import end_json, guid, route_json
 
 PASS, WARN, FAIL, SKIP = Verdict.PASS, Verdict.WARN, Verdict.FAIL, Verdict.SKIP
 _VERDICT = {Status.CRITICAL: FAIL, Status.WARNING: WARN}
@@ -376,17 +376,6 @@ def _sm_json(sm: SubnetManager | None) -> dict[str, Any] | None:
     }
 
 
-def _end_json(e: LinkEnd) -> dict[str, Any]:
-    return {
-        "node": e.node.description,
-        "node_guid": guid(e.node.guid),
-        "type": e.node.type.label,
-        "port": e.port.number,
-        "port_guid": guid(e.port.guid),
-        "lid": e.lid,
-    }
-
-
 def _cable_json(link: Link | None, counters: PortCounters | None,
                 thresholds: dict[str, int]) -> dict[str, Any] | None:  # fmt: skip
     """A cable, this end (`a`) and its far end (`b`, whose counters they are)."""
@@ -394,8 +383,8 @@ def _cable_json(link: Link | None, counters: PortCounters | None,
         return None
     p = link.a.port
     return {
-        "near": _end_json(link.a),
-        "far": _end_json(link.b),
+        "near": end_json(link.a),
+        "far": end_json(link.b),
         "width": p.width,
         "speed": p.speed.active_name(),
         "state": p.state.label if p.state is not None else None,

@@ -60,7 +60,8 @@ NODE_FIELDS = [
 ]
 
 
-def _end(e: LinkEnd) -> dict[str, Any]:
+def end_json(e: LinkEnd) -> dict[str, Any]:
+    """A cable's end as every fabric JSON gives it."""
     return {
         "node": e.node.description,
         "node_guid": guid(e.node.guid),
@@ -144,7 +145,8 @@ def as_json(fabric: Fabric) -> dict[str, Any]:
             for n in nodes_in_order(fabric)
         ],
         "links": [
-            {"a": _end(lk.a), "b": _end(lk.b), **_trained(lk)} for lk in links_in_order(fabric)
+            {"a": end_json(lk.a), "b": end_json(lk.b), **_trained(lk)}
+            for lk in links_in_order(fabric)
         ],
         "unanswered": list(fabric.unanswered),
     }
@@ -245,7 +247,7 @@ def links_json(
     def end(e: LinkEnd) -> dict[str, Any]:
         p = e.port
         return {
-            **_end(e),
+            **end_json(e),
             "width_enabled": list(names_of(p.width_enabled, WIDTHS)),
             "width_supported": list(names_of(p.width_supported, WIDTHS)),
             "speed_enabled": list(p.speed.enabled_names()),
