@@ -162,13 +162,12 @@ class FabricWatch:
         finally:
             if host is not None:
                 self.done(host)
-        with self._lock:
-            before, self._latest = self._latest, seen
+        before = self.latest  # one thread scans: the latest is only ever this thread's
         if before is not None and before.counters and seen.counters:
             seconds = seen.time - before.time
             seen = dataclasses.replace(seen, rates=rates(before.counters, seen.counters, seconds))
-            with self._lock:
-                self._latest = seen
+        with self._lock:
+            self._latest = seen
         return seen
 
     def _read(self, host, began: float, notes: list[str]) -> FabricSeen:

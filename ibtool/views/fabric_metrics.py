@@ -25,6 +25,7 @@ from ibtool.model.fabric import (
     SubnetManager,
 )
 from ibtool.model.records import PortState
+from ibtool.views.fabric import guid
 from ibtool.views.prometheus import MetricFamily
 
 PREFIX = "ibtool_fabric_"
@@ -60,11 +61,6 @@ LANE_DATA_GBPS = {
     "SDR": 2.0, "DDR": 4.0, "QDR": 8.0, "FDR": 14.0625 * 64 / 66, "EDR": 25.78125 * 64 / 66,
     "HDR": 50.0, "NDR": 100.0, "XDR": 200.0,
 }  # fmt: skip
-
-
-def guid(value: int) -> str:
-    """A GUID as infiniband-diags print one (and treydock/infiniband_exporter's labels)."""
-    return f"{value:#018x}"
 
 
 def _counter_help(name: str, kind: str) -> str:

@@ -206,3 +206,16 @@ def test_a_host_without_an_infiniband_cable_keeps_nothing_in_the_state():
     ctx = CheckContext(host, HealthConfig(), stateful=True)
     assert list(check_fabric(ctx)) == []
     assert ctx.kept is None  # the state file holds no "fabric" entry for a RoCE host
+
+
+def test_a_state_file_not_ours_is_a_new_baseline_never_a_crash():
+    wrong = {"SymbolErrorCounter": "500", "PortRcvErrors": True}
+    for previous in ([1], "x", {"far": "leaf", "counters": [1]}, {"far": [0xB, 17],
+                     "counters": wrong}):  # fmt: skip
+        results, kept = judged(cable({"SymbolErrorCounter": 9}), previous)
+        assert [r.status for r in results] == [Status.OK], previous
+        assert kept["counters"]["SymbolErrorCounter"] == 9
+    for previous in ([1], {"guid": 0x42, "activity": "1", "since": 0}, {"guid": 0x42,
+                     "activity": 1, "since": "yesterday"}):  # fmt: skip
+        results, kept = judge_sm("mlx5_0/1", 1, sm(), previous, now=1000.0)
+        assert [r.status for r in results] == [Status.OK] and kept["activity"] == 100

@@ -56,6 +56,8 @@ def judge_cable(
     thresholds of that counter (warning and critical Nagios ranges); `no_baseline`: what to
     say when there is no last run to compare with."""
     subject = f"{c.ca}/{c.port}"
+    if not isinstance(previous, dict):
+        previous = None  # a state file's entry that is not ours: no baseline
     if c.far is None:
         if c.why.endswith("did not answer"):
             fix = "MADs to it are lost: check the cable, and the switch (ibtool fabric links)"
@@ -76,7 +78,7 @@ def judge_cable(
                                   kind="counters_silent"))  # fmt: skip
         return found, previous
     same_end = previous is not None and previous.get("far") == [c.far.guid, c.far_port]
-    old = previous.get("counters", {}) if same_end and isinstance(previous, dict) else {}
+    old = previous.get("counters", {}) if same_end else {}
     for name in ERROR_COUNTERS:
         value = c.counters.values.get(name)
         if value is None:
@@ -112,7 +114,7 @@ def judge_cable(
     if not found:
         port = link.b.port
         rate = f"{port.width or '?'} {port.speed.active_name() or '?'}"
-        if previous is not None and not same_end and isinstance(previous, dict):
+        if previous is not None and not same_end:
             said = "a new far end since the last run: new baseline"
         elif not same_end:
             said = no_baseline
