@@ -13,9 +13,10 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.doctor import Facts, Finding, Verdict
 
 if TYPE_CHECKING:

@@ -20,10 +20,11 @@ are a SKIP saying why.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ibtool.errors import IbtoolError
+from ibtool.model.deferred import dataclass
 from ibtool.model.doctor import Facts, Finding, Verdict
 from ibtool.model.fabric import (
     ERROR_FIXES,

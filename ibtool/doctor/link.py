@@ -18,7 +18,8 @@ import ctypes
 import re
 import socket
 import struct
-from dataclasses import dataclass
+
+from ibtool.model.deferred import dataclass
 
 SIOCETHTOOL = 0x8946  # include/uapi/linux/sockios.h
 ETHTOOL_GLINKSETTINGS = 0x4C  # include/uapi/linux/ethtool.h

@@ -15,13 +15,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from ibtool.doctor import ib
 from ibtool.doctor.checks import Context, run_checks
 from ibtool.doctor.facts import collect
 from ibtool.doctor.ib import IbPath
 from ibtool.errors import IbtoolError, NotFoundError
+from ibtool.model.deferred import dataclass
 from ibtool.model.doctor import Facts, Finding, Verdict
 from ibtool.model.records import PortState
 from ibtool.model.system import same_subnet

@@ -14,11 +14,12 @@ import math
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ibtool.errors import DataError, UnsupportedError
 from ibtool.health import files
+from ibtool.model.deferred import dataclass
 from ibtool.model.health import Range
 from ibtool.model.names import valid_netdev_name
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ibtool.errors import UsageError
 from ibtool.health.config import HealthConfig
 from ibtool.health.state import Saved
+from ibtool.model.deferred import dataclass
 from ibtool.model.health import HealthResult, Status
 from ibtool.plugin.context import CheckContext, HealthCheck
 from ibtool.plugin.hooks import run_health_checks

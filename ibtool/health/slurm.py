@@ -13,9 +13,9 @@ import re
 import socket
 import subprocess
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from ibtool.errors import IbtoolError, UnsupportedError
+from ibtool.model.deferred import dataclass
 
 REASON_PREFIX = "ibtool: "
 REASON_MAX = 120  # sinfo -R shows the first 20 characters by default; scontrol the whole reason

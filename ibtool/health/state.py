@@ -18,11 +18,12 @@ import stat
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ibtool.errors import IbtoolError, PermissionDeniedError
 from ibtool.health import files
+from ibtool.model.deferred import dataclass
 
 FORMAT = "ibtool-health-state"
 VERSION = 1

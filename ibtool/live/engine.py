@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ibtool.errors import IbtoolError, NoDevicesError
 from ibtool.health import run as health
 from ibtool.health.config import HealthConfig
 from ibtool.health.state import Kept
+from ibtool.model.deferred import dataclass
 from ibtool.model.events import Event, Seen, diff
 from ibtool.model.health import HealthResult
 from ibtool.model.rates import Rated, Sampler

@@ -25,10 +25,11 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ibtool.errors import IbtoolError
+from ibtool.model.deferred import dataclass
 from ibtool.model.fabric import Bounds, Fabric, PortCounters, SmScan
 
 DEFAULT_INTERVAL = 60.0  # seconds between scans: ibqueryerrors-driven exporters' own default

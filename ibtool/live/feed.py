@@ -13,13 +13,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import datetime
 from typing import Any
 
 from ibtool.errors import IbtoolError
 from ibtool.live.engine import Engine, Hosts, Reading
 from ibtool.model import counters as counterinfo
+from ibtool.model.deferred import dataclass
 from ibtool.model.events import Event
 from ibtool.model.health import HealthResult, Status
 from ibtool.model.names import escaped

@@ -26,10 +26,10 @@ import signal
 import socket
 import subprocess
 import threading
-from dataclasses import dataclass
 
 from ibtool.errors import IbtoolError, UnsupportedError, UsageError
 from ibtool.mesh.protocol import MAX_LINE
+from ibtool.model.deferred import dataclass
 
 LINE, STDERR, EXIT = "line", "stderr", "exit"
 

@@ -22,10 +22,10 @@ import math
 import os
 import stat
 import tempfile
-from dataclasses import dataclass
 from typing import Any
 
 from ibtool.errors import DataError
+from ibtool.model.deferred import dataclass
 from ibtool.model.mesh import (
     CODE,
     Baseline,

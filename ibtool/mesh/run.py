@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from ibtool.errors import IbtoolError
 from ibtool.mesh import protocol, rails
@@ -20,6 +20,7 @@ from ibtool.mesh.analysis import analyse, slow_limits
 from ibtool.mesh.channel import Link
 from ibtool.mesh.engines import EXIT, LINE, STDERR, Engine
 from ibtool.mesh.schedule import Partners, plan
+from ibtool.model.deferred import dataclass
 from ibtool.model.mesh import Endpoint, MeshResult, Pair, PairState, PairTable, Settings
 from ibtool.model.names import printable
 from ibtool.views.mesh import us

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from functools import cached_property
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.mesh import Endpoint
 
 

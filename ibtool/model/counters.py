@@ -9,7 +9,8 @@ checks first; they are experience, not specification.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from ibtool.model.deferred import dataclass
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,10 @@ import enum
 import ipaddress
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, field, fields
 from typing import Any
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.names import printable
 
 FACTS_VERSION = 1

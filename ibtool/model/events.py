@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.names import natural_key
 from ibtool.model.records import Port
 

@@ -12,9 +12,9 @@ import enum
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Union
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.names import escaped
 
 

@@ -16,8 +16,9 @@ import enum
 import math
 from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.fabric.suspects import CableSuspect
 
 

@@ -7,7 +7,9 @@ A field that could not be read is None; the reason went to the warnings, not int
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from ibtool.model.deferred import dataclass
 
 
 class _Labelled(enum.IntEnum):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+from ibtool.model.deferred import dataclass
 
 
 def _max(a: int | None, b: int | None) -> int | None:

@@ -4,9 +4,10 @@ given (CheckContext), a metric collector, a dashboard panel factory."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.health import HealthResult
 from ibtool.views.prometheus import MetricFamily
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from errno import ENOENT
 
 from ibtool.errors import IbtoolError
+from ibtool.model.deferred import dataclass
 
 # ibv_wc_status: (name, what usually causes it). The names are libibverbs'; the causes are
 # what an operator checks first.

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import random
-from dataclasses import dataclass
 from errno import ETIMEDOUT
 
 from ibtool.errors import IbtoolError, PermissionDeniedError
+from ibtool.model.deferred import dataclass
 from ibtool.model.records import LinkLayer
 from ibtool.sources.verbs import IBV_MTU_BYTES, pyverbs
 

@@ -12,10 +12,11 @@ modules (ibtool.rdma.ladder and below) are imported only when a path is made.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from ibtool.argtypes import number
+from ibtool.model.deferred import dataclass
 from ibtool.rdma.wire import MODES
 
 # The limits, each where it comes from:

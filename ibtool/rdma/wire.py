@@ -13,9 +13,9 @@ import enum
 import socket
 import struct
 import time
-from dataclasses import dataclass
 
 from ibtool.errors import DataError, ExitCode
+from ibtool.model.deferred import dataclass
 from ibtool.model.names import MAX_TEXT, printable  # noqa: F401 (MAX_TEXT: the bound peers meet)
 
 MAGIC = b"IBTP"

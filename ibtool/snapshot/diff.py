@@ -5,10 +5,10 @@ RDMA objects that appeared or went, by the process holding them."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 from ibtool.errors import IbtoolError
+from ibtool.model.deferred import dataclass
 from ibtool.model.events import Event, Seen, diff
 from ibtool.model.rates import counter_delta, paired
 from ibtool.model.records import CounterSample, Gid

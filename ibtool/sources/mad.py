@@ -27,9 +27,9 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from ibtool.errors import IbtoolError, NotFoundError, PermissionDeniedError, UnsupportedError
+from ibtool.model.deferred import dataclass
 from ibtool.model.fabric import (
     Bounds,
     Cable,

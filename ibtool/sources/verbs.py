@@ -24,11 +24,11 @@ from __future__ import annotations
 import errno as errno_mod
 import functools
 import importlib
-from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from ibtool.errors import IbtoolError, PermissionDeniedError, UnsupportedError
+from ibtool.model.deferred import dataclass
 
 PYVERBS_INSTALL = (
     "install the distribution's python3-pyverbs (Debian/Ubuntu: apt install python3-pyverbs; "

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from textual.message import Message
 
 from ibtool.live.feed import Frame
+from ibtool.model.deferred import dataclass
 
 
 @dataclass

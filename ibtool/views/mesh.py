@@ -19,8 +19,8 @@ import math
 import statistics
 import textwrap
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.fabric import end_name
 from ibtool.model.mesh import (
     CODE,

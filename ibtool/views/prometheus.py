@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import NamedTuple
+
+from ibtool.model.deferred import dataclass
 
 METRIC_TYPES = ("counter", "gauge")
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")

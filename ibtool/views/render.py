@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, TextIO
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.names import escaped
 
 UNKNOWN = "unknown"

@@ -5,9 +5,9 @@ iproute2's `rdma res show` names and orders them (its JSON keys, its columns), s
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.records import Owner
 from ibtool.views import render
 

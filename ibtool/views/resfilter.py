@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ibtool.errors import UsageError
+from ibtool.model.deferred import dataclass
 from ibtool.views.res import OBJECTS, PER_PORT, Row, attr, enum_word, port_space
 
 USAGE = (

@@ -36,7 +36,9 @@ import time
 import traceback
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from ibtool.model.deferred import dataclass
 
 
 @dataclass
@@ -334,7 +336,7 @@ class HTTPServer:
         self,
         address: tuple[str, int],
         handler: Callable[[Request], Response],
-        limits: Limits = Limits(),
+        limits: Limits = Limits(),  # noqa: B008 (frozen: one shared default is safe)
         *,
         tls: Callable[[], ssl.SSLContext | None] | None = None,
         log: Callable[[str], None] = lambda line: None,

@@ -558,6 +558,7 @@ def test_ibtool_api_imports_no_plugin_machinery_nor_the_host():
         "ibtool.api",
         "ibtool.errors",  # the errors a plugin raises
         "ibtool.model",
+        "ibtool.model.deferred",  # how the records are defined (made on first use)
         "ibtool.model.health",
         "ibtool.model.names",  # a result's names escaped
         "ibtool.plugin",

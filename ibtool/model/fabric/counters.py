@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.fabric.records import FabricNode
 from ibtool.model.health import Status
 

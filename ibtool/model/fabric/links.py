@@ -3,8 +3,7 @@ most links of its kind run at): `ibtool fabric links`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ibtool.model.deferred import dataclass
 from ibtool.model.fabric.records import (
     LANE_GBPS,
     SPEED_ORDER,

@@ -10,9 +10,10 @@ LinkWidth bits 1 = 1X, 2 = 4X, 4 = 8X, 8 = 12X, 16 = 2X; LinkSpeed bits 1 = SDR,
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.records import PhysState, PortState
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ibtool.model.deferred import dataclass
 from ibtool.model.fabric.records import Fabric, FabricNode, FabricPort, NodeType
 
 

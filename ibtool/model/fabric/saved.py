@@ -3,8 +3,7 @@ between two scans: `snapshot save --fabric`, `snapshot diff`, `fabric links --ag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ibtool.model.deferred import dataclass
 from ibtool.model.fabric.counters import ERROR_COUNTERS, PortCounters
 from ibtool.model.fabric.links import gbps
 from ibtool.model.fabric.records import (

@@ -4,8 +4,8 @@ sm`."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.fabric.records import FabricNode
 from ibtool.model.health import Status
 

@@ -34,8 +34,8 @@ Pure: given the paths, it names; walking them is ibtool.sources.subnet's.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.fabric.records import LinkEnd, NodeType, end_name
 from ibtool.model.fabric.route import Hop
 

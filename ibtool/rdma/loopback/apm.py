@@ -16,10 +16,11 @@ that EINVAL, measured on the testbed.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from errno import EINVAL
 
 from ibtool.errors import IbtoolError
+from ibtool.model.deferred import dataclass
 from ibtool.model.records import LinkLayer
 
 # enum ibv_qp_attr_mask, enum ibv_mig_state (libibverbs/verbs.h)

@@ -27,9 +27,9 @@ import errno
 import ipaddress
 import os
 import time
-from dataclasses import dataclass
 
 from ibtool.errors import IbtoolError
+from ibtool.model.deferred import dataclass
 from ibtool.model.records import LinkLayer
 from ibtool.rdma import cm
 from ibtool.rdma.completions import poll

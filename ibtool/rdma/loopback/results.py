@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import enum
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from ibtool.errors import IbtoolError
+from ibtool.model.deferred import dataclass
 
 OPS = (
     "send",

@@ -29,9 +29,9 @@ import selectors
 import socket
 import threading
 import time
-from dataclasses import dataclass
 
 from ibtool.errors import IbtoolError, PermissionDeniedError, UsageError
+from ibtool.model.deferred import dataclass
 from ibtool.rdma import wire
 from ibtool.rdma.ladder import Ladder
 from ibtool.rdma.ping.admission import Admission, Limits, Refused, Ticket

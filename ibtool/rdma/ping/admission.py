@@ -36,9 +36,10 @@ import ipaddress
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from ibtool.argtypes import SIZE_UNITS
+from ibtool.model.deferred import dataclass
 
 Clock = Callable[[], float]
 Log = Callable[[str], None]

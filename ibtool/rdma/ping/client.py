@@ -8,10 +8,10 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from errno import ENOENT
 
 from ibtool.errors import IbtoolError
+from ibtool.model.deferred import dataclass
 from ibtool.rdma import wire
 from ibtool.rdma.completions import CompletionError, CompletionTimeout, poll_failed
 from ibtool.rdma.hwclock import HwClock

@@ -5,9 +5,10 @@ it unsaid."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
+from ibtool.model.deferred import dataclass
 from ibtool.rdma.ladder import DEFAULT_PATH, PathSpec
 
 if TYPE_CHECKING:

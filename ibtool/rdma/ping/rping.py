@@ -17,9 +17,9 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ibtool.errors import IbtoolError
+from ibtool.model.deferred import dataclass
 from ibtool.rdma import cm, wire
 from ibtool.rdma.ladder import (
     ACCESS_LOCAL_WRITE,

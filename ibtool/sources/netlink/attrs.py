@@ -9,7 +9,7 @@ so this one table describes attributes at every depth. No pyroute2 here: this mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ibtool.model.deferred import dataclass
 
 NETLINK_RDMA = 20
 RDMA_NL_NLDEV = 5

@@ -5,10 +5,10 @@ functions that make its rows from a scan (ibtool.live.fabric's FabricSeen)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from rich.text import Text
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.fabric import (
     FabricNode,
     FabricPort,
