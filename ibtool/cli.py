@@ -166,8 +166,15 @@ def _version_text() -> str:
 
 
 def build_parser(
-    registry: CommandRegistry, out: TextIO | None = None, err: TextIO | None = None
+    registry: CommandRegistry,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    *,
+    only: str | None = None,
 ) -> argparse.ArgumentParser:
+    """The whole command line's parser. `only`: the command being run (a name or an alias):
+    the parser then holds that command alone, with its options, as argparse reads nothing of
+    the others once the command word is given (its choices and help are the whole parser's)."""
     parser = _parser_class(out or sys.stdout, err or sys.stderr)(
         prog=PROG,
         description="RDMA management and diagnostics: ibtool OBJECT [show] [DEV[/PORT]] ...",
@@ -182,6 +189,8 @@ def build_parser(
     _global_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", metavar="OBJECT")
     for command in sorted(registry.commands.values(), key=lambda c: c.name):
+        if only is not None and only not in (command.name, *command.aliases):
+            continue
         p = sub.add_parser(
             command.name, aliases=list(command.aliases), help=command.help, description=command.help
         )
@@ -190,6 +199,36 @@ def build_parser(
             command.configure(p)
         p.set_defaults(_command=command)
     return parser
+
+
+# The global options that take a value, as argparse matches them: whole, or a unique prefix
+# of the long name (`--ro DIR`), or joined to it (`--root=DIR`).
+_VALUED = ("--root", "--snapshot", "--snapshot-limit")
+
+
+def invoked(argv: Sequence[str], names: Iterable[str]) -> str | None:
+    """The command word of `argv` (blocks taken out) when it is one of `names`, as argparse
+    will find it: the first word that is neither an option nor a global option's value. None
+    when it is not a command's or may not be where argparse finds it (an ambiguous option):
+    the whole parser is built then, and says what is wrong."""
+    known = set(names)
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--" or arg == "-":
+            return None
+        if not arg.startswith("-"):
+            return arg if arg in known else None
+        if "--help".startswith(arg) if arg.startswith("--") else "h" in arg:
+            return None  # the whole parser's help
+        if arg.startswith("--") and "=" not in arg:
+            matches = [o for o in _VALUED if o.startswith(arg)]
+            if arg in _VALUED or len(matches) == 1:
+                i += 1  # its value
+            elif len(matches) > 1:
+                return None  # ambiguous: argparse's error, from the whole parser
+        i += 1
+    return None
 
 
 def register_commands(plugins, registry: CommandRegistry, warn) -> None:
@@ -383,7 +422,8 @@ def _main(
         registry = CommandRegistry()
         register_commands(loaded, registry, warn)
         plugins_command(registry, loaded)
-        parser = build_parser(registry, out, err)
+        only = invoked(argv, registry.names())
+        parser = build_parser(registry, out, err, only=only)
         try:
             args = parser.parse_args(argv)
         except SystemExit as e:  # argparse: --help, --version, or a usage error (already printed)
@@ -405,6 +445,7 @@ def _main(
             plugins=loaded,
             host_factory=host_factory,
             parser=parser,
+            whole_parser=None if only is None else lambda: build_parser(registry, out, err),
         )
         if inv.root != "/" and not os.path.isdir(inv.root):
             raise UsageError(f"--root {inv.root}: not a directory")

@@ -564,9 +564,10 @@ def run(inv: Invocation) -> None:
         raise UsageError("which shell? bash or zsh", hint)
     if shell not in SHELLS:
         raise UsageError(f"no completion for shell {shell!r}: bash and zsh have one", hint)
-    if inv.parser is None:
+    parser = inv.whole_parser() if inv.whole_parser is not None else inv.parser
+    if parser is None:
         raise UsageError("no parser to complete from")
-    inv.out.write(script(shell, inv.parser))
+    inv.out.write(script(shell, parser))
 
 
 @hookimpl

@@ -7,9 +7,10 @@ import dataclasses
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, TextIO
 
+from ibtool.model.deferred import dataclass
 from ibtool.model.names import escaped
 from ibtool.views import render
 
@@ -81,6 +82,10 @@ class CommandRegistry:
                 self._give_up(self._names[n], n, plugin)
             self._names[n] = command
         self.commands[name] = command
+
+    def names(self) -> list[str]:
+        """Every command's name and alias."""
+        return list(self._names)
 
     def withdraw(self, plugin: str) -> None:
         """Forget what `plugin` registered: its hook implementation failed half way."""
@@ -175,9 +180,13 @@ class Invocation:
     # What builds the host a command reads when no --snapshot is given, from this invocation
     # (its root, warn, details); called once, on first use. Tests give a Host of their own.
     host_factory: HostFactory = default_host
-    # The parser the arguments were parsed with: every command's and alias's, with the options
-    # of each (`ibtool completion` writes the shells' completion from it).
+    # The parser the arguments were parsed with: the command run, with its options, or every
+    # command's and alias's, with the options of each.
     parser: argparse.ArgumentParser | None = None
+    # What builds the parser of every command and alias, with the options of each, where
+    # `parser` holds only the command run (`ibtool completion` writes the shells' completion
+    # from it); None: `parser` is that parser.
+    whole_parser: Callable[[], argparse.ArgumentParser] | None = None
 
     _opened: Any = field(default=None, init=False, repr=False)
 

@@ -12,22 +12,18 @@ own managers without reloading modules.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
-import re
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from importlib import metadata
-from pathlib import Path
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pluggy
 
 from ibtool.errors import IbtoolError, UsageError
+from ibtool.model.deferred import dataclass
 from ibtool.plugin import hookspecs
+from ibtool.plugin.found import GROUP, find
 
-GROUP = "ibtool"
 # The foundation commands; blocking them would leave no tool to speak of.
 ESSENTIAL = frozenset({"devices", "ports", "gids"})
 ENV_DISABLE_AUTOLOAD = "IBTOOL_DISABLE_PLUGIN_AUTOLOAD"
@@ -70,33 +66,6 @@ class PluginInfo:
     essential: bool
 
 
-def _entry_points() -> Iterator[tuple[metadata.EntryPoint, metadata.Distribution]]:
-    """Group GROUP's entry points with the distribution of each. Walked per distribution because
-    `EntryPoint.dist` and `entry_points(group=)` are Python 3.10+; a distribution found twice on
-    sys.path counts once, the first (as `entry_points()` does on 3.10+)."""
-    seen = set()
-    for dist in metadata.distributions():
-        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
-        if name in seen:
-            continue
-        seen.add(name)
-        for ep in dist.entry_points:
-            if ep.group == GROUP:
-                yield ep, dist
-
-
-def _is_first_party(dist: metadata.Distribution) -> bool:
-    return dist.metadata["Name"] == "ibtool"
-
-
-def _own_distribution() -> metadata.Distribution | None:
-    """ibtool's installed distribution (its version for `ibtool plugins`); None in a clone."""
-    try:
-        return metadata.distribution("ibtool")
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def builtin_package() -> Any:
     """The package of ibtool's own plugins: installed as ibtool_plugins, or plugins/ beside
     this ibtool package in a clone (setuptools installs that folder under the package's name,
@@ -106,13 +75,16 @@ def builtin_package() -> Any:
     except ModuleNotFoundError as e:
         if e.name != BUILTIN_PACKAGE:
             raise
-    folder = Path(__file__).resolve().parents[2] / "plugins"
-    spec = importlib.util.spec_from_file_location(
-        BUILTIN_PACKAGE, folder / "__init__.py", submodule_search_locations=[str(folder)]
+    from importlib import util
+
+    folder = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))), "plugins"
     )
-    if spec is None or spec.loader is None or not (folder / "__init__.py").is_file():
+    init = os.path.join(folder, "__init__.py")
+    spec = util.spec_from_file_location(BUILTIN_PACKAGE, init, submodule_search_locations=[folder])
+    if spec is None or spec.loader is None or not os.path.isfile(init):
         raise IbtoolError(f"ibtool's own plugins ({BUILTIN_PACKAGE}) are not installed", REINSTALL)
-    package = importlib.util.module_from_spec(spec)
+    package = util.module_from_spec(spec)
     sys.modules[BUILTIN_PACKAGE] = package
     spec.loader.exec_module(package)
     return package
@@ -149,7 +121,8 @@ class Plugins:
     def __init__(self) -> None:
         self.pm = pluggy.PluginManager(GROUP)
         self.pm.add_hookspecs(hookspecs)
-        self.dists: dict[str, metadata.Distribution] = {}
+        # plugin name -> (its distribution's name, version), for the plugins installed
+        self.dists: dict[str, tuple[str, str | None]] = {}
         self._builtins: dict[str, str] = {}  # plugin name -> its module, for ibtool's own
 
     @property
@@ -206,7 +179,7 @@ class Plugins:
             warn(f"plugin {name} not loaded: {fault(e)}")
             return
         module = getattr(plugin, "__name__", None)
-        if (dist is not None and _is_first_party(dist)) or (
+        if (dist is not None and dist[0] == "ibtool") or (
             isinstance(module, str) and module.startswith(BUILTIN_PACKAGE + ".")
         ):
             self._builtins[name] = module if isinstance(module, str) else name
@@ -235,8 +208,8 @@ class Plugins:
             infos.append(
                 PluginInfo(
                     name=name,
-                    distribution=dist.metadata["Name"] if dist else None,
-                    version=dist.version if dist else None,
+                    distribution=dist[0] if dist else None,
+                    version=dist[1] if dist else None,
                     hooks=hooks,
                     essential=name in ESSENTIAL,
                 )
@@ -265,20 +238,21 @@ def build_plugins(
     # keeps a name both register, is the same on every host, whatever the order of sys.path and
     # of the files in its directories (importlib.metadata lists them as the file system does).
     blocked_modules = set()
-    own = _own_distribution()
+    found = find(env)
+    own = found.own
     for name in BUILTIN:
         if pm.is_blocked(name):
             blocked_modules.add(f"{BUILTIN_PACKAGE}.{name}")
             continue
         plugins.register(name, lambda n=name: _load_builtin(n), warn, dist=own)
     if not env.get(ENV_DISABLE_AUTOLOAD):
-        for ep, dist in sorted(_entry_points(), key=lambda e: e[0].name):
-            if _is_first_party(dist):
+        for ep in sorted(found.offered, key=lambda e: e.name):
+            if ep.distribution == "ibtool":
                 continue  # an install from before the built-ins were registered by name
             if pm.is_blocked(ep.name):
                 blocked_modules.add(ep.module)
                 continue
-            plugins.register(ep.name, ep.load, warn, dist=dist)
+            plugins.register(ep.name, ep.load, warn, dist=(ep.distribution, ep.version))
 
     for module in filter(None, (s.strip() for s in env.get(ENV_PLUGINS, "").split(","))):
         # -p no:NAME wins over the environment, also when IBTOOL_PLUGINS names NAME's module

@@ -137,16 +137,16 @@ def _build(root: Path, builders: tuple[str, ...]) -> tuple[dict, tuple[str, ...]
 
 @pytest.fixture(scope="module", autouse=True)
 def _plugins_once():
-    """Plugins loaded once for the module: loading reads every installed distribution's
-    metadata (some 150 ms a run, not what is tested here); each run still registers the
-    commands, parses its arguments and maps errors to exit statuses as cli.main does."""
+    """Plugins loaded once for the module, parsers built once: not what is tested here. Each
+    run still registers the commands, parses its arguments and maps errors to exit statuses
+    as cli.main does."""
     loaded = plugins.build_plugins(warn=lambda message: None)
     parsers: dict[tuple[str, ...], object] = {}
 
-    def build_parser(registry, out=None, err=None):
-        key = tuple(sorted(registry.commands))
+    def build_parser(registry, out=None, err=None, *, only=None):
+        key = (*sorted(registry.commands), only)
         if key not in parsers:
-            parsers[key] = real_build_parser(registry, out, err)
+            parsers[key] = real_build_parser(registry, out, err, only=only)
         return parsers[key]
 
     real_build_parser = cli.build_parser
