@@ -20,8 +20,8 @@ from ibtool.errors import (
     NotFoundError,
     NotLiveError,
     UnsupportedError,
-    UsageError,
 )
+from ibtool.model.names import parse_selector
 from ibtool.model.records import CounterSample, Device, Gid, LinkLayer, PKey, Port
 from ibtool.model.system import (
     Dcb,
@@ -51,14 +51,6 @@ if TYPE_CHECKING:  # a scan's records are loaded only by a scan
 
 # What `ibtool port` shows without -d: state, rate, LIDs and the netdev, all from sysfs.
 PORT_SHOWN = PORT_FIELDS + PORT_NETDEV
-
-
-def parse_selector(selector: str) -> tuple[str, int | None]:
-    """'mlx5_0' -> ('mlx5_0', None); 'mlx5_0/1' -> ('mlx5_0', 1)."""
-    name, sep, port = selector.partition("/")
-    if not name or (sep and not port.isdigit()):
-        raise UsageError(f"bad device selector {selector!r}", "use DEV or DEV/PORT, e.g. mlx5_0/1")
-    return name, int(port) if sep else None
 
 
 def read_comm(pid: int) -> str | None:

@@ -7,24 +7,21 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
 from ibtool.api import (
-    CounterSample,
-    HealthResult,
     Invocation,
-    MetricFamily,
     NotFoundError,
-    Sampler,
-    Status,
     UsageError,
-    counter_delta,
     hookimpl,
-    is_saturated,
     number,
     render,
     selector,
 )
 from ibtool.api import counters as counterinfo
+
+if TYPE_CHECKING:  # the rest is imported where it is used: no other command pays for it
+    from ibtool.api import CounterSample
 
 ACTIONS = ("optional", "enable", "disable")
 USAGE = (
@@ -68,6 +65,12 @@ def configure(parser) -> None:
     parser.add_argument("--explain", metavar="NAME", help="what a counter means and what raises it")
 
 
+def _saturated(s: CounterSample) -> bool:
+    from ibtool.api import is_saturated
+
+    return is_saturated(s)
+
+
 def _value(s: CounterSample) -> int | None:
     return None if s.value is None else s.value * s.scale
 
@@ -86,7 +89,7 @@ FIELDS = [
         text=lambda v: "yes" if v else "",
     ),
     render.Field(
-        "saturated", lambda r: is_saturated(r[0]), header="SAT", text=lambda v: "yes" if v else ""
+        "saturated", lambda r: _saturated(r[0]), header="SAT", text=lambda v: "yes" if v else ""
     ),
     render.Field("via", lambda r: r[0].via, header="VIA", details=True),
 ]
@@ -212,6 +215,8 @@ def _optional(inv: Invocation, action: str, words: list[str]) -> None:
 
 
 def run(inv: Invocation) -> None:
+    from ibtool.api import Sampler
+
     args = inv.args
     if args.explain:
         return _explain(inv, args.explain)
@@ -307,6 +312,7 @@ def check_counters(ctx):
     went down and up again between two runs shows in link_downed); saturated counters; resets
     (a cleared counter, a re-created device, a reboot) taken as a new baseline, never an
     alarm."""
+    from ibtool.api import HealthResult, Status, counter_delta, is_saturated
     from ibtool.api.health import counter_growth
 
     host, config = ctx.host, ctx.config
@@ -362,6 +368,8 @@ def check_counters(ctx):
 def counter_metrics(host):
     """Every counter as a Prometheus counter: PMA counters under their own names (the data
     counters in bytes), the driver's in one family labelled with the counter's name."""
+    from ibtool.api import MetricFamily
+
     families: dict[str, MetricFamily] = {}
     # promtool refuses a counter named *counter*: rdma(8) calls these statistics
     hw = MetricFamily(

@@ -3,7 +3,19 @@ each field under -j) and adds capabilities through verbs."""
 
 from __future__ import annotations
 
-from ibtool.api import Device, Invocation, Protocol, add_selector, hookimpl, render, selector
+from typing import TYPE_CHECKING
+
+from ibtool.api import Invocation, add_selector, hookimpl, render, selector
+
+if TYPE_CHECKING:
+    from ibtool.api import Device
+
+
+def _protocol(v: str) -> str:
+    from ibtool.api import Protocol  # where `dev` runs: the records are no other command's cost
+
+    return Protocol(v).label
+
 
 FIELDS = [
     render.Field("ifname", lambda d: d.name, label="", text=lambda v: f"{v}:"),
@@ -11,7 +23,7 @@ FIELDS = [
     render.Field(
         "protocol",
         lambda d: d.protocol.value if d.protocol else None,
-        text=lambda v: Protocol(v).label,
+        text=_protocol,
         always=True,
     ),
     render.Field("fw", lambda d: d.fw_ver),

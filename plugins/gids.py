@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ibtool.api import (
-    Gid,
-    GidType,
     Invocation,
     UsageError,
     add_selector,
-    as_ip,
-    best_gid,
     hookimpl,
     number,
     render,
     selector,
 )
+
+if TYPE_CHECKING:  # the records and the GID rule are imported where `gids` runs
+    from ibtool.api import Gid
 
 FIELDS = [
     render.Field("ifname", lambda g: g.device, header="DEV"),
@@ -29,7 +30,7 @@ FIELDS = [
 
 BEST_PORT_FIELDS = ("state", "link_layer", "netdev")
 PORT = (0, 255)
-TYPE_CHOICES = {"ib": GidType.IB, "v1": GidType.ROCE_V1, "v2": GidType.ROCE_V2}
+TYPE_CHOICES = {"ib": "IB", "v1": "ROCE_V1", "v2": "ROCE_V2"}  # --type: GidType's names
 
 
 def configure(parser) -> None:
@@ -50,8 +51,10 @@ def configure(parser) -> None:
 
 
 def _filtered(gids: list[Gid], args) -> list[Gid]:
+    from ibtool.api import GidType, as_ip
+
     if args.type:
-        gids = [g for g in gids if g.type == TYPE_CHOICES[args.type]]
+        gids = [g for g in gids if g.type == GidType[TYPE_CHOICES[args.type]]]
     if args.netdev:
         gids = [g for g in gids if g.netdev == args.netdev]
     if args.ip:
@@ -66,6 +69,8 @@ def _filtered(gids: list[Gid], args) -> list[Gid]:
 
 def run(inv: Invocation) -> int | None:
     if inv.args.best is not None:
+        from ibtool.api import best_gid
+
         sel = selector(inv.args)
         # The rule needs the ports' state, link layer and netdev, nothing it would not show.
         ports = {(p.device, p.port): p for p in inv.host.ports(sel, BEST_PORT_FIELDS)}

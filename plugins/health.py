@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from ibtool.api import IbtoolError, Invocation, Status, UsageError, hookimpl, number
+from ibtool.api import IbtoolError, Invocation, UsageError, hookimpl, number
 
 LOCK_WAIT = 30.0
 # An hour bounds both: a lock held longer is a run that hangs (cron has started 60 more), and
@@ -157,7 +157,7 @@ def _list(inv: Invocation, checks: dict) -> None:
 
 
 def run(inv: Invocation) -> int:
-    from ibtool.api import health, health_checks
+    from ibtool.api import Status, health, health_checks
     from ibtool.api.health import select_checks
 
     if inv.args.print_nhc:
@@ -213,6 +213,7 @@ def run(inv: Invocation) -> int:
 def _slurm(report) -> None:
     """Drains this node when CRITICAL, resumes it when OK or WARNING if ibtool drained it;
     what it did is a note, a failure a fault of the run."""
+    from ibtool.api import Status
     from ibtool.api.health import apply_slurm
 
     if report.status == Status.UNKNOWN:

@@ -5,7 +5,6 @@ rail, endpoint or path; and `ibtool mesh --agent`, what it runs on each node."""
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 
 from ibtool.api import Invocation, UsageError, hookimpl, number
@@ -320,6 +319,8 @@ def engine_for(inv: Invocation):
         # not an agent's failure to be reported as a FAIL verdict and saved as the last mesh
         inv.host.select(None)
         return engines.LocalEngine(), [sys.executable, "-m", "ibtool", *agent]
+    import shlex
+
     try:
         remote = shlex.split(args.ibtool)
     except ValueError as e:

@@ -10,7 +10,6 @@ import argparse
 import dataclasses
 import math
 import time
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ibtool.api import Invocation, UsageError, hookimpl, number
@@ -95,6 +94,8 @@ def run(inv: Invocation) -> None:
 
 
 def _timestamp() -> str:
+    from datetime import datetime
+
     return datetime.now().astimezone().isoformat(timespec="milliseconds")
 
 

@@ -5,18 +5,12 @@ object, how many of each every device has. Fields, words and filters as `rdma re
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ibtool.api import Invocation, NotFoundError, hookimpl, render
-from ibtool.api.res import (
-    COUNTED_SINCE,
-    FIELDS_OF,
-    SUMMARY_FIELDS,
-    Owners,
-    Row,
-    count_field,
-    parse_words,
-)
+
+if TYPE_CHECKING:  # imported where `ibtool res` runs: no other command pays for its tables
+    from ibtool.api.res import Row
 
 
 def _configure(parser) -> None:
@@ -37,6 +31,8 @@ def _json(row: Row, fields: Iterable[render.Field], details: bool) -> dict[str, 
 
 
 def _text_rows(rows: list[Row], fields, details: bool) -> list[str]:
+    from ibtool.api.res import Row
+
     shown = [
         Row(r.record, f"[{r.comm}]" if r.kernel and r.comm is not None else r.comm) for r in rows
     ]
@@ -53,6 +49,8 @@ def _text_rows(rows: list[Row], fields, details: bool) -> list[str]:
 
 
 def run(inv: Invocation) -> None:
+    from ibtool.api.res import FIELDS_OF, Owners, Row, parse_words
+
     request = parse_words(inv.args.words)
     netlink = inv.host.netlink("ibtool res asks the running kernel over netlink")
     devices = netlink.devices(request.device)
@@ -75,6 +73,8 @@ def run(inv: Invocation) -> None:
 
 
 def _show_summaries(inv: Invocation, summaries) -> None:
+    from ibtool.api.res import SUMMARY_FIELDS, count_field
+
     counted = list(dict.fromkeys(n for s in summaries for n in s[2]))
     # The types `res OBJECT` lists that this kernel does not count: unknown (null), not absent,
     # and said once on stderr.
@@ -94,6 +94,8 @@ def _show_summaries(inv: Invocation, summaries) -> None:
 
 
 def _uncounted(names: list[str]) -> str:
+    from ibtool.api.res import COUNTED_SINCE
+
     since = COUNTED_SINCE.get(names[0]) if len(names) == 1 else None
     said = f" ({since[0]} from Linux {since[1]})" if since else ""
     return (

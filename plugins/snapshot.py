@@ -9,7 +9,6 @@ ibtool --snapshot FILE OBJECT    any read-only command, as it was when FILE was 
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from typing import Any
 
 from ibtool.api import Invocation, UsageError, __version__, hookimpl, render
@@ -44,6 +43,8 @@ def _plain(value: Any) -> str:
 
 
 def _when(t: Any) -> str:
+    from datetime import datetime
+
     try:
         return datetime.fromtimestamp(float(t)).astimezone().isoformat(timespec="seconds")
     except (TypeError, ValueError, OverflowError, OSError):

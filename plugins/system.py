@@ -5,10 +5,8 @@ has, asked of it command by command."""
 from __future__ import annotations
 
 from ibtool.api import (
-    HealthResult,
     Invocation,
     NoDevicesError,
-    Status,
     UsageError,
     hookimpl,
     render,
@@ -121,6 +119,8 @@ def check_system(ctx):
     """The RDMA stack is loaded (the configured modules, the uverbs ABI user space needs:
     NHC's "OFED" check), every RDMA device has its uverbs device. (The configured devices that are
     missing are the port check's: one result each, on captures too.)"""
+    from ibtool.api import HealthResult, Status
+
     host, config = ctx.host, ctx.config
     try:
         names = host.device_names()

@@ -5,10 +5,11 @@ a plugin needs from where the core keeps it, so a plugin never depends on where 
 names here and in the submodules below are the promise (ibtool-plugins(8)): a name kept for a
 major version; one that goes is first kept a minor release with a DeprecationWarning.
 
-This module is cheap to import at a plugin's top: it loads the types of health results and
-metric families; every other name (the records, the Host, the command registry, rendering,
-hookimpl) is loaded when first taken (PEP 562's module __getattr__), so a command pays only for
-what it uses. What belongs to one feature is in its submodule, imported where a command runs it:
+This module is cheap to import at a plugin's top: it loads the errors a plugin raises; every
+other name (the records, health results, metric families, the Host, the command registry,
+rendering, hookimpl) is loaded when first taken (PEP 562's module __getattr__), so a command
+pays only for what it uses. What belongs to one feature is in its submodule, imported where a
+command runs it:
 
     ibtool.api.datapath  verbs paths: Ladder, PathSpec, MTUs, the wire's modes, the HW clock
     ibtool.api.ping      the ping clients and servers, admission limits
@@ -49,21 +50,15 @@ from ibtool.errors import (
     UnsupportedError,
     UsageError,
 )
-from ibtool.model.health import UNITS, HealthResult, Perfdata, Range, Status, Threshold
-from ibtool.plugin.context import (
-    CheckContext,
-    HealthCheck,
-    MetricCollector,
-    PanelFactory,
-)
-from ibtool.views.prometheus import METRIC_TYPES, MetricFamily, Sample, exposition
 
 if TYPE_CHECKING:  # what _LAZY loads, for type checkers and readers
     from ibtool import __version__, hookimpl
     from ibtool.argtypes import number, parse_size
-    from ibtool.host import PORT_SHOWN, Host, parse_selector
+    from ibtool.host import PORT_SHOWN, Host
     from ibtool.model import counters
     from ibtool.model.gidrule import as_ip, best_gid
+    from ibtool.model.health import UNITS, HealthResult, Perfdata, Range, Status, Threshold
+    from ibtool.model.names import parse_selector
     from ibtool.model.rates import Sampler, counter_delta, is_saturated
     from ibtool.model.records import (
         VL_CAP,
@@ -80,19 +75,38 @@ if TYPE_CHECKING:  # what _LAZY loads, for type checkers and readers
         Protocol,
     )
     from ibtool.plugin.commands import Invocation, add_selector, open_host, selector
+    from ibtool.plugin.context import (
+        CheckContext,
+        HealthCheck,
+        MetricCollector,
+        PanelFactory,
+    )
     from ibtool.plugin.hooks import health_checks, panel_factories
     from ibtool.rdma.wire import MODES as WIRE_MODES
     from ibtool.views import render
+    from ibtool.views.prometheus import METRIC_TYPES, MetricFamily, Sample, exposition
 
 # name -> (module, its attribute; None: the module itself), loaded on first use
 _LAZY: dict[str, tuple[str, str | None]] = {
+    **{
+        name: ("ibtool.model.health", name)
+        for name in ("UNITS", "HealthResult", "Perfdata", "Range", "Status", "Threshold")
+    },
+    **{
+        name: ("ibtool.plugin.context", name)
+        for name in ("CheckContext", "HealthCheck", "MetricCollector", "PanelFactory")
+    },
+    **{
+        name: ("ibtool.views.prometheus", name)
+        for name in ("METRIC_TYPES", "MetricFamily", "Sample", "exposition")
+    },
     "__version__": ("ibtool", "__version__"),
     "hookimpl": ("ibtool", "hookimpl"),
     "number": ("ibtool.argtypes", "number"),
     "parse_size": ("ibtool.argtypes", "parse_size"),
     "PORT_SHOWN": ("ibtool.host", "PORT_SHOWN"),
     "Host": ("ibtool.host", "Host"),
-    "parse_selector": ("ibtool.host", "parse_selector"),
+    "parse_selector": ("ibtool.model.names", "parse_selector"),
     "counters": ("ibtool.model.counters", None),
     "as_ip": ("ibtool.model.gidrule", "as_ip"),
     "best_gid": ("ibtool.model.gidrule", "best_gid"),

@@ -1,5 +1,6 @@
 """How names of devices and netdevs sort (as a person counts, not as strings compare), what the
-kernel takes as a netdev's name, and how a peer's text is made safe to show (printable)."""
+kernel takes as a netdev's name, how DEV[/PORT] is read, and how a peer's text is made safe to
+show (printable)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,16 @@ import unicodedata
 def natural_key(name: str) -> list:
     """mlx5_2 sorts before mlx5_10."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def parse_selector(selector: str) -> tuple[str, int | None]:
+    """'mlx5_0' -> ('mlx5_0', None); 'mlx5_0/1' -> ('mlx5_0', 1)."""
+    from ibtool.errors import UsageError
+
+    name, sep, port = selector.partition("/")
+    if not name or (sep and not port.isdigit()):
+        raise UsageError(f"bad device selector {selector!r}", "use DEV or DEV/PORT, e.g. mlx5_0/1")
+    return name, int(port) if sep else None
 
 
 IFNAMSIZ = 16  # include/uapi/linux/if.h, with the terminating NUL

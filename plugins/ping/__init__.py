@@ -9,16 +9,23 @@ and the `peers` health check.
 
 from __future__ import annotations
 
-from ibtool_plugins.ping import health, options, protocols
+from ibtool_plugins.ping import options
 
-from ibtool.api import hookimpl
+from ibtool.api import Invocation, hookimpl
+
+
+def run(inv: Invocation) -> int:
+    # The data path's modules are loaded where a ping runs, not where any command starts.
+    from ibtool_plugins.ping import protocols
+
+    return protocols.run(inv)
 
 
 @hookimpl
 def ibtool_register_commands(cli):
     cli.add(
         "ping",
-        protocols.run,
+        run,
         configure=options.configure,
         help="RC ping-pong over RDMA with another host or process",
     )
@@ -26,4 +33,6 @@ def ibtool_register_commands(cli):
 
 @hookimpl
 def ibtool_health_checks(register):
+    from ibtool_plugins.ping import health
+
     register("peers", health.check_peers)

@@ -10,16 +10,25 @@
 
 from __future__ import annotations
 
-from ibtool_plugins.ports import check, link, metrics, show
+from typing import TYPE_CHECKING
 
-from ibtool.api import CheckContext, Invocation, add_selector, hookimpl
+from ibtool.api import Invocation, add_selector, hookimpl
+
+if TYPE_CHECKING:
+    from ibtool.api import CheckContext
+
+# Each part is imported where it is used: a command that is not `port` pays for none of them.
 
 
 def run(inv: Invocation) -> None:
     words = list(inv.args.words)
     if words and words[0] in ("add", "delete"):
+        from ibtool_plugins.ports import link
+
         (link.add if words[0] == "add" else link.delete)(inv.host, words[1:])
         return
+    from ibtool_plugins.ports import show
+
     show.show(inv)
 
 
@@ -38,6 +47,8 @@ def check_ports(ctx: CheckContext):
     """Every port ACTIVE with its link up at the rate it should have; an IB port with a LID
     and a subnet manager; a RoCE port with a RoCE v2 GID on its netdev; no carrier flap of
     its netdev since the last run; the configured devices, ports and RoCE netdevs present."""
+    from ibtool_plugins.ports import check
+
     yield from check.run(ctx)
 
 
@@ -48,4 +59,6 @@ def ibtool_health_checks(register):
 
 @hookimpl
 def ibtool_metrics(register):
+    from ibtool_plugins.ports import metrics
+
     register("port", metrics.port_metrics)
