@@ -105,8 +105,17 @@ def main() -> int:
     ap.add_argument("--only", action="append", help="a case to run, as --only=NAME (default: all)")
     ap.add_argument("--imports", action="store_true")
     args = ap.parse_args()
-    env = dict(os.environ, IBTOOL_DISABLE_PLUGIN_AUTOLOAD="", COLUMNS="80", TZ="UTC")
-    env.pop("IBTOOL_DISABLE_PLUGIN_AUTOLOAD")
+    env = dict(os.environ, COLUMNS="80", TZ="UTC")
+    for name in ("IBTOOL_DISABLE_PLUGIN_AUTOLOAD", "IBTOOL_PLUGINS", "PYTHONDONTWRITEBYTECODE"):
+        env.pop(name, None)
+    # As installed (a wheel's or a package's byte code is compiled when installed): a source
+    # whose .pyc is stale would be compiled again at every start of this checkout.
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", "ibtool", "plugins"],
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     work = Path(tempfile.mkdtemp(prefix="ibtool-bench-"))
     try:
         tree = str(build("mlx5_roce", work / "roce"))

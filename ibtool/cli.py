@@ -7,7 +7,6 @@ import os
 import signal
 import sys
 import threading
-import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TextIO
 
@@ -308,6 +307,12 @@ def _replayed_answer_unusable(e: Exception) -> Exception | None:
     return snapshot.replayed_damage(e)
 
 
+def _print_traceback(err: TextIO) -> None:
+    import traceback  # --debug's: no other run pays for it
+
+    traceback.print_exc(file=err)
+
+
 def _terminate(signum, frame):
     raise Terminated
 
@@ -466,7 +471,7 @@ def _main(
         return ExitCode.OK if code is None else int(code)
     except IbtoolError as e:
         if debug:
-            traceback.print_exc(file=err)
+            _print_traceback(err)
         hint = f" (hint: {e.hint})" if e.hint else ""
         err.write(f"{PROG}: error: {escaped(e.message + hint)}\n")
         return e.exit_code
@@ -480,7 +485,7 @@ def _main(
         raise  # main() says it
     except Exception as e:
         if debug:
-            traceback.print_exc(file=err)
+            _print_traceback(err)
         else:
             err.write(
                 f"{PROG}: internal error: {type(e).__name__}: {escaped(str(e))} "

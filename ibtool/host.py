@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import platform
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -153,7 +152,7 @@ class Host:
         return (self._comm or read_comm)(pid)
 
     def kernel_release(self) -> str:
-        return self._release if self._release is not None else platform.release()
+        return self._release if self._release is not None else os.uname().release
 
     def kernel_before(self, major: int, minor: int) -> bool:
         """Whether the running kernel is older than major.minor; False when its release string

@@ -18,7 +18,6 @@ from ibtool.api import (
     render,
     selector,
 )
-from ibtool.api import counters as counterinfo
 
 if TYPE_CHECKING:  # the rest is imported where it is used: no other command pays for it
     from ibtool.api import CounterSample
@@ -65,6 +64,14 @@ def configure(parser) -> None:
     parser.add_argument("--explain", metavar="NAME", help="what a counter means and what raises it")
 
 
+def _info():
+    """What each counter means (ibtool.api.counters): imported where a command or check uses
+    it, not at every start."""
+    from ibtool.api import counters
+
+    return counters
+
+
 def _saturated(s: CounterSample) -> bool:
     from ibtool.api import is_saturated
 
@@ -80,11 +87,11 @@ FIELDS = [
     render.Field("port", lambda r: r[0].port or None, header="PORT", text=str),
     render.Field("counter", lambda r: r[0].name, header="COUNTER"),
     render.Field("value", lambda r: _value(r[0]), header="VALUE", always=True),
-    render.Field("unit", lambda r: counterinfo.unit(r[0].name, r[0].source), header="UNIT"),
+    render.Field("unit", lambda r: _info().unit(r[0].name, r[0].source), header="UNIT"),
     render.Field("source", lambda r: r[0].source, header="SOURCE"),
     render.Field(
         "error",
-        lambda r: counterinfo.is_error(r[0].name, r[0].source),
+        lambda r: _info().is_error(r[0].name, r[0].source),
         header="ERR",
         text=lambda v: "yes" if v else "",
     ),
@@ -100,6 +107,7 @@ RATE_FIELDS = [
 
 
 def _explain(inv: Invocation, name: str) -> None:
+    counterinfo = _info()
     info = counterinfo.PMA.get(name) or counterinfo.HW.get(name)
     if info is None:
         known = sorted({*counterinfo.PMA, *counterinfo.HW})
@@ -126,6 +134,7 @@ def _explain(inv: Invocation, name: str) -> None:
 
 
 def _keep(rows, errors_only: bool):
+    counterinfo = _info()
     if not errors_only:
         return rows
     return [
@@ -274,7 +283,7 @@ def _subject(s: CounterSample) -> str:
 
 def _watched(s: CounterSample, config) -> bool:
     """Error counters, and whatever has a configured threshold (port_xmit_wait, say)."""
-    return s.name in config.thresholds or counterinfo.is_error(s.name, s.source)
+    return s.name in config.thresholds or _info().is_error(s.name, s.source)
 
 
 def _baseline(ctx, incarnation) -> tuple[dict, set[str]]:
@@ -369,6 +378,7 @@ def counter_metrics(host):
     """Every counter as a Prometheus counter: PMA counters under their own names (the data
     counters in bytes), the driver's in one family labelled with the counter's name."""
     from ibtool.api import MetricFamily
+    from ibtool.api import counters as counterinfo
 
     families: dict[str, MetricFamily] = {}
     # promtool refuses a counter named *counter*: rdma(8) calls these statistics

@@ -8,7 +8,6 @@ from ibtool.api import (
     CommandFailed,
     IbtoolError,
     Invocation,
-    PortState,
     UsageError,
     hookimpl,
     number,
@@ -153,6 +152,8 @@ def run(inv: Invocation) -> int:
     port = parse_selector(sel)[1] if sel else None
     port = port or inv.host.port_numbers(device)[0]
     state = inv.host.port(device, port)
+    from ibtool.api import PortState  # the records: where a command runs, not at every start
+
     if state.state is not None and state.state != PortState.ACTIVE:
         phys = state.physical_state.name if state.physical_state is not None else "unknown"
         raise CommandFailed(
@@ -275,7 +276,7 @@ def _datapath_port(ctx, device: str, port: int):
 def check_datapath(ctx):
     """With --datapath only: SEND, WRITE and READ over two QPs on each ACTIVE port, the data
     verified (ibtool loopback's test, short), within [datapath] budget seconds."""
-    from ibtool.api import HealthResult, Status
+    from ibtool.api import HealthResult, PortState, Status
 
     if not ctx.datapath:
         return

@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 from ibtool.api import Invocation, UsageError, __version__, hookimpl, render
-from ibtool.api import counters as counterinfo
 
 USAGE = "ibtool snapshot save FILE [--fabric] | show FILE | diff A B"
 SHOWN_DEVICES = 8  # device names on show's text line; -j lists them all
@@ -49,6 +48,12 @@ def _when(t: Any) -> str:
         return datetime.fromtimestamp(float(t)).astimezone().isoformat(timespec="seconds")
     except (TypeError, ValueError, OverflowError, OSError):
         return "unknown"
+
+
+def _unit(sample) -> str | None:
+    from ibtool.api import counters  # where a diff is shown, not at every start
+
+    return counters.unit(sample.name, sample.source)
 
 
 def _save(inv: Invocation, path: str) -> None:
@@ -139,7 +144,7 @@ COUNTER_FIELDS = [
     render.Field("source", lambda c: c.sample.source, header="SOURCE"),
     render.Field("before", lambda c: c.before, header="BEFORE"),
     render.Field("delta", lambda c: c.delta, header="DELTA", always=True),
-    render.Field("unit", lambda c: counterinfo.unit(c.sample.name, c.sample.source), header="UNIT"),
+    render.Field("unit", lambda c: _unit(c.sample), header="UNIT"),
     render.Field("rate_per_sec", lambda c: c.rate, header="RATE/s", text=lambda v: f"{v:,.1f}"),
     render.Field("note", lambda c: c.note, header="NOTE"),
 ]

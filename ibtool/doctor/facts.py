@@ -6,7 +6,6 @@ run: the checks say SKIP for what they do not know.
 from __future__ import annotations
 
 import os
-import platform
 import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -185,4 +184,4 @@ def _soft_driver(dev) -> str | None:
 
 
 def running_kernel() -> str:
-    return platform.release()
+    return os.uname().release

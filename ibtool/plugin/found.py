@@ -94,20 +94,18 @@ def scan() -> Found:
 
 
 def _key() -> list:
-    """What a new install changes: each sys.path entry's modification time and the names of the
-    distributions' metadata directories in it."""
+    """What a new install changes: the names of the distributions' metadata directories in each
+    sys.path entry and, where there are some, the entry's modification time (a reinstall of the
+    same version makes the directory anew). A directory without any (the script's, the working
+    directory of `python3 -m ibtool`) changes as files come and go: its time is left out."""
     key = []
     for entry in sys.path:
         where = entry or os.curdir
         try:
-            mtime = os.stat(where).st_mtime_ns
-        except OSError:
-            key.append([entry, None, []])
-            continue
-        try:
             names = sorted(n for n in os.listdir(where) if n.endswith(_INFO))
-        except OSError:  # a zip file, or a directory we may not list
-            names = []
+            mtime = os.stat(where).st_mtime_ns if names else None
+        except OSError:  # not there, a zip file, or a directory we may not list
+            names, mtime = [], None
         key.append([entry, mtime, names])
     return key
 

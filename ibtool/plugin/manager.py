@@ -15,6 +15,8 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from inspect import isroutine
+from types import FunctionType, ModuleType
 from typing import Any
 
 import pluggy
@@ -24,6 +26,7 @@ from ibtool.model.deferred import dataclass
 from ibtool.plugin import hookspecs
 from ibtool.plugin.found import GROUP, find
 
+MARK = GROUP + "_impl"  # the attribute pluggy's HookimplMarker(GROUP) sets on what it marks
 # The foundation commands; blocking them would leave no tool to speak of.
 ESSENTIAL = frozenset({"devices", "ports", "gids"})
 ENV_DISABLE_AUTOLOAD = "IBTOOL_DISABLE_PLUGIN_AUTOLOAD"
@@ -114,12 +117,28 @@ def fault(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
+class _Manager(pluggy.PluginManager):
+    def parse_hookimpl_opts(self, plugin: Any, name: str):
+        """pluggy's own answer, asked only of a module's functions that carry the hookimpl
+        mark: the rest of a module's names (what it imported, its constants, its other
+        functions) are no hook implementation, and pluggy's look at each, through
+        inspect.getattr_static, was most of the cost of registering ibtool's own plugins.
+        Overriding this method is how pluggy's documentation says to change that discovery."""
+        if isinstance(plugin, ModuleType):
+            value = plugin.__dict__.get(name)
+            if not isroutine(value):
+                return None
+            if isinstance(value, FunctionType) and MARK not in value.__dict__:
+                return None
+        return super().parse_hookimpl_opts(plugin, name)
+
+
 class Plugins:
     """A plugin manager plus the distribution each entry-point plugin came from, and which
     plugins are ibtool's own."""
 
     def __init__(self) -> None:
-        self.pm = pluggy.PluginManager(GROUP)
+        self.pm = _Manager(GROUP)
         self.pm.add_hookspecs(hookspecs)
         # plugin name -> (its distribution's name, version), for the plugins installed
         self.dists: dict[str, tuple[str, str | None]] = {}

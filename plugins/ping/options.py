@@ -8,7 +8,6 @@ import argparse
 from ibtool.api import (
     CommandFailed,
     Invocation,
-    PortState,
     UsageError,
     number,
     parse_selector,
@@ -199,6 +198,8 @@ def pick_port(inv: Invocation) -> tuple[str, int]:
         inv.host.select(inv.args.dev)
         return name, port or inv.host.port_numbers(name)[0]
     ports = inv.host.ports()
+    from ibtool.api import PortState  # the records: where ping runs, not at every start
+
     active = [p for p in ports if p.state == PortState.ACTIVE]
     if not active:
         have = ", ".join(f"{p.device}/{p.port} {p.state.name if p.state else '?'}" for p in ports)
