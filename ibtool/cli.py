@@ -8,13 +8,16 @@ import signal
 import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TextIO
 
 from ibtool import __version__
 from ibtool.errors import ExitCode, IbtoolError, OutputError, Terminated, UsageError
 from ibtool.model.names import escaped
-from ibtool.plugin.commands import CommandRegistry, HostFactory, Invocation, default_host
-from ibtool.views import render
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing on the way to --version
+if TYPE_CHECKING:  # imported past `--version`'s fast path, where a command is run
+    from typing import TextIO
+
+    from ibtool.plugin.commands import CommandRegistry, HostFactory, Invocation
 
 PROG = "ibtool"
 
@@ -270,6 +273,8 @@ def register_commands(plugins, registry: CommandRegistry, warn) -> None:
 
 def plugins_command(registry: CommandRegistry, plugins) -> None:
     """Register `ibtool plugins`: the plugins loaded, their versions and hooks."""
+    from ibtool.views import render
+
     fields = [
         render.Field("name", lambda i: i.name, label=""),
         render.Field("version", lambda i: i.version),
@@ -382,14 +387,15 @@ def main(
     plugins: Iterable[object] = (),
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
-    host_factory: HostFactory = default_host,
+    host_factory: HostFactory | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> int:
     """Run ibtool with `argv` and return its exit status. `plugins`: plugin objects loaded
     beside the installed ones; `stdout`, `stderr`: where it writes; `host_factory`: what builds
-    the host the commands read (not a --snapshot's) from the invocation, the running host or
-    the --root tree by default; `environ`: where plugin loading reads IBTOOL_PLUGINS and
-    IBTOOL_DISABLE_PLUGIN_AUTOLOAD (default: the process's environment)."""
+    the host the commands read (not a --snapshot's) from the invocation (default: the running
+    host or the --root tree, plugin.commands.default_host); `environ`: where plugin loading
+    reads IBTOOL_PLUGINS and IBTOOL_DISABLE_PLUGIN_AUTOLOAD (default: the process's
+    environment)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     out = _Stdout(stdout if stdout is not None else sys.stdout)
     err = stderr or sys.stderr
@@ -410,7 +416,7 @@ def _main(
     plugins: Iterable[object],
     out: _Stdout,
     err: TextIO,
-    host_factory: HostFactory,
+    host_factory: HostFactory | None,
     environ: Mapping[str, str] | None,
 ) -> int:
     warn = _Warnings(err)
@@ -421,6 +427,7 @@ def _main(
         return ExitCode.OK
     try:
         argv, blocked = split_plugin_blocks(argv)
+        from ibtool.plugin.commands import CommandRegistry, Invocation, default_host
         from ibtool.plugin.manager import build_plugins
 
         loaded = build_plugins(blocked=blocked, extra=plugins, warn=warn, environ=environ)
@@ -448,7 +455,7 @@ def _main(
             out=out,
             warn=warn,
             plugins=loaded,
-            host_factory=host_factory,
+            host_factory=host_factory or default_host,
             parser=parser,
             whole_parser=None if only is None else lambda: build_parser(registry, out, err),
         )
