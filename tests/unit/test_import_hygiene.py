@@ -96,3 +96,116 @@ def test_the_dashboard_without_a_terminal_says_so_and_imports_no_textual(tmp_pat
     assert done.returncode == 2
     assert done.stderr.startswith("ibtool: error: ibtool tui needs a terminal")
     assert "ibtool counters --watch" in done.stderr
+
+
+# -- start-up: what a headless command must not import (issue 43) ------------------------------
+
+# Modules no headless command reading sysfs needs, each a price paid at every start if one
+# slipped into an import at a module's top: the distributions' metadata and the email parser it
+# reads it with (the plugins are found from a cache), the MAD libraries' ctypes, the network and
+# process machinery of the data path, the exporter and the mesh, and the TUI's stack.
+NEVER_AT_START = (
+    "importlib.metadata",
+    "email",
+    "zipfile",
+    "ctypes",
+    "socket",
+    "selectors",
+    "ssl",
+    "http",
+    "asyncio",
+    "subprocess",
+    "tempfile",
+    "platform",
+    "traceback",
+    "datetime",
+    "decimal",
+    "tomllib",
+    "textual",
+    "rich",
+    "pyroute2",
+    "pyverbs",
+)
+# --version answers before any plugin or command is loaded: not even these.
+NEVER_FOR_VERSION = (*NEVER_AT_START, "pluggy", "dataclasses", "inspect", "json", "typing")
+
+STARTED = """
+import sys, io
+from ibtool.cli import main
+main(sys.argv[1:], stdout=io.StringIO(), stderr=io.StringIO())
+loaded = sorted(sys.modules)
+import json
+print(json.dumps(loaded))
+"""
+
+
+def started_modules(environ: dict, *argv: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", STARTED, *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=environ,
+    ).stdout
+    return set(json.loads(out.strip().splitlines()[-1]))
+
+
+def top_level(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(n for n in names if any(m == n or m.startswith(n + ".") for m in modules))
+
+
+@pytest.fixture
+def cached(tmp_path) -> dict:
+    """An environment whose plugin cache is this test's (written by a first start)."""
+    import os
+
+    environ = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    environ.pop("IBTOOL_DISABLE_PLUGIN_AUTOLOAD", None)
+    started_modules(environ, "--root", str(CAPTURED), "plugins")
+    assert (tmp_path / "cache" / "ibtool").is_dir()
+    return environ
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dev"],
+        ["port"],
+        ["-j", "port"],
+        ["gids"],
+        ["gids", "--best"],
+        ["counters"],
+        ["-j", "counters", "--errors"],
+        ["plugins"],
+        ["port", "show", "nosuch0"],  # an error's way out too
+        ["port", "--no-such-option"],
+    ],
+)
+def test_a_headless_command_imports_nothing_it_does_not_use(argv, cached):
+    loaded = started_modules(cached, "--root", str(CAPTURED), *argv)
+    assert top_level(loaded, NEVER_AT_START) == []
+
+
+def test_version_imports_no_plugin_nor_command_machinery(cached):
+    loaded = started_modules(cached, "--version")
+    assert top_level(loaded, NEVER_FOR_VERSION) == []
+    assert not any(m.startswith("ibtool_plugins") for m in loaded)
+
+
+def test_the_check_sees_a_heavy_import(cached, tmp_path):
+    # A plugin importing email at its top, through IBTOOL_PLUGINS: the same probe names it.
+    (tmp_path / "heavy_plugin.py").write_text("import email.parser\n")
+    environ = dict(cached, IBTOOL_PLUGINS="heavy_plugin", PYTHONPATH=str(tmp_path))
+    loaded = started_modules(environ, "--root", str(CAPTURED), "dev")
+    assert "email" in top_level(loaded, NEVER_AT_START)
+
+
+def test_a_cold_plugin_cache_is_the_one_start_that_reads_the_metadata(tmp_path):
+    import os
+
+    environ = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    environ.pop("IBTOOL_DISABLE_PLUGIN_AUTOLOAD", None)
+    first = started_modules(environ, "--root", str(CAPTURED), "dev")
+    second = started_modules(environ, "--root", str(CAPTURED), "dev")
+    assert "importlib.metadata" in first
+    assert "importlib.metadata" not in second
