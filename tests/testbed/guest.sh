@@ -62,6 +62,9 @@ PY
 }
 
 setup() {
+    # A home that takes writes, as a host's does: ibtool keeps its plugins' cache there
+    # (~/.cache/ibtool), else every start in the guest reads all the distributions' metadata.
+    writable_root
     echo "$(uptime_s) modprobe rdma_rxe" >&3
     timeout 60 modprobe rdma_rxe >&3 2>&1 \
         || fail "module rdma_rxe cannot be loaded in the guest (kernel $(uname -r)): see setup.log"
