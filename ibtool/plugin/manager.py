@@ -15,7 +15,6 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from inspect import isroutine
 from types import FunctionType, ModuleType
 from typing import Any
 
@@ -126,10 +125,11 @@ class _Manager(pluggy.PluginManager):
         Overriding this method is how pluggy's documentation says to change that discovery."""
         if isinstance(plugin, ModuleType):
             value = plugin.__dict__.get(name)
-            if not isroutine(value):
-                return None
-            if isinstance(value, FunctionType) and MARK not in value.__dict__:
-                return None
+            if isinstance(value, FunctionType):
+                if MARK not in value.__dict__:
+                    return None
+            elif not callable(value) or isinstance(value, type):
+                return None  # no routine (pluggy takes none of these either)
         return super().parse_hookimpl_opts(plugin, name)
 
 
