@@ -5,7 +5,6 @@ is sent, and what each of the kernel's refusals becomes."""
 from __future__ import annotations
 
 import errno
-import platform
 import struct
 
 import pytest
@@ -126,8 +125,9 @@ def test_an_unknown_netdev_is_not_found_and_the_hint_lists_the_netdevs(cli, kern
     assert "lo" in result.err
 
 
-def test_a_type_whose_module_is_missing_is_unsupported(cli, kernel, monkeypatch):
-    monkeypatch.setattr(platform, "release", lambda: "6.1.0-28-amd64")
+def test_a_type_whose_module_is_missing_is_unsupported(on_host, kernel):
+    on_host.seams["release"] = "6.1.0-28-amd64"  # the Host's seam for uname's release
+    cli = on_host
     kernel.link = errno.EINVAL
     result = cli("link", "add", "siw0", "type", "siw", "netdev", "veth0")
     assert result.code == ExitCode.UNSUPPORTED
@@ -137,8 +137,9 @@ def test_a_type_whose_module_is_missing_is_unsupported(cli, kernel, monkeypatch)
     )
 
 
-def test_a_kernel_before_5_1_says_so(cli, kernel, monkeypatch):
-    monkeypatch.setattr(platform, "release", lambda: "4.19.0-27-amd64")
+def test_a_kernel_before_5_1_says_so(on_host, kernel):
+    on_host.seams["release"] = "4.19.0-27-amd64"  # the Host's seam for uname's release
+    cli = on_host
     kernel.link = errno.EINVAL
     result = cli("link", "add", "rxe9", "type", "rxe", "netdev", "veth2")
     assert result.code == ExitCode.UNSUPPORTED
@@ -169,8 +170,9 @@ def test_rxe_refusing_a_vlan_device_is_not_called_a_missing_capability(cli, kern
     assert "not on a VLAN device" in result.err
 
 
-def test_deleting_a_hardware_device_says_only_rxe_and_siw_can_be(cli, kernel, monkeypatch):
-    monkeypatch.setattr(platform, "release", lambda: "6.1.0-28-amd64")
+def test_deleting_a_hardware_device_says_only_rxe_and_siw_can_be(on_host, kernel):
+    on_host.seams["release"] = "6.1.0-28-amd64"  # the Host's seam for uname's release
+    cli = on_host
     kernel.link = errno.EINVAL  # nldev_dellink: no IBK_ALLOW_USER_UNREG (mlx5, ...)
     result = cli("link", "delete", "rxe0")
     assert result.code == ExitCode.FAILED
