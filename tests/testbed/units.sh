@@ -108,7 +108,7 @@ units_bisect() {
         props+=("$line")
     done < <(sed -n '/^CapabilityBoundingSet=/,$p' "/run/systemd/system/$unit" \
         | grep -E '^[A-Z][A-Za-z]+=' | grep -v -e '^StateDirectory' -e '^ReadWritePaths' -e '^User=' \
-            -e '^StateDirectoryMode' -e '^UMask')
+            -e '^StateDirectoryMode' -e '^UMask' -e '^CacheDirectory')
     echo "info: for comparison, root without a sandbox (no systemd-run): ${*: -4}"
     timeout 120 "${@: -4}" 2>&1 | head -n 30 | sed 's/^/    /'
     echo "info: $unit under its sandbox in a transient unit: $*"
@@ -348,6 +348,8 @@ EOF
     systemctl start ibtool-health.service
     n=$(systemctl show -p Result --value ibtool-health.service)
     units_check "ibtool-health.service runs (Result=$n, exit $(systemctl show -p ExecMainStatus --value ibtool-health.service))" [ "$n" = success ]
+    units_check "the health run keeps the plugins' cache in /var/cache/ibtool" \
+        sh -c 'ls /var/cache/ibtool/plugins-*.json'
     if [ "$n" != success ]; then
         journalctl -u ibtool-health.service --no-pager -o cat | tail -n 15 | sed 's/^/    /'
         units_bisect ibtool-health.service /usr/bin/ibtool health --no-state -v

@@ -325,6 +325,9 @@ def test_health_is_a_hardened_oneshot(health):
     assert one(health, s, "UMask") == "0077"
     # WARNING and CRITICAL are the node's state (in the textfile); UNKNOWN fails the unit.
     assert set(effective_list(health, s, "SuccessExitStatus")) == {"1", "2"}
+    # The plugins' cache where the sandbox lets it be written (ProtectHome= hides ~root).
+    assert one(health, s, "CacheDirectory") == "ibtool"
+    assert one(health, s, "Environment") == "XDG_CACHE_HOME=%C"
 
 
 def test_the_timer_runs_health_every_minute(timer):
