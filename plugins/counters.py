@@ -378,7 +378,8 @@ def counter_metrics(host):
     """Every counter as a Prometheus counter: PMA counters under their own names (the data
     counters in bytes), the driver's in one family labelled with the counter's name."""
     from ibtool.api import MetricFamily
-    from ibtool.api import counters as counterinfo
+
+    counterinfo = _info()
 
     families: dict[str, MetricFamily] = {}
     # promtool refuses a counter named *counter*: rdma(8) calls these statistics

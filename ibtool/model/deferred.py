@@ -61,8 +61,8 @@ def _init_made(cls: type, options: dict[str, Any]):
     return copy.__dict__["__init__"]
 
 
-def make(cls: type) -> type:
-    """Run the standard decorator on `cls` if it has not run yet; `cls`."""
+def make(cls: type) -> None:
+    """Run the standard decorator on `cls` if it has not run yet."""
     if cls in _pending:
         with _LOCK:
             options = _pending.get(cls)
@@ -73,7 +73,6 @@ def make(cls: type) -> type:
                     del cls.__init__
                 dataclasses.dataclass(cls, **options)
                 del _pending[cls]
-    return cls
 
 
 def dataclass(cls: type | None = None, **options: Any):

@@ -26,6 +26,7 @@ import zlib
 from collections.abc import Mapping
 
 GROUP = "ibtool"
+DISTRIBUTION = "ibtool"  # ibtool's own distribution's name
 FORMAT = 1
 CACHE_LIMIT = 1 << 20
 KEEP = 16
@@ -50,9 +51,8 @@ class Offered:
         """What the entry point names, as importlib.metadata's EntryPoint.load finds it."""
         import importlib
 
-        module, _, attr = self.value.partition(":")
-        found: object = importlib.import_module(module.strip())
-        attr = attr.partition("[")[0].strip()  # extras, `mod:obj [extra]`, name no object
+        found: object = importlib.import_module(self.module)
+        attr = self.value.partition(":")[2].partition("[")[0].strip()  # extras name no object
         for part in filter(None, attr.split(".")):
             found = getattr(found, part)
         return found
@@ -86,7 +86,7 @@ def scan() -> Found:
             if ep.group == GROUP:
                 offered.append(Offered(ep.name, ep.value, dist.metadata["Name"], dist.version))
     try:
-        mine = metadata.distribution("ibtool")
+        mine = metadata.distribution(DISTRIBUTION)
         own: tuple[str, str | None] | None = (mine.metadata["Name"], mine.version)
     except metadata.PackageNotFoundError:
         own = None
@@ -165,20 +165,33 @@ def _parse(data: object, key: list) -> Found | None:
 
 
 def _prune(folder: str) -> None:
-    """Keep the KEEP files used last: `python3 -m ibtool` run from many directories makes one
-    each."""
+    """Keep the KEEP files used last (`python3 -m ibtool` run from many directories makes one
+    each), and remove what a write killed half way (SIGKILL) left: its `.PID` file, a minute
+    old."""
+    import time
+
     kept = []
     for name in os.listdir(folder):
-        if name.startswith("plugins-") and name.endswith(".json"):
-            try:
-                kept.append((os.lstat(os.path.join(folder, name)).st_atime_ns, name))
-            except OSError:
-                continue
-    for _, name in sorted(kept, reverse=True)[KEEP - 1 :]:
+        if not name.startswith("plugins-"):
+            continue
+        where = os.path.join(folder, name)
         try:
-            os.unlink(os.path.join(folder, name))
+            st = os.lstat(where)
         except OSError:
-            pass
+            continue
+        if name.endswith(".json"):
+            kept.append((st.st_atime_ns, name))
+        elif st.st_mtime < time.time() - 60:
+            _unlink(where)
+    for _, name in sorted(kept, reverse=True)[KEEP - 1 :]:
+        _unlink(os.path.join(folder, name))
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _write(path: str, key: list, found: Found) -> None:

@@ -23,7 +23,7 @@ import pluggy
 from ibtool.errors import IbtoolError, UsageError
 from ibtool.model.deferred import dataclass
 from ibtool.plugin import hookspecs
-from ibtool.plugin.found import GROUP, find
+from ibtool.plugin.found import DISTRIBUTION, GROUP, find
 
 MARK = GROUP + "_impl"  # the attribute pluggy's HookimplMarker(GROUP) sets on what it marks
 # The foundation commands; blocking them would leave no tool to speak of.
@@ -198,7 +198,7 @@ class Plugins:
             warn(f"plugin {name} not loaded: {fault(e)}")
             return
         module = getattr(plugin, "__name__", None)
-        if (dist is not None and dist[0] == "ibtool") or (
+        if (dist is not None and dist[0] == DISTRIBUTION) or (
             isinstance(module, str) and module.startswith(BUILTIN_PACKAGE + ".")
         ):
             self._builtins[name] = module if isinstance(module, str) else name
@@ -266,7 +266,7 @@ def build_plugins(
         plugins.register(name, lambda n=name: _load_builtin(n), warn, dist=own)
     if not env.get(ENV_DISABLE_AUTOLOAD):
         for ep in sorted(found.offered, key=lambda e: e.name):
-            if ep.distribution == "ibtool":
+            if ep.distribution == DISTRIBUTION:
                 continue  # an install from before the built-ins were registered by name
             if pm.is_blocked(ep.name):
                 blocked_modules.add(ep.module)

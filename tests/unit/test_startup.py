@@ -318,3 +318,17 @@ def test_a_record_is_not_made_until_it_is_used():
     assert "__eq__" not in Unused.__dict__ and "__repr__" not in Unused.__dict__
     assert Mutable(1) == Mutable(1)
     assert "__eq__" in Mutable.__dict__
+
+
+def test_a_write_killed_half_way_leaves_nothing_for_long(site):
+    where, environ = site
+    path = planted(environ)
+    stale, fresh = f"{path}.4242", f"{path}.4343"
+    for name in (stale, fresh):
+        open(name, "w").write("{")
+    os.utime(stale, (0, 0))
+    dist(where, "acme-ibtool", {"acme": "acme_mod"})  # a new install: the cache is written
+    found.find(environ)
+    assert not os.path.exists(stale)  # a minute old: a write killed half way
+    assert os.path.exists(fresh)  # perhaps another start writing now
+    assert os.path.exists(path)
