@@ -3,7 +3,7 @@
 
 On the largest host measured (an mlx5 PF with 500 RoCE VFs: 28,348 sysfs entries), prints the
 median wall time and peak memory of `ibtool --snapshot S -j gids` (read, check every entry and
-link, build the tree, read it, remove it) beside `ibtool --root TREE -j gids` on the same tree
+link, read the tree from memory) beside `ibtool --root TREE -j gids` on the same tree
 and their ratio, measured in the same run; then the peak memory of refusing a gzip bomb of
 1 GB in 1 MB, beside ibtool's floor (a usage error after the plugins are loaded). Each peak is
 the child's own high-water mark (VmHWM), which starts anew at its exec.

@@ -95,7 +95,7 @@ def serve(root: str, ready: str) -> None:
         source="bench",
         checks=health_checks(build_plugins(), lambda m: None),
         config=HealthConfig(),
-        boot_id=lambda host: healthstate.boot_id(host.root),
+        boot_id=lambda host: healthstate.boot_id(host.root, host.fs),
     )
 
     def stamp() -> None:  # written whole, then renamed: the bench never reads half of it

@@ -33,6 +33,7 @@ from ibtool.model.system import (
     RoceDefaults,
     Route,
 )
+from ibtool.sources.sysfs.fs import DISK
 from ibtool.sources.sysfs.infiniband import PORT_DETAILS, PORT_FIELDS, PORT_NETDEV, SysfsSource
 from ibtool.sources.sysfs.rooted import RootedFiles
 from ibtool.sources.sysfs.stack import StackFiles, module_sign
@@ -85,6 +86,7 @@ class Host:
         iproute: Callable[[], Any] | None = None,
         run: Callable[[list], Any] | None = None,
         saved_fabric: tuple | None = None,
+        fs: Any = None,
     ):
         """`sysfs`: the source to read instead of root's (tests give the live host a tree);
         `netlink`, `verbs`: what opens an RDMA netlink client and the verbs source (default:
@@ -96,14 +98,16 @@ class Host:
         `run`: what runs nft and iptables-save (argv -> (status, stdout, stderr), None when
         not installed); each defaults to the running kernel's, and none under --root.
         `saved_fabric`: a snapshot's fabric scan (the fabric, its counters, its SMs), which
-        the fabric methods answer from instead of MADs."""
+        the fabric methods answer from instead of MADs. `fs`: where the files under the root
+        are read from (ibtool.sources.sysfs.fs; default: the disk)."""
         self.warn = warn or (lambda message: None)
         self.root = root
         self.details = details
         self.live = root == "/" if live is None else live
         self.not_live = not_live
-        self._sysfs = sysfs or SysfsSource(root, self.warn)
-        self._stack = StackFiles(root)
+        self.fs = fs or DISK
+        self._sysfs = sysfs or SysfsSource(root, self.warn, fs=self.fs)
+        self._stack = StackFiles(root, self.fs)
         self._netlink = None
         if netlink is not None or self.live:
             from ibtool.sources.netlink.session import NetlinkSession, open_nldev
@@ -413,7 +417,7 @@ class Host:
         """The files under the root outside the RDMA class (/proc, configfs, /etc), read
         bounded and never through a link out of the root; one warning per file per run."""
         if self._files is None:
-            self._files = RootedFiles(self.root, self.warn)
+            self._files = RootedFiles(self.root, self.warn, fs=self.fs)
         return self._files
 
     def ipv4_conf(self, netdev: str) -> Ipv4Conf:
@@ -454,14 +458,14 @@ class Host:
         ends the run (sources.process.open_process): what `doctor --pid` reads first."""
         from ibtool.sources.process import open_process
 
-        return open_process(self.root, self.warn, pid)
+        return open_process(self.root, self.warn, pid, self.fs)
 
     def read_process(self, pid: int, status: str, limits: str | None) -> Process:
         """What doctor judges of process `pid`, from its status and limits (open_process's)
         and its cgroup; what cannot be read is warned about and left None."""
         from ibtool.sources.process import read_process
 
-        return read_process(self.root, self.warn, pid, status, limits)
+        return read_process(self.root, self.warn, pid, status, limits, self.fs)
 
     def node_cpus(self, node: int) -> frozenset[int] | None:
         """The CPUs of NUMA node `node`, its cpulist ("%*pbl": Documentation/ABI/stable/

@@ -93,7 +93,7 @@ def _feed(inv: Invocation, closing: list):
         checks=checks,
         config=config,
         health_every=inv.args.health_interval,
-        boot_id=lambda h: healthstate.boot_id(h.root),
+        boot_id=lambda h: healthstate.boot_id(h.root, h.fs),
     )
     return feed
 

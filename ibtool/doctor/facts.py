@@ -30,13 +30,13 @@ def _read(notes: list[str], what: str, read: Callable[[], T]) -> T | None:
         return None
 
 
-def ipc_lock(root: str, pid: int | None = None) -> bool | None:
+def ipc_lock(root: str, pid: int | None, fs: Any) -> bool | None:
     """Whether the process has CAP_IPC_LOCK in its effective set (then RLIMIT_MEMLOCK does not
-    bind it: drivers/infiniband/core/umem.c, ib_umem_get)."""
+    bind it: drivers/infiniband/core/umem.c, ib_umem_get), from /proc under `root` as `fs`
+    (the Host's: ibtool.sources.sysfs.fs) has it."""
     path = os.path.join(root, "proc", str(pid) if pid else "self", "status")
     try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            text = f.read(8192)
+        text = fs.read(path, 8192).decode("ascii", "replace")
     except OSError:
         return None
     for line in text.splitlines():
@@ -112,7 +112,7 @@ def collect(host, device: str, port: int, gid_index: int | None = None,
         values.update(roce_mode=roce.mode, roce_tos=roce.tos)
     if process is None:
         lock = _read(notes, "memlock limit", lambda: host.memlock(pid))
-        values["ipc_lock"] = ipc_lock(host.root, pid)
+        values["ipc_lock"] = ipc_lock(host.root, pid, host.fs)
     else:
         lock = process.memlock
         values["ipc_lock"] = process.ipc_lock

@@ -43,27 +43,18 @@ def default_path(env=os.environ, name: str = "health.json") -> str:
     return os.path.join(base, "ibtool", name)
 
 
-def boot_id(root: str = "/") -> str | None:
-    """The kernel's random boot id (new at every boot), as the host under `root` has it."""
+def boot_id(root: str, fs: Any) -> str | None:
+    """The kernel's random boot id (new at every boot), as the host under `root` has it, read
+    from `fs` (the Host's: ibtool.sources.sysfs.fs)."""
     # Under --root the file is a capture's: a FIFO planted there must not hang the run, nor a
     # link make it read another file; either is an unknown boot id. The kernel's is 36
     # characters (a UUID, drivers/char/random.c).
+    path = os.path.join(root, "proc/sys/kernel/random/boot_id")
     try:
-        fd = os.open(
-            os.path.join(root, "proc/sys/kernel/random/boot_id"),
-            os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_NOFOLLOW if root != "/" else 0),
-        )
+        data = fs.read(path, 128, follow=root == "/")
     except OSError:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        text = os.read(fd, 128).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return text or None
+    return data.decode("ascii", "replace").strip() or None
 
 
 @dataclass

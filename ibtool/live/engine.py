@@ -282,7 +282,7 @@ class Engine:
 def _boot_id(host) -> str | None:
     from ibtool.health import state as healthstate
 
-    return healthstate.boot_id(host.root)
+    return healthstate.boot_id(host.root, host.fs)
 
 
 def _resets(rated: list[Rated]) -> list[Event]:

@@ -555,7 +555,7 @@ class Agent:
 
     def _retransmissions(self, i: int) -> int | None:
         ep = self.mine[self.own[i]]
-        return retransmissions(self.host.root, ep["device"], ep["port"])
+        return retransmissions(self.host.root, ep["device"], ep["port"], self.host.fs)
 
     def _unusable(self, i: int, d: int) -> str | None:
         for end, what in ((i, "this end"), (d, "the other end")):
@@ -616,17 +616,17 @@ class Agent:
 RETRANSMISSIONS = ("completer_retry_err", "local_ack_timeout_err")
 
 
-def retransmissions(root: str, device: str, port: int) -> int | None:
+def retransmissions(root: str, device: str, port: int, fs: Any) -> int | None:
     """The port's retransmission counters summed (ports/P/hw_counters, else the device's
-    hw_counters), None when it has none of them or one cannot be read."""
+    hw_counters), None when it has none of them or one cannot be read; read from `fs` (the
+    Host's: ibtool.sources.sysfs.fs)."""
     base = os.path.join(root, "sys/class/infiniband", device)
     for where in (os.path.join(base, "ports", str(port), "hw_counters"),
                   os.path.join(base, "hw_counters")):  # fmt: skip
         total, found = 0, False
         for name in RETRANSMISSIONS:
             try:
-                with open(os.path.join(where, name), "rb") as f:
-                    text = f.read(32)
+                text = fs.read(os.path.join(where, name), 32)
             except FileNotFoundError:
                 continue
             except OSError:

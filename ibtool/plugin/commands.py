@@ -202,15 +202,9 @@ class Invocation:
         return {} if self.snapshot_limits is None else {"limits": self.snapshot_limits}
 
     def close(self) -> None:
-        """Ends what the run opened (the host's netlink session, a snapshot's tree), and
-        removes every snapshot tree the run made, whatever interrupted it."""
-        try:
-            if self._opened is not None:
-                self._opened.close()
-        finally:
-            from ibtool import snapshot
-
-            snapshot.cleanup()
+        """Ends what the run opened (the host's netlink session, a snapshot's replay)."""
+        if self._opened is not None:
+            self._opened.close()
 
     def emit_json(self, data: Any) -> None:
         render.dump_json(data, self.out, self.pretty)

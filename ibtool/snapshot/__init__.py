@@ -1,8 +1,9 @@
 """Snapshots: a host's sysfs and netlink answers saved to one file, and replayed as a Host
-somewhere else. A snapshot is untrusted input: checked as a whole before anything is written.
+somewhere else. A snapshot is untrusted input: checked as a whole before anything is read from it.
 
     save    save a snapshot, and SnapshotHost: a Host that answers from one
-    tree    the checked, bounded tree a snapshot's files are rebuilt into
+    tree    the checked, bounded tree of a snapshot's files
+    memory  that tree read as files, from memory (a replay writes nothing)
     limits  the bounds of a snapshot (size, entries, depth, path) and --snapshot-limit
     replay  the recorded calls of the sources, and their replay
     diff    the events between two snapshots
@@ -16,18 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-# What save.py hands the CLI when it is first imported, for the run's way out: the trees it
-# made, to remove whatever interrupted the run, and what an answer it replayed that a command
-# could not use means (the file's damage, exit 7). A run that read no snapshot never imports
-# save.py, and these stay empty.
-CLEANUPS: list[Callable[[], None]] = []
+# What save.py hands the CLI when it is first imported: what an answer it replayed that a
+# command could not use means (the file's damage, exit 7). A run that read no snapshot never
+# imports save.py, and this stays empty.
 CLASSIFIERS: list[Callable[[Exception], Exception | None]] = []
-
-
-def cleanup() -> None:
-    """Every snapshot tree this process made and still has, removed."""
-    for remove in CLEANUPS:
-        remove()
 
 
 def replayed_damage(e: Exception) -> Exception | None:

@@ -18,14 +18,12 @@ error.
 from __future__ import annotations
 
 import contextlib
+import gc
 import gzip
 import json
 import os
-import shutil
 import signal
-import socket
 import stat
-import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -86,7 +84,7 @@ def save(
         "format": FORMAT,
         "version": VERSION,
         "ibtool": version,
-        "host": socket.gethostname(),
+        "host": _hostname(),
         "time": time.time(),
         "kernel": host.kernel_release(),
     }
@@ -107,6 +105,12 @@ def save(
     data.update(netlink=netlink, verbs=verbs, comm=comms, features=features)
     write(path, data)
     return data
+
+
+def _hostname() -> str:
+    import socket  # a replay never needs it
+
+    return socket.gethostname()
 
 
 def _ask_everything(host, comms: dict[str, str | None]) -> None:
@@ -171,6 +175,8 @@ def write(path: str, data: dict[str, Any]) -> None:
     tmp = None
     try:
         with _signals_held():
+            import tempfile
+
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory or ".")
         umask = os.umask(0)
         os.umask(umask)
@@ -376,8 +382,6 @@ def _said(value: Any) -> str:
 
 # -- the replayed tree --------------------------------------------------------------------------
 
-_PREFIX = "ibtool-snapshot-"
-_trees: set[str] = set()  # trees this process made and has not removed yet
 _read_paths: list[str] = []  # snapshots this process replayed
 
 
@@ -393,54 +397,19 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _scratch() -> str | None:
-    """Where to build a snapshot's tree: memory (/dev/shm) unless TMPDIR says otherwise. The
-    tree of 500 SR-IOV functions is ~27,000 files: 0.4 s on tmpfs, 8 s on a loaded ext4."""
-    if os.environ.get("TMPDIR") is None and os.access("/dev/shm", os.W_OK | os.X_OK):
-        return "/dev/shm"
-    return None
-
-
-def _new_tree() -> str:
-    scratch = _scratch() or tempfile.gettempdir()
-    _sweep(scratch)
-    with _signals_held():
-        tree = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=scratch)
-        _trees.add(tree)
-    return tree
-
-
-def _sweep(scratch: str) -> None:
-    """Remove the trees of replays that were killed (SIGKILL, a power cut of the VM): named
-    after their process, owned by this user, that process gone."""
+@contextlib.contextmanager
+def _uncollected() -> Iterator[None]:
+    """The cyclic garbage collector held while a snapshot's ~10^5 objects are made, none of
+    them in a cycle: it would walk them all again at each generation's threshold. They are
+    then frozen (kept out of every later collection): the replay keeps them to its end."""
+    was = gc.isenabled()
+    gc.disable()
     try:
-        names = [n for n in os.listdir(scratch) if n.startswith(_PREFIX)]
-    except OSError:
-        return
-    for name in names:
-        pid = name[len(_PREFIX) :].partition("-")[0]
-        path = os.path.join(scratch, name)
-        try:
-            if not pid.isdigit() or os.lstat(path).st_uid != os.geteuid():
-                continue
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            _remove(path)
-        except OSError:
-            continue
-
-
-def _remove(tree: str) -> None:
-    with _signals_held():
-        shutil.rmtree(tree, ignore_errors=True)  # never follows a link (its fd-based walk)
-        _trees.discard(tree)
-
-
-def remove_trees() -> None:
-    """Remove every tree this process made and still has: called on the CLI's way out, after
-    whatever interrupted a replay."""
-    for tree in list(_trees):
-        _remove(tree)
+        yield
+    finally:
+        gc.freeze()
+        if was:
+            gc.enable()
 
 
 def answer_unusable(e: Exception) -> SnapshotError | None:
@@ -459,7 +428,8 @@ def answer_unusable(e: Exception) -> SnapshotError | None:
 
 
 class SnapshotHost:
-    """A snapshot read back: its tree built in a temporary directory, its Host."""
+    """A snapshot read back, its Host: the files of its tree read from memory, its recorded
+    answers replayed. Nothing is written anywhere."""
 
     def __init__(
         self,
@@ -470,23 +440,16 @@ class SnapshotHost:
     ):
         from ibtool.host import Host
         from ibtool.model.records import NetlinkFeature
+        from ibtool.snapshot.memory import Memory
         from ibtool.sources.sysfs.infiniband import SysfsSource
 
         self.path = path
-        self.tmp: str | None = None
-        self.data = load(path, limits)
-        tree = Tree(self.data["sysfs"], limits)  # checked before anything is written
+        # The tree as the file's own path: nothing on disk can lie under a regular file.
+        self.root = os.path.abspath(path)
+        with _uncollected():
+            self.data = load(path, limits)
+            files = Memory(Tree(self.data["sysfs"], limits), self.root)
         _read_paths.append(path)
-        try:
-            self.tmp = _new_tree()
-            tree.build(self.tmp)
-        except OSError as e:
-            self.close()
-            why = f"its sysfs tree cannot be built ({e.strerror or e})"
-            raise IbtoolError(f"{path}: {why}", errno=e.errno) from None
-        except BaseException:  # Ctrl-C, SIGTERM: nothing is left behind
-            self.close()
-            raise
         features = self.data.get("features")
         extra = {}
         if isinstance(features, list):
@@ -502,10 +465,10 @@ class SnapshotHost:
                 self.close()
                 raise SnapshotError(f"{path} is damaged: its {e}", HINT) from None
         self.host = Host(
-            root=self.tmp,
+            root=self.root,
             warn=warn,
             details=details,
-            sysfs=SysfsSource(self.tmp, warn, origin=f"snapshot {path}"),
+            sysfs=SysfsSource(self.root, warn, origin=f"snapshot {path}", fs=files),
             netlink=replaying(self.data["netlink"], "RDMA netlink", path, extra),
             verbs=replaying(self.data["verbs"], "verbs", path),
             release=str(self.data.get("kernel", "")),
@@ -513,14 +476,13 @@ class SnapshotHost:
             not_live=NOT_LIVE,
             comm=lambda pid: comms.get(str(pid)),
             saved_fabric=saved_fabric,
+            fs=files,
         )
 
     def close(self) -> None:
         host = getattr(self, "host", None)
         if host is not None:
             host.close()
-        if self.tmp is not None:
-            _remove(self.tmp)
 
 
 def summary(data: dict[str, Any]) -> dict[str, Any]:
@@ -551,5 +513,4 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-snapshot.CLEANUPS.append(remove_trees)
 snapshot.CLASSIFIERS.append(answer_unusable)

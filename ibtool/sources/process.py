@@ -34,6 +34,7 @@ from ibtool.errors import NotFoundError, PermissionDeniedError
 from ibtool.model.names import printable
 from ibtool.model.system import RDMA_RESOURCES, Cgroup, MemLock, Process, RdmaLevel
 from ibtool.sources.proc import parse_memlock
+from ibtool.sources.sysfs.fs import DISK
 from ibtool.sources.sysfs.pci import parse_cpulist
 from ibtool.sources.sysfs.rooted import RootedFiles
 from ibtool.sources.sysfs.values import quoted
@@ -52,11 +53,7 @@ def read_strict(files: RootedFiles, path: str) -> str:
     real = files.inside(path)
     if real is None:
         raise PermissionError(13, "a link out of the root", path)
-    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        data = os.read(fd, files.limit + 1)
-    finally:
-        os.close(fd)
+    data = files.fs.read(real, files.limit + 1)
     if len(data) > files.limit:
         raise OSError(27, f"larger than {files.limit} bytes", path)  # EFBIG
     return data.decode("utf-8", "surrogateescape")
@@ -70,12 +67,12 @@ def _shown(files: RootedFiles, path: str) -> str:
     return path if rel.startswith("..") else "/" + rel
 
 
-def open_process(root: str, warn, pid: int) -> tuple[str, str | None]:
+def open_process(root: str, warn, pid: int, fs=DISK) -> tuple[str, str | None]:
     """/proc/PID/status and /proc/PID/limits of `pid` under the host's root, or the error that
     ends the run: NotFoundError when there is no such process (or /proc hides it), and
     PermissionDeniedError when its files cannot be read. A limits file missing where the status
     is there (a captured tree: the kernel has both) is None, warned about later."""
-    files = RootedFiles(root, warn)
+    files = RootedFiles(root, warn, fs=fs)
     texts: list[str | None] = []
     for name in ("status", "limits"):
         path = files.path("proc", str(pid), name)
@@ -101,10 +98,10 @@ def open_process(root: str, warn, pid: int) -> tuple[str, str | None]:
     return texts[0], texts[1]
 
 
-def read_process(root: str, warn, pid: int, status: str, limits: str | None) -> Process:
+def read_process(root: str, warn, pid: int, status: str, limits: str | None, fs=DISK) -> Process:
     """What doctor judges of process `pid`, from its status and limits (open_process's) and
     its cgroup; each value that cannot be read or parsed is warned about and left None."""
-    files = RootedFiles(root, warn)
+    files = RootedFiles(root, warn, fs=fs)
     notes: list[str] = []
     base = files.path("proc", str(pid))
     fields = _status_fields(status)

@@ -36,7 +36,7 @@ def live_dashboard():
         source="this host",
         checks=health_checks(build_plugins(), lambda m: None),
         config=HealthConfig(),
-        boot_id=lambda host: healthstate.boot_id(host.root),
+        boot_id=lambda host: healthstate.boot_id(host.root, host.fs),
     )
 
     def gid_index(device, port):

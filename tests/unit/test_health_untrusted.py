@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ibtool.sources.sysfs.fs import DISK
 from tests.fixtures import sysfs_trees
 from tests.unit.conftest import run_cli
 
@@ -376,4 +377,4 @@ def test_a_capture_s_boot_id_that_is_a_fifo_or_a_link_is_unknown(tmp_path, plant
     else:
         (tmp_path / "host_file").write_text("secret\n")
         os.symlink(tmp_path / "host_file", where / "boot_id")
-    assert healthstate.boot_id(str(root)) is None
+    assert healthstate.boot_id(str(root), DISK) is None

@@ -192,10 +192,10 @@ def denied(monkeypatch):
     as root, who reads it whatever its mode)."""
     real = net.read_attr
 
-    def read_attr(path):
+    def read_attr(path, fs):
         if path.endswith("proc/net/vlan/config"):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
-        return real(path)
+        return real(path, fs)
 
     monkeypatch.setattr(net, "read_attr", read_attr)
 

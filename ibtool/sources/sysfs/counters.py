@@ -63,7 +63,7 @@ class CounterFiles(SysfsFiles):
             path = os.path.join(directory, name)
             values[name] = None
             try:
-                text = read_attr(path)
+                text = read_attr(path, self.fs)
             except OSError as e:  # current kernels fail the read when the PMA query fails
                 unavailable.append(f"{prefix}{name}: {e.strerror}")
                 continue

@@ -9,33 +9,35 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from ibtool.sources.sysfs.fs import DISK
 from ibtool.sources.sysfs.values import Invalid, printable, quoted
 
 Warn = Callable[[str], None]
 
 
-def read_attr(path: str) -> str:
+def read_attr(path: str, fs=DISK) -> str:
     # A sysfs attribute is at most one page: one read() on a raw fd, about three times
     # cheaper than a buffered text file (it matters for 10^4 GID files on SR-IOV hosts).
-    # O_NONBLOCK: a FIFO in a --root tree would wait for a writer at open(); sysfs ignores it.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        data = os.read(fd, 8192)
-    finally:
-        os.close(fd)
-    return data.decode("utf-8", "surrogateescape").rstrip("\n")
+    return fs.text(path, 8192).rstrip("\n")
 
 
 class SysfsFiles:
-    """A sysfs tree rooted at `root` (the live host's /, a sosreport, a captured tree)."""
+    """A sysfs tree rooted at `root` (the live host's /, a sosreport, a captured tree), read
+    from `fs` (the disk, or a snapshot's tree in memory)."""
 
     def __init__(
-        self, root: str = "/", warn: Warn | None = None, *, origin: str | None = None
+        self,
+        root: str = "/",
+        warn: Warn | None = None,
+        *,
+        origin: str | None = None,
+        fs=DISK,
     ) -> None:
         self.root = root
+        self.fs = fs
         self.class_dir = os.path.join(root, "sys", "class", "infiniband")
-        # What the "no RDMA devices" errors name: the directory, or what it was built from
-        # (a snapshot's tree is a temporary directory, gone when the error is read).
+        # What the "no RDMA devices" errors name: the directory, or what it was read from
+        # (a snapshot's tree, whose root is the file's own path).
         self.origin = origin
         self.warn: Warn = warn or (lambda message: None)
         # The files warned about: one warning per file, however often it is read.
@@ -63,9 +65,9 @@ class SysfsFiles:
         slots: EINVAL). A dangling link is never what the kernel shows: always warned about.
         """
         try:
-            return read_attr(path)
+            return read_attr(path, self.fs)
         except FileNotFoundError:
-            if os.path.islink(path):
+            if self.fs.islink(path):
                 self.bad(path, "dangling link")
             elif required:
                 self.bad(path, "missing")
@@ -104,9 +106,9 @@ class SysfsFiles:
 
     def listdir(self, path: str, *, required: bool = True) -> list[str]:
         try:
-            return os.listdir(path)
+            return self.fs.listdir(path)
         except FileNotFoundError:
-            if os.path.islink(path):
+            if self.fs.islink(path):
                 self.bad(path, "dangling link")
             elif required:
                 self.bad(path, "missing")

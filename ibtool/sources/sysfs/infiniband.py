@@ -28,6 +28,7 @@ from ibtool.model.records import (
 )
 from ibtool.sources.sysfs.counters import CounterFiles
 from ibtool.sources.sysfs.files import Warn
+from ibtool.sources.sysfs.fs import DISK
 from ibtool.sources.sysfs.net import NetFiles
 from ibtool.sources.sysfs.values import (
     GID_RE,
@@ -82,9 +83,14 @@ _PORT_ATTRS: dict[str, tuple[str, Callable, bool]] = {
 
 class SysfsSource(NetFiles, CounterFiles):
     def __init__(
-        self, root: str = "/", warn: Warn | None = None, *, origin: str | None = None
+        self,
+        root: str = "/",
+        warn: Warn | None = None,
+        *,
+        origin: str | None = None,
+        fs=DISK,
     ) -> None:
-        super().__init__(root, warn, origin=origin)
+        super().__init__(root, warn, origin=origin, fs=fs)
         self._drivers: dict[str, str | None] = {}
 
     # -- devices -----------------------------------------------------------------------------
@@ -96,7 +102,7 @@ class SysfsSource(NetFiles, CounterFiles):
         if self.origin is not None:
             where, none_hint = f"{self.origin}: sys/class/infiniband", None
         try:
-            entries = list(os.scandir(self.class_dir))
+            entries = self.fs.scandir(self.class_dir)
         except FileNotFoundError:
             raise NoDevicesError(f"no RDMA devices ({where} does not exist)", none_hint) from None
         except PermissionError as e:
@@ -116,18 +122,18 @@ class SysfsSource(NetFiles, CounterFiles):
             raise NoDevicesError(f"no RDMA devices ({where} holds no device)", none_hint)
         return names
 
-    def _is_device(self, entry: os.DirEntry) -> bool:
+    def _is_device(self, entry) -> bool:
         # sysfs makes every entry a link into devices/; captures may hold directories. Only
         # what is not a link costs a system call here.
         try:
             if entry.is_dir():
-                if entry.is_symlink() or os.listdir(entry.path):
+                if entry.is_symlink() or self.fs.listdir(entry.path):
                     return True
                 self.bad(entry.path, "empty directory, not a device")
                 return False
         except OSError:
             pass
-        if entry.is_symlink() and not os.path.exists(entry.path):
+        if entry.is_symlink() and not self.fs.exists(entry.path):
             self.bad(entry.path, "dangling link, not a device")
         else:
             self.bad(entry.path, "not a directory, not a device")
@@ -190,7 +196,7 @@ class SysfsSource(NetFiles, CounterFiles):
     def _read_driver(self, name: str) -> str | None:
         link = os.path.join(self.class_dir, name, "device", "driver")
         try:
-            target = os.readlink(link)
+            target = self.fs.readlink(link)
         except FileNotFoundError:
             self._check_device_link(name)
             return None
@@ -211,13 +217,13 @@ class SysfsSource(NetFiles, CounterFiles):
         """Warn if the device's `device` entry is there but is not a link to a directory (the
         kernel's is a link to the bus device; virtual devices have none). True if it warned."""
         path = os.path.join(self.class_dir, name, "device")
-        if not os.path.lexists(path):
+        if not self.fs.lexists(path):
             return False
-        if not os.path.islink(path):
+        if not self.fs.islink(path):
             self.bad(path, "not a link")
-        elif not os.path.exists(path):
+        elif not self.fs.exists(path):
             self.bad(path, "dangling link")
-        elif not os.path.isdir(path):
+        elif not self.fs.isdir(path):
             self.bad(path, "not a link to a directory")
         else:
             return False
@@ -363,7 +369,7 @@ class SysfsSource(NetFiles, CounterFiles):
         # IPoIB and iWARP netdevs: the PCI function's net/ entries, told apart by dev_port.
         net_dir = os.path.join(d, "device", "net")
         try:
-            netdevs = sorted(os.listdir(net_dir))
+            netdevs = sorted(self.fs.listdir(net_dir))
         except OSError:
             self._check_device_link(device)
             return None
@@ -433,6 +439,6 @@ class SysfsSource(NetFiles, CounterFiles):
         """What tells a device from one re-created under the same name: the inode of its
         sysfs directory, which kernfs numbers anew for every directory it makes."""
         try:
-            return os.stat(os.path.join(self.class_dir, device)).st_ino
+            return self.fs.inode(os.path.join(self.class_dir, device))
         except OSError:
             return None

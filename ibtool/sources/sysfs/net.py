@@ -71,9 +71,9 @@ class NetFiles(SysfsFiles):
             self._vlans = {}
             path = os.path.join(self.root, "proc", "net", "vlan", "config")
             try:
-                text = read_attr(path)
+                text = read_attr(path, self.fs)
             except FileNotFoundError:
-                if os.path.islink(path):
+                if self.fs.islink(path):
                     self.bad(path, "dangling link")
                 return self._vlans  # no 8021q module
             except PermissionError as e:
@@ -143,7 +143,7 @@ class NetFiles(SysfsFiles):
         active_slave the name or nothing; bond_sysfs_slave.c, per slave: state "active" or
         "backup", mii_status "up", "going down", "down" or "going back"."""
         bonding = os.path.join(self.root, "sys", "class", "net", netdev, "bonding")
-        if not os.path.isdir(bonding):
+        if not self.fs.isdir(bonding):
             return None
         mode = self.parsed(os.path.join(bonding, "mode"), _parse_bond_mode)
         names = self.parsed(os.path.join(bonding, "slaves"), _parse_netdev_list) or ()

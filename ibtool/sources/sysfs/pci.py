@@ -77,10 +77,10 @@ class PciFiles:
         """The device's PCI function directory (its `device` link resolved within the root);
         None for a device without one (rxe, siw) or whose link leads out of the root."""
         link = self.files.path("sys/class/infiniband", device, "device")
-        if not os.path.lexists(link):
+        if not self.files.fs.lexists(link):
             return None
         real = self.files.inside(link)
-        if real is None or not os.path.isdir(real):
+        if real is None or not self.files.fs.isdir(real):
             if real is not None:
                 self.files.bad(link, "dangling link")
             return None
@@ -95,7 +95,7 @@ class PciFiles:
         fn = self.function(device)
         chain: list[PciLink] = []
         d = fn
-        top = os.path.realpath(self.files.root)
+        top = self.files.fs.realpath(self.files.root)
         while (
             d is not None
             and d != top

@@ -23,7 +23,7 @@ class RootedFiles(SysfsFiles):
     def __init__(self, *args, limit: int = READ_LIMIT, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.limit = limit
-        self._real_root = os.path.realpath(self.root)
+        self._real_root = self.fs.realpath(self.root)
 
     def path(self, *parts: str) -> str:
         """root + /parts (parts relative to /)."""
@@ -38,7 +38,7 @@ class RootedFiles(SysfsFiles):
     def inside(self, path: str) -> str | None:
         """`path` with every link resolved, if that stays under the root; None (and a warning)
         when a link leads out of it; the path itself when it does not exist."""
-        real = os.path.realpath(path)
+        real = self.fs.realpath(path)
         if self._real_root == "/" or real == self._real_root:
             return real
         if os.path.commonpath([real, self._real_root]) != self._real_root:
@@ -51,13 +51,9 @@ class RootedFiles(SysfsFiles):
         if real is None:
             return None
         try:
-            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            try:
-                data = os.read(fd, self.limit + 1)
-            finally:
-                os.close(fd)
+            data = self.fs.read(real, self.limit + 1)
         except FileNotFoundError:
-            if os.path.islink(path):
+            if self.fs.islink(path):
                 self.bad(path, "dangling link")
             elif required:
                 self.bad(path, "missing")
@@ -73,15 +69,15 @@ class RootedFiles(SysfsFiles):
 
     def isdir(self, path: str) -> bool:
         real = self.inside(path)
-        return real is not None and os.path.isdir(real)
+        return real is not None and self.fs.isdir(real)
 
     def exists(self, path: str) -> bool:
         """Whether `path` is there, without following a link out of the root (quietly)."""
-        real = os.path.realpath(path)
+        real = self.fs.realpath(path)
         if self._real_root != "/" and real != self._real_root:
             if os.path.commonpath([real, self._real_root]) != self._real_root:
                 return False
-        return os.path.exists(real)
+        return self.fs.exists(real)
 
     def listdir(self, path: str, *, required: bool = True) -> list[str]:
         real = self.inside(path)

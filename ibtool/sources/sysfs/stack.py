@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+from ibtool.sources.sysfs.fs import DISK
+
 MODULE_SIGNS = {
     "ib_core": "sys/class/infiniband",
     "ib_uverbs": "sys/class/infiniband_verbs/abi_version",
@@ -28,22 +30,27 @@ def module_sign(module: str) -> str:
 
 
 class StackFiles:
-    """The RDMA stack's files under `root` (/ for the running kernel, or a tree)."""
+    """The RDMA stack's files under `root` (/ for the running kernel, or a tree), read from
+    `fs` (the disk, or a snapshot's tree in memory)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, fs=DISK) -> None:
         self.root = root
+        self.fs = fs
+
+    def _text(self, path: str) -> str:
+        # One page at most (a sysfs attribute), never waiting on a FIFO planted in a tree.
+        return self.fs.read(path, 8192).decode("utf-8", "replace").strip()
 
     def captured(self) -> bool:
-        return any(os.path.isdir(os.path.join(self.root, d)) for d in CAPTURED)
+        return any(self.fs.isdir(os.path.join(self.root, d)) for d in CAPTURED)
 
     def module_loaded(self, module: str) -> bool:
-        return os.path.exists(os.path.join(self.root, module_sign(module)))
+        return self.fs.exists(os.path.join(self.root, module_sign(module)))
 
     def uverbs_abi(self) -> str | None:
         """The uverbs ABI version (infiniband_verbs/abi_version); None without ib_uverbs."""
         try:
-            with open(os.path.join(self.root, MODULE_SIGNS["ib_uverbs"])) as f:
-                return f.read().strip()
+            return self._text(os.path.join(self.root, MODULE_SIGNS["ib_uverbs"]))
         except OSError:
             return None
 
@@ -51,10 +58,9 @@ class StackFiles:
         """RDMA device -> its uverbs char device (infiniband_verbs/uverbsN/ibdev)."""
         base = os.path.join(self.root, "sys/class/infiniband_verbs")
         found = {}
-        for entry in sorted(os.listdir(base)) if os.path.isdir(base) else ():
+        for entry in sorted(self.fs.listdir(base)) if self.fs.isdir(base) else ():
             try:
-                with open(os.path.join(base, entry, "ibdev")) as f:
-                    found[f.read().strip()] = entry
+                found[self._text(os.path.join(base, entry, "ibdev"))] = entry
             except OSError:
                 continue
         return found
