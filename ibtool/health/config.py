@@ -8,7 +8,6 @@ check.
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import math
 import re
@@ -242,6 +241,8 @@ _WIDTH = re.compile(r"[0-9]+X")
 
 def _nearest(name: str, known: Iterable[str]) -> str:
     """', did you mean 'X'?' for the nearest of `known` (difflib's ratio 0.6 and up), or ''."""
+    import difflib  # only for a name that is not known
+
     near = difflib.get_close_matches(name, list(known), n=1)
     return f"; did you mean {near[0]!r}?" if near else ""
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import subprocess
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from ibtool.errors import IbtoolError, UnsupportedError
 from ibtool.model.deferred import dataclass
+
+if TYPE_CHECKING:
+    import subprocess
 
 REASON_PREFIX = "ibtool: "
 REASON_MAX = 120  # sinfo -R shows the first 20 characters by default; scontrol the whole reason
@@ -26,13 +28,19 @@ Run = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 
 def run_command(argv: list[str]) -> subprocess.CompletedProcess[str]:
     """Run a Slurm command (scontrol), bounded by TIMEOUT; its output as text."""
+    import subprocess  # only where --slurm-drain asks: a health run never else
+
     return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, check=False)
 
 
 def node_name(env: Mapping[str, str] = os.environ) -> str:
     """This host's Slurm node name: SLURMD_NODENAME where slurmd set it, else the short host
     name (slurm.conf's NodeName is the short name unless NodeHostname says otherwise)."""
-    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    if env.get("SLURMD_NODENAME"):
+        return env["SLURMD_NODENAME"]
+    import socket
+
+    return socket.gethostname().split(".")[0]
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,8 @@ def parse_node(line: str) -> NodeState:
 
 
 def scontrol(args: list[str], run: Run = run_command) -> str:
+    import subprocess
+
     try:
         proc = run(["scontrol", *args])
     except FileNotFoundError:

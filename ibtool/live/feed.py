@@ -14,7 +14,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import field
-from datetime import datetime
 from typing import Any
 
 from ibtool.errors import IbtoolError
@@ -122,6 +121,8 @@ def traffic(rated: tuple[Rated, ...] | list[Rated]) -> Traffic:
 
 
 def _stamp(wall: float) -> str:
+    from datetime import datetime  # a feed's first event
+
     return datetime.fromtimestamp(wall).astimezone().isoformat(timespec="seconds")
 
 

@@ -163,6 +163,15 @@ class Memory:
             return data[:size]  # its bytes are its characters
         return self.read(path, size).decode("utf-8", "surrogateescape")
 
+    def texts(self, directory: str, names: list[str], size: int) -> list[str | OSError]:
+        out: list[str | OSError] = []
+        for name in names:
+            try:
+                out.append(self.text(f"{directory}/{name}", size))
+            except OSError as e:
+                out.append(e)
+        return out
+
     def listdir(self, path: str) -> list[str]:
         found = self._lookup(path, True)
         if self._kind[found] != DIR:

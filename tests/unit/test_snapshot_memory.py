@@ -29,6 +29,10 @@ def _answer(call, *args):
         return ("error", e.errno)
 
 
+def _each(texts: list) -> list:
+    return [("error", t.errno) if isinstance(t, OSError) else t for t in texts]
+
+
 def _entries(fs, path: str):
     return sorted((e.name, _answer(e.is_dir), e.is_symlink()) for e in fs.scandir(path))
 
@@ -49,6 +53,7 @@ def _same(tree: Tree, disk_root: str, paths) -> int:
             ("read 3", lambda fs, p: fs.read(p, 3)),
             ("text", lambda fs, p: fs.text(p, 8192)),
             ("text 2", lambda fs, p: fs.text(p, 2)),
+            ("texts", lambda fs, p: _each(fs.texts(p, ["a", "b", "x", "0", "."], 8192))),
             ("listdir", lambda fs, p: sorted(fs.listdir(p))),
             ("scandir", _entries),
             ("readlink", lambda fs, p: fs.readlink(p)),

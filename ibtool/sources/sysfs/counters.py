@@ -3,8 +3,6 @@ hw_counters/ (drivers/infiniband/core/sysfs.c show_pma_counter, hw_stat_device_s
 
 from __future__ import annotations
 
-import os
-
 from ibtool.model import counters as counterinfo
 from ibtool.model.records import CounterSample
 from ibtool.sources.sysfs.files import SysfsFiles, read_attr
@@ -18,12 +16,12 @@ class CounterFiles(SysfsFiles):
         """PMA PortCounters (counters/, and counters_ext/ where a kernel has it) and driver
         hw_counters/ of a port; port 0: the device-wide hw_counters. Each read of counters/ is a
         MAD to the firmware."""
-        d = os.path.join(self.class_dir, device)
+        d = f"{self.class_dir}/{device}"
         if port == 0:
-            return self._hw_counters(device, 0, os.path.join(d, "hw_counters"))
-        p = os.path.join(d, "ports", str(port))
+            return self._hw_counters(device, 0, f"{d}/hw_counters")
+        p = f"{d}/ports/{port}"
         return self._pma_counters(device, port, p) + self._hw_counters(
-            device, port, os.path.join(p, "hw_counters")
+            device, port, f"{p}/hw_counters"
         )
 
     def _pma_counters(self, device: str, port: int, port_dir: str) -> list[CounterSample]:
@@ -32,10 +30,10 @@ class CounterFiles(SysfsFiles):
         A counter of counters_ext/ takes the name counters/ has for it (port_xmit_data_64 is
         port_xmit_data) and its value wins unless counters/ is a 64-bit table itself."""
         unavailable: list[str] = []
-        values = self._pma_files(os.path.join(port_dir, "counters"), "", unavailable)
+        values = self._pma_files(f"{port_dir}/counters", "", unavailable)
         wide = counterinfo.pma_table_is_wide(values)
         widths = {name: counterinfo.pma_width(name, wide) for name in values}
-        ext_dir = os.path.join(port_dir, "counters_ext")
+        ext_dir = f"{port_dir}/counters_ext"
         for file, value in self._pma_files(ext_dir, "counters_ext/", unavailable).items():
             name = counterinfo.COUNTERS_EXT.get(file)
             if name is None:  # not one of the eight: shown under its own name
@@ -60,7 +58,7 @@ class CounterFiles(SysfsFiles):
         the port) are None and named in `unavailable`, for one warning per port."""
         values: dict[str, int | None] = {}
         for name in sorted(self.listdir(directory, required=False)):
-            path = os.path.join(directory, name)
+            path = f"{directory}/{name}"
             values[name] = None
             try:
                 text = read_attr(path, self.fs)
@@ -78,7 +76,7 @@ class CounterFiles(SysfsFiles):
         for name in sorted(self.listdir(directory, required=False)):
             if name == "lifespan":
                 continue
-            path = os.path.join(directory, name)
+            path = f"{directory}/{name}"
             text = self.read(path)
             value = None if text is None else self._counter_value(path, text)
             samples.append(CounterSample(device, port, name, value, "hw"))

@@ -66,15 +66,28 @@ class SysfsFiles:
         """
         try:
             return read_attr(path, self.fs)
-        except FileNotFoundError:
+        except OSError as e:
+            return self.unread(path, e, required=required, quiet=quiet)
+
+    def unread(self, path: str, e: OSError, *, required: bool = True, quiet: bool = False) -> None:
+        """What read() says of a file it could not read (None, and the warning)."""
+        if isinstance(e, FileNotFoundError):
             if self.fs.islink(path):
                 self.bad(path, "dangling link")
             elif required:
                 self.bad(path, "missing")
-        except OSError as e:
-            if not quiet:
-                self.bad(path, f"cannot read: {e.strerror or e}")
+        elif not quiet:
+            self.bad(path, f"cannot read: {e.strerror or e}")
         return None
+
+    def read_each(self, directory: str, names: list[str]) -> list[str | OSError]:
+        """The files `names` of `directory` read as read() reads one (their text, without the
+        trailing newline), through one descriptor of the directory: the error of one that
+        could not be read in its place, for unread() to say in the order the caller reads."""
+        return [
+            t if isinstance(t, OSError) else t.rstrip("\n")
+            for t in self.fs.texts(directory, names, 8192)
+        ]
 
     def parse(self, path: str, text: str, parse: Callable):
         """parse(text), or None and a warning naming the file."""

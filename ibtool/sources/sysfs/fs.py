@@ -9,7 +9,8 @@ from the same lookups, links followed where os.* follows them.
   opened O_RDONLY | O_NONBLOCK (a FIFO in a --root tree must not wait for a writer; sysfs
   ignores the flag); `follow=False` adds O_NOFOLLOW (ELOOP on a link) and refuses what is not
   a regular file (EINVAL). text(path, size): the same bytes decoded as UTF-8, a byte that is
-  not as a lone surrogate (surrogateescape).
+  not as a lone surrogate (surrogateescape). texts(directory, names, size): text() of each
+  name in the directory, or the OSError that one raised, in its place.
 - listdir(path), scandir(path) (entries with .name, .path, is_dir(), is_symlink()),
   readlink(path), realpath(path) (os.path.realpath's, not strict), inode(path) (st_ino).
 - islink, lexists, exists, isdir: as os.path's, False on any error.
@@ -22,6 +23,7 @@ import os
 import stat
 
 _READ = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 class Disk:
@@ -52,6 +54,36 @@ class Disk:
             return os.read(fd, size).decode("utf-8", "surrogateescape")
         finally:
             os.close(fd)
+
+    @staticmethod
+    def texts(directory: str, names: list[str], size: int) -> list[str | OSError]:
+        # Each file opened relative to the directory's descriptor (openat(2)): the kernel walks
+        # one component, not the ten of a GID slot's path (0.7 us of 2.4 us per file).
+        try:
+            dir_fd = os.open(directory, _DIRECTORY)
+        except OSError:
+            dir_fd = None
+        out: list[str | OSError] = []
+        try:
+            for name in names:
+                try:
+                    if dir_fd is None:
+                        fd = os.open(f"{directory}/{name}", _READ)
+                    else:
+                        fd = os.open(name, _READ, dir_fd=dir_fd)
+                except OSError as e:
+                    out.append(e)
+                    continue
+                try:
+                    out.append(os.read(fd, size).decode("utf-8", "surrogateescape"))
+                except OSError as e:
+                    out.append(e)
+                finally:
+                    os.close(fd)
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
+        return out
 
     @staticmethod
     def scandir(path: str) -> list:
