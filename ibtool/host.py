@@ -324,15 +324,17 @@ class Host:
     def is_iwarp(self, device: str) -> bool:
         return self._sysfs.iwarp(device)
 
-    def roce_gid_index(self, device: str, port: int) -> int | None:
+    def roce_gid_index(self, device: str, port: int, gids: list[Gid] | None = None) -> int | None:
         """The GID index the data path uses on a RoCE port (the `gids --best` rule), or None
-        for an InfiniBand port, which is addressed by LID."""
+        for an InfiniBand port, which is addressed by LID. `gids`: the port's, as gids() just
+        read them, not read again (an iWARP port's are: gids() leaves out their RoCE type)."""
         from ibtool.model.gidrule import best_gid
 
         p = self._sysfs.port(device, port, ("link_layer", "netdev"))
         if p.link_layer != LinkLayer.ETHERNET:
             return None
-        gids = list(self._sysfs.gids(device, port, p.link_layer))
+        if gids is None or self.is_iwarp(device):
+            gids = list(self._sysfs.gids(device, port, p.link_layer))
         return best_gid(gids, {(device, port): p}, self._sysfs.vlans(), p.netdev or "").index
 
     def pkey(self, device: str, port: int, index: int, *, asked: bool = True) -> PKey:

@@ -85,10 +85,16 @@ def collect(host, device: str, port: int, gid_index: int | None = None,
         mtu = _read(notes, f"{where} active MTU", lambda: _active_mtu(host, device, port))
         values["active_mtu"] = mtu
     netdev = values.get("netdev")
+    table: list = []  # the port's GIDs, read once for both
+
+    def best_index() -> int | None:
+        table.extend(host.gids(where))
+        return host.roce_gid_index(device, port, table)
+
     if gid_index is None:
-        gid_index = _read(notes, f"{where} GID", lambda: host.roce_gid_index(device, port))
+        gid_index = _read(notes, f"{where} GID", best_index)
     values["gid_index"] = gid_index
-    gids = _read(notes, f"{where} GIDs", lambda: host.gids(where)) or []
+    gids = table or _read(notes, f"{where} GIDs", lambda: host.gids(where)) or []
     values["gids"] = tuple(
         GidFact(
             g.index, g.gid, g.type.label if g.type is not None else None, g.netdev, g.vlan, g.ip
