@@ -56,12 +56,19 @@ def row(what: str, seconds: float, rss: int, reference: float | None = None) -> 
     print(f"  {what:<44} {seconds * 1000:8.1f} ms {rss / 1024:7.1f} MiB  {ratio}")
 
 
-def bench_health(root: str | None, label: str, runs: int, work: Path) -> None:
+def bench_health(
+    root: str | None, label: str, runs: int, work: Path, one: str | None = None
+) -> None:
+    """`one`: a tree of one device, whose run is ibtool's start-up and little else: what is
+    left of the ratio above it is the price per device."""
     where = ["--root", root] if root else []
     state = work / f"state-{label}.json"
     print(f"{label}:")
     nhc, nhc_rss = median_of([*NHC, root or "/"], runs)
     row("NHC check_hw_ib logic (bash loop)", nhc, nhc_rss)
+    if one is not None:
+        floor, floor_rss = median_of([*IBTOOL, "--root", one, "health", "--no-state"], runs)
+        row("ibtool health --no-state, 1 device (start-up)", floor, floor_rss, nhc)
     cron = [*IBTOOL, *where, "health", "--state", str(state)]
     run(cron)  # the first run takes the baseline; cron's every later run compares with it
     took, rss = median_of(cron, runs)
@@ -124,8 +131,11 @@ def main() -> int:
             root = work / "vfs"
             sriov_vfs(root, count=args.vfs)
             uverbs(root, sorted(os.listdir(root / "sys/class/infiniband")))
+            one = work / "one"
+            sriov_vfs(one, count=0)
+            uverbs(one, sorted(os.listdir(one / "sys/class/infiniband")))
             what = f"{args.vfs + 1} devices (PF + {args.vfs} VFs, --root)"
-            bench_health(str(root), what, args.runs, work)
+            bench_health(str(root), what, args.runs, work, str(one))
             print()
         if os.path.isdir("/sys/class/infiniband") and os.listdir("/sys/class/infiniband"):
             bench_health(None, "this host (live)", args.runs, work)

@@ -32,7 +32,9 @@ def valid_netdev_name(name: str) -> bool:
         0 < len(name.encode("utf-8", "surrogateescape")) < IFNAMSIZ
         and name not in (".", "..")
         and name.isprintable()
-        and not any(c in "/:" or c.isspace() for c in name)
+        and "/" not in name
+        and ":" not in name
+        and not any(map(str.isspace, name))
     )
 
 
