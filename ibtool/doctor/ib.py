@@ -25,7 +25,7 @@ from typing import Any
 
 from ibtool.errors import IbtoolError
 from ibtool.model.deferred import dataclass
-from ibtool.model.doctor import Facts, Finding, Verdict
+from ibtool.model.doctor import Facts, Finding, Verdict, is_infiniband
 from ibtool.model.fabric import (
     ERROR_FIXES,
     Cable,
@@ -100,14 +100,6 @@ class IbPath:
     def _counters(self) -> dict[tuple[int, int], PortCounters]:
         found = [c for c in (self.local_counters(), self.peer_counters) if c is not None]
         return {(c.node, c.port): c for c in found}
-
-
-def is_infiniband(local: Facts) -> bool | None:
-    """True for an InfiniBand port, False for any other, None where sysfs did not say (a
-    simulator's stand-in tree: libibumad is asked)."""
-    if local.link_layer is None:
-        return None
-    return local.link_layer == "InfiniBand"
 
 
 def gather_local(host, local: Facts, thresholds: Callable[[], dict[str, int]] | None,

@@ -16,16 +16,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import field
+from typing import TYPE_CHECKING
 
-from ibtool.doctor import ib
 from ibtool.doctor.checks import Context, run_checks
 from ibtool.doctor.facts import collect
-from ibtool.doctor.ib import IbPath
 from ibtool.errors import IbtoolError, NotFoundError
 from ibtool.model.deferred import dataclass
-from ibtool.model.doctor import Facts, Finding, Verdict
+from ibtool.model.doctor import Facts, Finding, Verdict, is_infiniband
 from ibtool.model.records import PortState
 from ibtool.model.system import same_subnet
+
+if TYPE_CHECKING:
+    from ibtool.doctor.ib import IbPath
 
 
 @dataclass(frozen=True)
@@ -192,11 +194,17 @@ def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
     local = collect(host, device, port, opts.gid_index, process=process)
     link, link_why = link_facts(host, local)
     # InfiniBand: this end's cable and SM asked while the peer answers, the route after
-    fabric = ib.gather_local(host, local, opts.thresholds, warn)
+    fabric = None
+    if is_infiniband(local) is not False and host.live:  # the fabric's modules: IB only
+        from ibtool.doctor import ib
+
+        fabric = ib.gather_local(host, local, opts.thresholds, warn)
     peer, no_facts, no_facts_fix = (None, None, None)
     if query is not None:
         peer, no_facts, no_facts_fix = query.answer()
     if fabric is not None:
+        from ibtool.doctor import ib
+
         why = f"{opts.peer} told nothing: {no_facts}" if no_facts else None
         fabric = ib.gather_route(host, fabric, peer, why)
     # The RDMA path goes to the peer's GID address, which may not be the one we asked.

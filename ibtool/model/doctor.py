@@ -169,6 +169,14 @@ class Facts:
         return cls(**values)
 
 
+def is_infiniband(local: Facts) -> bool | None:
+    """True for an InfiniBand port, False for any other, None where sysfs did not say (a
+    simulator's stand-in tree: libibumad is asked)."""
+    if local.link_layer is None:
+        return None
+    return local.link_layer == "InfiniBand"
+
+
 def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
