@@ -85,16 +85,18 @@ def collect(host, device: str, port: int, gid_index: int | None = None,
         mtu = _read(notes, f"{where} active MTU", lambda: _active_mtu(host, device, port))
         values["active_mtu"] = mtu
     netdev = values.get("netdev")
-    table: list = []  # the port's GIDs, read once for both
+    gids = None  # the port's GIDs, read once for both
 
     def best_index() -> int | None:
-        table.extend(host.gids(where))
-        return host.roce_gid_index(device, port, table)
+        nonlocal gids
+        gids = host.gids(where)
+        return host.roce_gid_index(device, port, gids)
 
     if gid_index is None:
         gid_index = _read(notes, f"{where} GID", best_index)
     values["gid_index"] = gid_index
-    gids = table or _read(notes, f"{where} GIDs", lambda: host.gids(where)) or []
+    if gids is None:
+        gids = _read(notes, f"{where} GIDs", lambda: host.gids(where)) or []
     values["gids"] = tuple(
         GidFact(
             g.index, g.gid, g.type.label if g.type is not None else None, g.netdev, g.vlan, g.ip

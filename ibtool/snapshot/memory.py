@@ -143,25 +143,30 @@ class Memory:
 
     # -- the layer ---------------------------------------------------------------------------
 
-    def read(self, path: str, size: int, follow: bool = True) -> bytes:
+    def _file(self, path: str, follow: bool) -> str | bytes:
+        """The content of the file `path` names; the error open(2) and read(2) would give."""
         found = self._lookup(path, follow)
         kind = self._kind[found]
         if kind == FILE:
-            data = self.tree.content[found]
-            if isinstance(data, str):
-                data = data.encode("utf-8", "surrogatepass")
-            return data[:size]
+            return self.tree.content[found]
         if kind == LINK:  # O_NOFOLLOW
             raise _error(errno.ELOOP, path)
         # A directory opens; reading it is EISDIR, and without following, it is not regular.
         raise _error(errno.EISDIR if follow else errno.EINVAL, path)
 
+    def read(self, path: str, size: int, follow: bool = True) -> bytes:
+        data = self._file(path, follow)
+        if isinstance(data, str):
+            data = data.encode("utf-8", "surrogatepass")
+        return data[:size]
+
     def text(self, path: str, size: int) -> str:
-        found = self._lookup(path, True)
-        data = self.tree.content.get(found) if self._kind[found] == FILE else None
-        if type(data) is str and data.isascii():
+        data = self._file(path, True)
+        if isinstance(data, str) and data.isascii():
             return data[:size]  # its bytes are its characters
-        return self.read(path, size).decode("utf-8", "surrogateescape")
+        if isinstance(data, str):
+            data = data.encode("utf-8", "surrogatepass")
+        return data[:size].decode("utf-8", "surrogateescape")
 
     def texts(self, directory: str, names: list[str], size: int) -> list[str | OSError]:
         out: list[str | OSError] = []
@@ -179,10 +184,12 @@ class Memory:
         return list(self.tree.children[found])
 
     def scandir(self, path: str) -> list[_Entry]:
-        names = self.listdir(path)
-        base = path.rstrip("/")
         where = self._lookup(path, True)
+        if self._kind[where] != DIR:
+            raise _error(errno.ENOTDIR, path)
+        base = path.rstrip("/")
         prefix = f"{where}/" if where else ""
+        names = self.tree.children[where]
         return [_Entry(name, f"{base}/{name}", self, prefix + name) for name in names]
 
     def readlink(self, path: str) -> str:

@@ -400,14 +400,12 @@ def _signals_held() -> Iterator[None]:
 @contextlib.contextmanager
 def _uncollected() -> Iterator[None]:
     """The cyclic garbage collector held while a snapshot's ~10^5 objects are made, none of
-    them in a cycle: it would walk them all again at each generation's threshold. They are
-    then frozen (kept out of every later collection): the replay keeps them to its end."""
+    them in a cycle: it would walk them all again at each generation's threshold."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.freeze()
         if was:
             gc.enable()
 

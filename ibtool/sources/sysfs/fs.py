@@ -38,8 +38,8 @@ class Disk:
     isdir = staticmethod(os.path.isdir)
 
     @staticmethod
-    def read(path: str, size: int, follow: bool = True) -> bytes:
-        fd = os.open(path, _READ if follow else _READ | os.O_NOFOLLOW)
+    def read(path: str, size: int, follow: bool = True, dir_fd: int | None = None) -> bytes:
+        fd = os.open(path, _READ if follow else _READ | os.O_NOFOLLOW, dir_fd=dir_fd)
         try:
             if not follow and not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), path)
@@ -49,11 +49,7 @@ class Disk:
 
     @staticmethod
     def text(path: str, size: int) -> str:
-        fd = os.open(path, _READ)
-        try:
-            return os.read(fd, size).decode("utf-8", "surrogateescape")
-        finally:
-            os.close(fd)
+        return Disk.read(path, size).decode("utf-8", "surrogateescape")
 
     @staticmethod
     def texts(directory: str, names: list[str], size: int) -> list[str | OSError]:
@@ -66,20 +62,13 @@ class Disk:
         out: list[str | OSError] = []
         try:
             for name in names:
+                where = name if dir_fd is not None else f"{directory}/{name}"
                 try:
-                    if dir_fd is None:
-                        fd = os.open(f"{directory}/{name}", _READ)
-                    else:
-                        fd = os.open(name, _READ, dir_fd=dir_fd)
+                    data = Disk.read(where, size, dir_fd=dir_fd)
                 except OSError as e:
                     out.append(e)
                     continue
-                try:
-                    out.append(os.read(fd, size).decode("utf-8", "surrogateescape"))
-                except OSError as e:
-                    out.append(e)
-                finally:
-                    os.close(fd)
+                out.append(data.decode("utf-8", "surrogateescape"))
         finally:
             if dir_fd is not None:
                 os.close(dir_fd)

@@ -407,13 +407,11 @@ class SysfsSource(NetFiles, CounterFiles):
         types = {} if iwarp else dict(zip(used, self.read_each(types_dir, names)))
         for index, gid in zip(indexes, texts):
             path = f"{gids_dir}/{index}"
-            if isinstance(gid, OSError):
-                self.unread(path, gid)
-                continue
-            if gid == ZERO_GID:
-                continue  # an empty slot
-            if not GID_RE.fullmatch(gid):
-                self.bad(path, f"malformed GID {quoted(gid)}")
+            if index not in ndevs:  # unreadable, an empty slot, or not a GID
+                if isinstance(gid, OSError):
+                    self.unread(path, gid)
+                elif gid != ZERO_GID:
+                    self.bad(path, f"malformed GID {quoted(gid)}")
                 continue
             netdev = self._gid_netdev(f"{ndevs_dir}/{index}", roce, ndevs[index])
             if iwarp:
