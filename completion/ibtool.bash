@@ -7,7 +7,7 @@
 
 # The command names and aliases.
 _ibtool_commands() {
-    _ibtool_r=(completion counters stats dev device doctor exporter fabric gids gid health loopback mesh monitor ping plugins port link res resource snapshot system tui)
+    _ibtool_r=(completion counters stats dev device doctor exporter fabric gids gid health loopback mesh monitor ping plugins port link res resource snapshot system topo tui)
 }
 
 # A command's name or alias -> its name (empty when it is none).
@@ -30,6 +30,7 @@ _ibtool_command() {
         res|resource) _ibtool_name=res ;;
         snapshot) _ibtool_name=snapshot ;;
         system) _ibtool_name=system ;;
+        topo) _ibtool_name=topo ;;
         tui) _ibtool_name=tui ;;
         *) _ibtool_name= ;;
     esac
@@ -56,6 +57,7 @@ _ibtool_options() {
         res) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
         snapshot) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --fabric --via) ;;
         system) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug) ;;
+        topo) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --nccl) ;;
         tui) _ibtool_r=(-h --help -j --json -p --pretty -d --details --root --snapshot --snapshot-limit --debug --interval --health-interval --fabric-interval --config) ;;
         *) _ibtool_r=() ;;
     esac
@@ -132,6 +134,9 @@ _ibtool_value() {
         'system --root') _ibtool_kind=dir ;;
         'system --snapshot') _ibtool_kind=file ;;
         'system --snapshot-limit') _ibtool_kind=none ;;
+        'topo --root') _ibtool_kind=dir ;;
+        'topo --snapshot') _ibtool_kind=file ;;
+        'topo --snapshot-limit') _ibtool_kind=none ;;
         'tui --root') _ibtool_kind=dir ;;
         'tui --snapshot'|'tui --config') _ibtool_kind=file ;;
         'tui --snapshot-limit'|'tui --interval'|'tui --health-interval'|'tui --fabric-interval') _ibtool_kind=none ;;

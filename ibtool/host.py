@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ibtool.errors import (
     DataError,
     IbtoolError,
+    NoDevicesError,
     NotFoundError,
     NotLiveError,
     UnsupportedError,
@@ -48,9 +49,12 @@ if TYPE_CHECKING:  # a scan's records are loaded only by a scan
         SmScan,
         SubnetManager,
     )
+    from ibtool.model.topo import Topology
 
 # What `ibtool port` shows without -d: state, rate, LIDs and the netdev, all from sysfs.
 PORT_SHOWN = PORT_FIELDS + PORT_NETDEV
+# What `ibtool topo` reads of a port: enough to name it in NCCL_IB_HCA.
+TOPO_PORT_FIELDS = ("state", "link_layer", "netdev")
 
 
 def read_comm(pid: int) -> str | None:
@@ -454,6 +458,42 @@ class Host:
         from ibtool.sources.sysfs.pci import PciFiles
 
         return PciFiles(self._rooted()).numa(device)
+
+    def topology(self, gid_indexes: bool = True) -> Topology:
+        """The GPUs (by PCI vendor and class, from /sys/bus/pci/devices) and the RDMA devices
+        with a PCI function, each with where it sits in the PCIe tree, and the devices'
+        ports; `gid_indexes`: each RoCE port's --best GID index too (what `--nccl` needs).
+        A tree without /sys/bus/pci has no GPUs; no RDMA device is not an error here."""
+        from ibtool.model.topo import Nic, NicPort, Topology, gpus_in_bus_order, sorted_nics
+        from ibtool.sources.sysfs.pci import PciFiles
+
+        pci = PciFiles(self._rooted())
+        gpus = gpus_in_bus_order(pci.describe(f) for f in pci.bus_functions() if pci.is_gpu(f))
+        nics, elsewhere = [], []
+        try:
+            names = self.device_names()
+        except NoDevicesError:
+            names = []
+        for name in names:
+            fn = pci.function(name)
+            if fn is None:
+                elsewhere.append(name)
+                continue
+            ports = []
+            for number in self._sysfs.port_numbers(name):
+                p = self._sysfs.port(name, number, TOPO_PORT_FIELDS)
+                roce = p.link_layer == LinkLayer.ETHERNET
+                ports.append(
+                    NicPort(
+                        number,
+                        None if p.link_layer is None else p.link_layer.label,
+                        None if p.state is None else p.state.name,
+                        p.netdev,
+                        self.roce_gid_index(name, number) if roce and gid_indexes else None,
+                    )
+                )
+            nics.append(Nic(name, pci.describe(fn), tuple(ports)))
+        return Topology(gpus, sorted_nics(nics), tuple(elsewhere))
 
     def open_process(self, pid: int) -> tuple[str, str | None]:
         """/proc/PID/status and /proc/PID/limits of `pid` under the root, or the error that

@@ -51,6 +51,7 @@ BUILTIN = (
     "res",
     "snapshot",
     "system",
+    "topo",
     "tui",
 )
 REINSTALL = (

@@ -14,7 +14,8 @@ the EXIT STATUS section of ibtool(8), with its name; and every example marked
 is what `ibtool --root TREE ARGS` prints on standard output (and, with +stderr, then on
 standard error), exiting non-zero exactly when OUTPUT shows an error (health and doctor: with
 the Nagios code their output names). TREE is a builder of
-tests/fixtures/sysfs_trees.py, or `rxe` for the tree captured from a real kernel.
+tests/fixtures/sysfs_trees.py or gpu_trees.py, or `rxe` for the tree captured from a real
+kernel.
 
 The lint runs groff and mandoc. A missing tool skips the lint tests on a workstation and fails
 them under CI, whose `make test` installs both (tests/testbed/testbed deps).
@@ -38,7 +39,7 @@ from ibtool.cli import build_parser, main
 from ibtool.errors import ExitCode
 from ibtool.plugin.commands import CommandRegistry
 from ibtool.views import render
-from tests.fixtures import sysfs_trees
+from tests.fixtures import gpu_trees, sysfs_trees
 from tests.unit.own_commands import own_commands
 
 MAN = Path(__file__).resolve().parents[2] / "man"
@@ -350,8 +351,9 @@ def trees(tmp_path_factory):
 
     def tree(name: str) -> Path:
         if name not in built:
-            assert name in sysfs_trees.TREES, f"no fixture tree {name!r}"
-            built[name] = sysfs_trees.build(name, tmp_path_factory.mktemp(name))
+            builder = sysfs_trees if name in sysfs_trees.TREES else gpu_trees
+            assert name in builder.TREES, f"no fixture tree {name!r}"
+            built[name] = builder.build(name, tmp_path_factory.mktemp(name))
         return built[name]
 
     return tree

@@ -15,9 +15,11 @@ import os
 import re
 
 from ibtool.model.system import Numa, PciLink
+from ibtool.model.topo import PciFunction
 from ibtool.sources.sysfs.rooted import RootedFiles
 
 _BDF_RE = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_HOST_BRIDGE_RE = re.compile(r"pci[0-9a-f]{4,}:[0-9a-f]{2}")
 _SPEED_RE = re.compile(r"\d+(\.\d+)? GT/s( PCIe)?")
 _UNKNOWN_SPEEDS = ("Unknown", "Unknown speed")
 # A PCIe link has at most 32 lanes (x32 in the spec); widths the kernel prints are below 256.
@@ -43,6 +45,22 @@ def parse_cpulist(text: str) -> frozenset[int]:
             raise ValueError(text)
         cpus.update(range(lo, hi + 1))
     return frozenset(cpus)
+
+
+def _hex(digits: int):
+    """A parser of what pci-sysfs.c prints: "0x%04x" (vendor, device), "0x%06x" (class)."""
+    pattern = re.compile(f"0x[0-9a-f]{{{digits}}}")
+
+    def parse(text: str) -> int:
+        if not pattern.fullmatch(text):
+            raise ValueError(text)
+        return int(text, 16)
+
+    return parse
+
+
+_ID = _hex(4)
+_CLASS = _hex(6)
 
 
 def _parse_speed(text: str) -> str | None:
@@ -118,12 +136,78 @@ class PciFiles:
             max_width=read("max_link_width", _parse_width),
         )
 
+    def bus_functions(self) -> list[str]:
+        """Every PCI function of the host (/sys/bus/pci/devices/*, each a link to its
+        directory under /sys/devices), resolved within the root, in bus order; [] without
+        the directory (a tree captured without it)."""
+        bus = self.files.path("sys/bus/pci/devices")
+        if not self.files.fs.isdir(bus):
+            return []
+        found = []
+        for name in sorted(self.files.listdir(bus)):
+            if not _BDF_RE.fullmatch(name):
+                continue
+            real = self.files.inside(os.path.join(bus, name))
+            if real is not None and self.files.fs.isdir(real):
+                found.append(real)
+        return found
+
+    def is_gpu(self, real: str) -> bool:
+        """Whether the function at `real` is a GPU by its vendor and class (two reads)."""
+        pci_class = self.files.parsed(os.path.join(real, "class"), _CLASS)
+        if pci_class is None:
+            return False
+        vendor = self.files.parsed(os.path.join(real, "vendor"), _ID)
+        return PciFunction(os.path.basename(real), vendor, None, pci_class).is_gpu
+
+    def describe(self, real: str) -> PciFunction:
+        """The function whose directory is `real` (resolved within the root): its IDs, the
+        bridges above it to the root port, its host bridge, NUMA node and CPUs, link,
+        driver and IOMMU group."""
+        bridges: list[str] = []
+        d = os.path.dirname(real)
+        while _BDF_RE.fullmatch(os.path.basename(d)) and len(bridges) < _MAX_DEPTH:
+            bridges.append(os.path.basename(d))
+            d = os.path.dirname(d)
+        top = os.path.basename(d)
+        numa = self._numa(real)
+        return PciFunction(
+            bdf=os.path.basename(real),
+            vendor=self.files.parsed(os.path.join(real, "vendor"), _ID),
+            device=self.files.parsed(os.path.join(real, "device"), _ID),
+            pci_class=self.files.parsed(os.path.join(real, "class"), _CLASS),
+            bridges=tuple(bridges),
+            host_bridge=top if _HOST_BRIDGE_RE.fullmatch(top) else None,
+            numa=numa.node,
+            cpus=numa.local_cpus,
+            link=self._link(real),
+            driver=self._link_name(os.path.join(real, "driver")),
+            iommu_group=_group(self._link_name(os.path.join(real, "iommu_group"))),
+        )
+
+    def _link_name(self, path: str) -> str | None:
+        """The last component of a link's target (a driver's or an IOMMU group's name);
+        None without the link."""
+        if not self.files.fs.islink(path):
+            return None
+        try:
+            return os.path.basename(self.files.fs.readlink(path))
+        except OSError:
+            return None
+
+    def _numa(self, fn: str) -> Numa:
+        node = self.files.parsed(os.path.join(fn, "numa_node"), _parse_node)
+        cpus = self.files.parsed(os.path.join(fn, "local_cpulist"), parse_cpulist)
+        return Numa(node, cpus)
+
     def numa(self, device: str) -> Numa:
         """numa_node and local_cpulist of the device's PCI function (every PCI device has them
         on a NUMA kernel: missing ones are warned about); Numa(None, None) without one."""
         fn = self.function(device)
         if fn is None:
             return Numa(None, None)
-        node = self.files.parsed(os.path.join(fn, "numa_node"), _parse_node)
-        cpus = self.files.parsed(os.path.join(fn, "local_cpulist"), parse_cpulist)
-        return Numa(node, cpus)
+        return self._numa(fn)
+
+
+def _group(name: str | None) -> int | None:
+    return int(name) if name is not None and name.isascii() and name.isdigit() else None

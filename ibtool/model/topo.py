@@ -1,0 +1,246 @@
+"""The GPUs and RDMA devices of a host and the PCIe between them: which NIC serves which GPU, in
+the terms of `nvidia-smi topo -m` (NVML's nvmlGpuTopologyLevel_t), and what a job's NCCL
+environment should name.
+
+Distances, from nearest:
+
+    X     the device itself
+    PIX   through at most one PCIe bridge, a PCIe switch counted as one (its upstream port
+          and the downstream ports below it): two devices under one switch or one root port
+    PXB   through several bridges (nested switches), not through the host bridge
+    PHB   through a PCIe host bridge (the CPU's root complex): two root ports of one
+    NODE  between host bridges of one NUMA node
+    SYS   across the interconnect between NUMA nodes (UPI, Infinity Fabric)
+
+They are read from where each PCI function sits in sysfs (/sys/devices/pciDDDD:BB/<root port>/
+<bridges>/<function>): NVLink, which nvidia-smi shows between GPUs as NV#, is not in sysfs, so
+a GPU pair is given its PCIe path.
+
+Plain frozen records; None in a field means "could not be told" (the reader warned).
+"""
+
+from __future__ import annotations
+
+from ibtool.model.deferred import dataclass
+from ibtool.model.names import natural_key
+from ibtool.model.system import PciLink
+
+# PCI vendor IDs (the PCI-SIG's list, as pci.ids has them) of the GPUs counted.
+VENDORS = {0x10DE: "NVIDIA", 0x1002: "AMD"}
+# Class codes (PCI Code and ID Assignment Specification, base class and subclass) a GPU shows:
+# VGA (0x0300: a GPU with a display engine), 3D controller (0x0302: NVIDIA's data-centre
+# GPUs), other display controller (0x0380: AMD Instinct up to MI250) and processing
+# accelerator (0x1200: AMD Instinct MI300).
+GPU_CLASSES = (0x0300, 0x0302, 0x0380, 0x1200)
+BRIDGE_CLASS = 0x0604  # PCI-to-PCI bridge: a root port, a switch's upstream or downstream port
+
+X, PIX, PXB, PHB, NODE, SYS = "X", "PIX", "PXB", "PHB", "NODE", "SYS"
+DISTANCES = (X, PIX, PXB, PHB, NODE, SYS)
+RANK = {d: i for i, d in enumerate(DISTANCES)}
+# nvidia-smi topo -m's legend, for the distances read here.
+LEGEND = {
+    X: "self",
+    PIX: "through at most one PCIe bridge (one switch, or one root port)",
+    PXB: "through several PCIe bridges, not the host bridge",
+    PHB: "through a PCIe host bridge (the CPU)",
+    NODE: "between PCIe host bridges of one NUMA node",
+    SYS: "across the interconnect between NUMA nodes (UPI, Infinity Fabric)",
+}
+# NCCL uses GPUDirect RDMA between a GPU and a NIC up to this distance by default
+# (NCCL_NET_GDR_LEVEL; src/graph/paths.cc ncclTopoCheckGdr): farther, its data goes
+# through host memory.
+GDR_DEFAULT_LEVEL = PXB
+
+
+@dataclass(frozen=True)
+class PciFunction:
+    """One PCI function and where it sits: `bridges` are the bridges above it, nearest
+    first, up to its root port; `host_bridge` the root complex's directory
+    ("pci0000:00"); `link` its own PCIe link; `numa` its node (None: -1, none)."""
+
+    bdf: str
+    vendor: int | None = None
+    device: int | None = None
+    pci_class: int | None = None  # the 24-bit class code: 0x030200
+    bridges: tuple[str, ...] = ()
+    host_bridge: str | None = None
+    numa: int | None = None
+    cpus: frozenset[int] | None = None
+    link: PciLink | None = None
+    driver: str | None = None
+    iommu_group: int | None = None
+
+    @property
+    def is_gpu(self) -> bool:
+        return (
+            self.vendor in VENDORS
+            and self.pci_class is not None
+            and self.pci_class >> 8 in GPU_CLASSES
+        )
+
+    @property
+    def vendor_name(self) -> str | None:
+        return None if self.vendor is None else VENDORS.get(self.vendor)
+
+    @property
+    def ids(self) -> str | None:
+        """'10de:2330', as lspci -n prints the vendor and device."""
+        if self.vendor is None or self.device is None:
+            return None
+        return f"{self.vendor:04x}:{self.device:04x}"
+
+
+def distance(a: PciFunction, b: PciFunction) -> str:
+    """How far apart two PCI functions are, in nvidia-smi's terms (see above)."""
+    if a.bdf == b.bdf:
+        return X
+    if a.host_bridge is None or a.host_bridge != b.host_bridge:
+        return NODE if a.numa == b.numa else SYS
+    common = set(a.bridges).intersection(b.bridges)
+    if not common:
+        return PHB
+    # The bridges each climbs below the nearest one they share: a downstream port of the
+    # shared switch (or none, under one root port) is still one switch.
+    below_a = next(i for i, bdf in enumerate(a.bridges) if bdf in common)
+    below_b = next(i for i, bdf in enumerate(b.bridges) if bdf in common)
+    return PIX if below_a <= 1 and below_b <= 1 else PXB
+
+
+@dataclass(frozen=True)
+class NicPort:
+    """One port of an RDMA device, as a job would name it (NCCL_IB_HCA's DEV:PORT)."""
+
+    port: int
+    link_layer: str | None  # "InfiniBand", "Ethernet"
+    state: str | None  # "ACTIVE", "DOWN", ...
+    netdev: str | None = None
+    gid_index: int | None = None  # RoCE: the index the --best rule picks (None: none)
+
+    @property
+    def active(self) -> bool:
+        return self.state == "ACTIVE"
+
+    @property
+    def roce(self) -> bool:
+        return self.link_layer == "Ethernet"
+
+
+@dataclass(frozen=True)
+class Nic:
+    """An RDMA device and its PCI function."""
+
+    name: str
+    function: PciFunction
+    ports: tuple[NicPort, ...] = ()
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU: `index` counts the GPUs in PCI bus order, as nvidia-smi numbers them
+    (CUDA_DEVICE_ORDER=PCI_BUS_ID)."""
+
+    index: int
+    function: PciFunction
+
+    @property
+    def name(self) -> str:
+        return f"GPU{self.index}"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The host's GPUs and the RDMA devices with a PCI function; `elsewhere` names the RDMA
+    devices without one (rxe, siw: a netdev's, not a slot's)."""
+
+    gpus: tuple[Gpu, ...]
+    nics: tuple[Nic, ...]
+    elsewhere: tuple[str, ...] = ()
+
+    def closest(self, gpu: Gpu) -> tuple[str, tuple[Nic, ...]]:
+        """The nearest distance from `gpu` to an RDMA device and every device at it; (None,
+        ()) without one."""
+        if not self.nics:
+            return None, ()
+        by = [(RANK[distance(gpu.function, nic.function)], nic) for nic in self.nics]
+        best = min(rank for rank, _ in by)
+        return DISTANCES[best], tuple(nic for rank, nic in by if rank == best)
+
+
+def gpus_in_bus_order(functions) -> tuple[Gpu, ...]:
+    """The GPUs of `functions`, numbered in PCI bus order."""
+    found = sorted((f for f in functions if f.is_gpu), key=lambda f: f.bdf)
+    return tuple(Gpu(i, f) for i, f in enumerate(found))
+
+
+def sorted_nics(nics) -> tuple[Nic, ...]:
+    return tuple(sorted(nics, key=lambda n: natural_key(n.name)))
+
+
+# -- NCCL's environment --------------------------------------------------------------------------
+
+# An address no route is more specific for than the default one: RFC 5737's TEST-NET-1. The
+# route to it names the interface NCCL's bootstrap sockets should use.
+DEFAULT_ROUTE_PROBE = "192.0.2.1"
+
+
+@dataclass(frozen=True)
+class NcclEnvironment:
+    """What a job would export (name, value) and what the choice could not cover (notes)."""
+
+    variables: tuple[tuple[str, str], ...]
+    notes: tuple[str, ...]
+
+
+def nccl_environment(topo: Topology, socket_ifname: str | None, socket_said: str | None):
+    """NCCL_IB_HCA: the active ports of every RDMA device that is the closest to a GPU (each
+    GPU's nearest devices, but not where the nearest is SYS: a device reached only across the
+    CPUs' interconnect is not chosen for that GPU); without GPUs, or when no GPU has one
+    closer than SYS, every active port. "=" makes NCCL match names exactly (mlx5_1 would
+    otherwise take mlx5_10 too). NCCL_IB_GID_INDEX: on RoCE, the --best rule's index, when
+    every chosen port has the same one. NCCL_SOCKET_IFNAME: `socket_ifname`, the interface of
+    the default route (None: `socket_said` says why)."""
+    notes: list[str] = []
+    chosen: list[Nic] = []
+    for gpu in topo.gpus:
+        level, nics = topo.closest(gpu)
+        if level is None:
+            continue
+        if level == SYS:
+            notes.append(
+                f"{gpu.name} ({gpu.function.bdf}) has no RDMA device closer than SYS: its "
+                "network traffic crosses the CPUs' interconnect, without GPUDirect RDMA"
+            )
+            continue
+        chosen.extend(nic for nic in nics if nic not in chosen)
+    if not topo.gpus:
+        notes.append("no GPU: every active RDMA port is named")
+    if not chosen:
+        chosen = list(topo.nics)
+    chosen = list(sorted_nics(chosen))
+    ports = [(nic, p) for nic in chosen for p in nic.ports if p.active]
+    for nic in chosen:
+        if nic.ports and not any(p.active for p in nic.ports):
+            notes.append(f"{nic.name} has no ACTIVE port: left out of NCCL_IB_HCA")
+    variables: list[tuple[str, str]] = []
+    if ports:
+        variables.append(("NCCL_IB_HCA", "=" + ",".join(f"{n.name}:{p.port}" for n, p in ports)))
+    else:
+        notes.append("no ACTIVE RDMA port to name: NCCL_IB_HCA is not set")
+    roce = [(n, p) for n, p in ports if p.roce]
+    indexes = {p.gid_index for _, p in roce}
+    if roce and len(indexes) == 1 and None not in indexes:
+        variables.append(("NCCL_IB_GID_INDEX", str(indexes.pop())))
+    elif roce:
+        said = ", ".join(
+            f"{n.name}:{p.port} {'none' if p.gid_index is None else p.gid_index}" for n, p in roce
+        )
+        notes.append(
+            f"the RoCE ports' GID indexes differ or are missing ({said}): NCCL_IB_GID_INDEX is "
+            "not set (NCCL 2.21 and later pick per port by NCCL_IB_ROCE_VERSION_NUM and "
+            "NCCL_IB_ADDR_FAMILY)"
+        )
+    if socket_ifname is not None:
+        variables.append(("NCCL_SOCKET_IFNAME", "=" + socket_ifname))
+    elif socket_said:
+        notes.append(f"NCCL_SOCKET_IFNAME is not set: {socket_said}")
+    return NcclEnvironment(tuple(variables), tuple(notes))

@@ -1,0 +1,290 @@
+"""`ibtool topo`: GPUs, RDMA devices and the PCIe between them, on trees of machines built
+from their published topologies (tests/fixtures/gpu_trees.py), each against the `nvidia-smi
+topo -m` matrix its owner posted; the distance rules on small trees; NCCL's environment; trees
+spoiled one file at a time."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ibtool.host import Host
+from ibtool.model.system import PciLink
+from ibtool.model.topo import (
+    NODE,
+    PHB,
+    PIX,
+    PXB,
+    SYS,
+    Gpu,
+    Nic,
+    NicPort,
+    PciFunction,
+    Topology,
+    distance,
+    nccl_environment,
+)
+from tests.fixtures import gpu_trees
+from tests.unit.conftest import run_cli
+
+TREES = ("dgx-a100", "hgx-h200", "pcie-server")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("gpu")
+    return {name: gpu_trees.build(name, base / name) for name in TREES}
+
+
+def topology_of(root: Path) -> tuple[Topology, list[str]]:
+    warnings: list[str] = []
+    return Host(str(root), warnings.append).topology(), warnings
+
+
+def published(matrix: str) -> list[tuple[str, str, str]]:
+    """(row, column, distance) of a posted matrix, its first line the column names; ' X'
+    cells count."""
+    lines = matrix.splitlines()
+    columns = lines[0].split()
+    cells = []
+    for line in lines[1:]:
+        row, *values = line.split()
+        assert len(values) == len(columns), line
+        cells += [(row, c, v) for c, v in zip(columns, values)]
+    return cells
+
+
+def matrix_of(topo: Topology, nic_names: dict[str, str] | None = None) -> dict:
+    members = {g.name: g.function for g in topo.gpus}
+    members.update({n.name: n.function for n in topo.nics})
+    for label, name in (nic_names or {}).items():
+        members[label] = members[name]
+    return members
+
+
+@pytest.mark.parametrize(
+    "tree, expected, names",
+    [
+        ("dgx-a100", gpu_trees.A100_EXPECTED, None),
+        ("hgx-h200", gpu_trees.H200_EXPECTED, {f"NIC{i}": f"mlx5_{i}" for i in range(8)}),
+        ("pcie-server", gpu_trees.PCIE_SERVER_EXPECTED, None),
+    ],
+)
+def test_the_matrix_is_the_one_its_owner_posted(built, tree, expected, names):
+    topo, warnings = topology_of(built[tree])
+    assert warnings == []
+    members = matrix_of(topo, names)
+    got = [
+        (r, c, "X" if r == c else distance(members[r], members[c]))
+        for r, c, _ in published(expected)
+    ]
+    assert got == published(expected)
+
+
+def test_dgx_a100_every_gpu_has_its_two_hcas_and_the_storage_ports_serve_none(built):
+    topo, _ = topology_of(built["dgx-a100"])
+    assert [g.function.bdf for g in topo.gpus] == [
+        "0000:07:00.0", "0000:0f:00.0", "0000:47:00.0", "0000:4e:00.0",
+        "0000:87:00.0", "0000:90:00.0", "0000:b7:00.0", "0000:bd:00.0",
+    ]  # fmt: skip
+    closest = {
+        g.name: (lvl, [n.name for n in nics]) for g in topo.gpus for lvl, nics in [topo.closest(g)]
+    }
+    assert closest["GPU0"] == (PXB, ["mlx5_0", "mlx5_1"])
+    assert closest["GPU7"] == (PXB, ["mlx5_8", "mlx5_9"])
+    env = nccl_environment(topo, "enp225s0f0", None)
+    assert dict(env.variables) == {
+        "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1,mlx5_6:1,mlx5_7:1,mlx5_8:1,mlx5_9:1",
+        "NCCL_SOCKET_IFNAME": "=enp225s0f0",
+    }
+    assert env.notes == ()  # InfiniBand: no GID index to give
+
+
+def test_a_gpu_knows_its_path_numa_and_link(built):
+    topo, _ = topology_of(built["dgx-a100"])
+    gpu0 = topo.gpus[0].function
+    assert gpu0.bridges == (
+        "0000:06:00.0", "0000:05:00.0", "0000:04:00.0", "0000:03:00.0",
+        "0000:02:00.0", "0000:01:00.0", "0000:00:01.1",
+    )  # fmt: skip
+    assert gpu0.host_bridge == "pci0000:00"
+    assert (gpu0.vendor, gpu0.device, gpu0.pci_class) == (0x10DE, 0x20B0, 0x030200)
+    assert gpu0.numa == 3 and 48 in gpu0.cpus and 176 in gpu0.cpus and 64 not in gpu0.cpus
+    assert gpu0.link == PciLink("0000:07:00.0", "16.0 GT/s PCIe", 16, "16.0 GT/s PCIe", 16)
+    assert gpu0.driver == "nvidia" and gpu0.iommu_group is not None
+
+
+def test_roce_ports_give_their_gid_index_and_the_environment_says_it(built):
+    topo, _ = topology_of(built["pcie-server"])
+    assert [(n.name, n.ports) for n in topo.nics] == [
+        ("mlx5_0", (NicPort(1, "Ethernet", "ACTIVE", "enp226s0f0np0", 3),)),
+        ("mlx5_1", (NicPort(1, "Ethernet", "ACTIVE", "enp226s0f1np1", 3),)),
+    ]
+    env = nccl_environment(topo, None, "no default route")
+    assert env.variables == (("NCCL_IB_HCA", "=mlx5_0:1,mlx5_1:1"), ("NCCL_IB_GID_INDEX", "3"))
+    assert env.notes == ("NCCL_SOCKET_IFNAME is not set: no default route",)
+
+
+# -- the distance rules, on the smallest trees that show them ----------------------------------
+
+
+def fn(bdf: str, *bridges: str, host: str = "pci0000:00", numa: int | None = 0) -> PciFunction:
+    return PciFunction(bdf, bridges=bridges, host_bridge=host, numa=numa)
+
+
+RP, USP, DSP1, DSP2 = "0000:00:01.0", "0000:01:00.0", "0000:02:00.0", "0000:02:01.0"
+
+
+@pytest.mark.parametrize(
+    "a, b, expected",
+    [
+        (fn("0000:03:00.0", DSP1, USP, RP), fn("0000:04:00.0", DSP2, USP, RP), PIX),  # one switch
+        (fn("0000:01:00.0", RP), fn("0000:01:00.1", RP), PIX),  # two functions, one root port
+        (fn("0000:03:00.0", DSP1, USP, RP), fn("0000:03:00.1", DSP1, USP, RP), PIX),
+        (fn("0000:03:00.0", DSP1, USP, RP), fn("0000:01:00.0", RP), PXB),  # a switch, then up
+        (fn("0000:05:00.0", "0000:04:00.0", "0000:03:00.0", DSP1, USP, RP),
+         fn("0000:06:00.0", DSP2, USP, RP), PXB),  # nested switches
+        (fn("0000:01:00.0", RP), fn("0000:41:00.0", "0000:00:03.0"), PHB),  # two root ports
+        (fn("0000:00:02.0"), fn("0000:00:03.0"), PHB),  # on the host bridge's bus (a VM)
+        (fn("0000:01:00.0", RP), fn("0000:41:00.0", "0000:40:01.0", host="pci0000:40"), NODE),
+        (fn("0000:01:00.0", RP),
+         fn("0000:81:00.0", "0000:80:01.0", host="pci0000:80", numa=1), SYS),
+        (fn("0000:01:00.0", RP, numa=None), fn("0000:41:00.0", host="pci0000:40", numa=None), NODE),
+    ],
+)  # fmt: skip
+def test_distance(a, b, expected):
+    assert distance(a, b) == expected
+    assert distance(b, a) == expected
+
+
+def _nic(name: str, f: PciFunction, *ports: NicPort) -> Nic:
+    return Nic(name, f, ports or (NicPort(1, "InfiniBand", "ACTIVE"),))
+
+
+def test_a_gpu_with_no_nic_closer_than_sys_is_said_and_does_not_pick_one():
+    gpu0 = Gpu(0, fn("0000:01:00.0", RP))
+    gpu1 = Gpu(1, fn("0000:81:00.0", "0000:80:01.0", host="pci0000:80", numa=1))
+    nic = _nic("mlx5_0", fn("0000:02:00.0", "0000:00:02.0"))
+    storage = _nic("mlx5_1", fn("0000:c1:00.0", "0000:c0:01.0", host="pci0000:c0", numa=1))
+    topo = Topology((gpu0, gpu1), (nic, storage))
+    env = nccl_environment(topo, "eth0", None)
+    # gpu1's nearest is mlx5_1 (NODE), so it is chosen; gpu0's mlx5_0 (PHB)
+    assert dict(env.variables)["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
+    far = Topology((gpu1,), (nic,))
+    env = nccl_environment(far, "eth0", None)
+    assert env.notes[0].startswith("GPU1 (0000:81:00.0) has no RDMA device closer than SYS")
+    assert dict(env.variables)["NCCL_IB_HCA"] == "=mlx5_0:1"  # every NIC, no GPU had one
+
+
+def test_ports_that_are_down_are_left_out_and_said():
+    gpu = Gpu(0, fn("0000:01:00.0", RP))
+    down = _nic("mlx5_0", fn("0000:01:00.1", RP), NicPort(1, "InfiniBand", "DOWN"))
+    env = nccl_environment(Topology((gpu,), (down,)), None, None)
+    assert env.variables == ()
+    assert env.notes == (
+        "mlx5_0 has no ACTIVE port: left out of NCCL_IB_HCA",
+        "no ACTIVE RDMA port to name: NCCL_IB_HCA is not set",
+    )
+
+
+def test_roce_ports_with_different_gid_indexes_set_none():
+    gpu = Gpu(0, fn("0000:01:00.0", RP))
+    a = _nic("mlx5_0", fn("0000:01:00.1", RP), NicPort(1, "Ethernet", "ACTIVE", "eth1", 3))
+    b = _nic("mlx5_1", fn("0000:01:00.2", RP), NicPort(1, "Ethernet", "ACTIVE", "eth2", 5))
+    env = nccl_environment(Topology((gpu,), (a, b)), None, None)
+    assert [name for name, _ in env.variables] == ["NCCL_IB_HCA"]
+    assert "(mlx5_0:1 3, mlx5_1:1 5)" in env.notes[0]
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def test_topo_text_and_json(built):
+    r = run_cli(["--root", str(built["hgx-h200"]), "topo"])
+    assert (r.code, r.err) == (0, "")
+    lines = r.out.splitlines()
+    assert lines[0].split() == ["GPU", "PCI", "ID", "NUMA", "CPUS", "LINK", "CLOSEST", "RDMA"]
+    assert lines[1].split() == ["GPU0", "0000:1b:00.0", "10de:2335", "0", "0-47,96-143",
+                                "32GT/s", "x16", "PIX", "mlx5_0:1"]  # fmt: skip
+    assert any(line.startswith("mlx5_7 ") and line.split()[-1] == "X" for line in lines)
+    j = run_cli(["--root", str(built["hgx-h200"]), "-j", "topo"]).json
+    assert j["gpus"][4]["closest"] == {"distance": "PIX", "rdma": ["mlx5_4"]}
+    assert j["matrix"]["GPU0"]["mlx5_4"] == "SYS"
+    assert j["rdma"][0]["ports"] == [
+        {
+            "port": 1,
+            "state": "ACTIVE",
+            "link_layer": "InfiniBand",
+            "netdev": None,
+            "gid_index": None,
+        }
+    ]
+
+
+def test_topo_details_show_each_path(built):
+    r = run_cli(["--root", str(built["pcie-server"]), "-d", "topo"])
+    assert "mlx5_1: 0000:e2:00.1 < 0000:e0:03.1 < pci0000:e0" in r.out.splitlines()
+
+
+def test_topo_nccl_exports(built):
+    r = run_cli(["--root", str(built["pcie-server"]), "topo", "--nccl"])
+    assert (r.code, r.err) == (0, "")
+    assert r.out.splitlines() == [
+        "export NCCL_IB_HCA==mlx5_0:1,mlx5_1:1",
+        "export NCCL_IB_GID_INDEX=3",
+        "# NCCL_SOCKET_IFNAME is not set: a capture holds no routes (run it on the host)",
+    ]
+    j = run_cli(["--root", str(built["pcie-server"]), "-j", "topo", "--nccl"]).json
+    assert j["environment"]["NCCL_IB_GID_INDEX"] == "3"
+
+
+def test_a_host_without_gpus_or_pci_says_so(tmp_path):
+    from tests.fixtures import sysfs_trees
+
+    root = sysfs_trees.build("mlx5_roce", tmp_path / "t")
+    r = run_cli(["--root", str(root), "topo"])
+    assert r.code == 0
+    assert r.out.splitlines()[0] == "no GPU (NVIDIA or AMD, by PCI class) on this host"
+    assert "mlx5_0" in r.out
+
+
+# -- spoiled trees ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def h200(tmp_path) -> Path:
+    return gpu_trees.build("hgx-h200", tmp_path / "h200")
+
+
+def _gpu0(root: Path) -> Path:
+    return Path(os.path.realpath(root / "sys/bus/pci/devices/0000:1b:00.0"))
+
+
+@pytest.mark.parametrize("name, value", [("class", "0x03020"), ("vendor", "nvidia"), ("class", "")])
+def test_a_malformed_id_is_one_warning_and_the_rest_is_shown(h200, name, value):
+    (_gpu0(h200) / name).write_text(value + "\n")
+    topo, warnings = topology_of(h200)
+    assert [g.function.bdf for g in topo.gpus][0] == "0000:43:00.0"  # GPU0 is not counted
+    assert len(topo.gpus) == 7
+    assert len(warnings) == 1 and f"0000:1b:00.0/{name}: malformed value" in warnings[0]
+
+
+def test_a_bus_link_out_of_the_root_is_not_followed(h200, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "class").write_text("0x030200\n")
+    (outside / "vendor").write_text("0x10de\n")
+    link = h200 / "sys/bus/pci/devices/0000:ff:00.0"
+    os.symlink(outside, link)
+    topo, warnings = topology_of(h200)
+    assert len(topo.gpus) == 8
+    assert any("a link out of the root" in w for w in warnings)
+
+
+def test_a_degraded_gpu_link_is_shown_against_its_maximum(h200):
+    gpu = _gpu0(h200)
+    (gpu / "current_link_width").write_text("8\n")
+    r = run_cli(["--root", str(h200), "topo"])
+    assert "32GT/s x8 (of 32GT/s x16)" in r.out.splitlines()[1]
