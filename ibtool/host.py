@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # a scan's records are loaded only by a scan
         SmScan,
         SubnetManager,
     )
-    from ibtool.model.topo import Topology
+    from ibtool.model.topo import GpuDirectFacts, Topology
 
 # What `ibtool port` shows without -d: state, rate, LIDs and the netdev, all from sysfs.
 PORT_SHOWN = PORT_FIELDS + PORT_NETDEV
@@ -494,6 +494,59 @@ class Host:
                 )
             nics.append(Nic(name, pci.describe(fn), tuple(ports)))
         return Topology(gpus, sorted_nics(nics), tuple(elsewhere))
+
+    def gpudirect(self, topo: Topology) -> GpuDirectFacts:
+        """What GPUDirect RDMA depends on beyond `topo`: nvidia-peermem (or nv_peer_mem) and
+        amdgpu loaded, the NVIDIA driver's flavour (/proc/driver/nvidia/version: the open
+        kernel module, which dma-buf needs), the kernel and rdma-core versions (the running
+        host's; a tree has none), the IOMMU groups and their types, and the configuration
+        space of each GPU, RDMA device and bridge between a GPU and its closest RDMA device
+        (ACS, ATS). What cannot be told is None."""
+        from ibtool.model.topo import GpuDirectFacts, between
+        from ibtool.sources.sysfs.pci import PciFiles
+
+        pci = PciFiles(self._rooted())
+        captured = self.stack_captured()
+
+        def loaded(*modules: str) -> bool | None:
+            return any(self.module_loaded(m)[0] for m in modules) if captured else None
+
+        files = self._rooted()
+        version = files.read(files.path("proc/driver/nvidia/version"), required=False)
+        kernel = None
+        if self.live or self._release is not None:
+            m = re.match(r"(\d+)\.(\d+)", self.kernel_release())
+            kernel = (int(m.group(1)), int(m.group(2))) if m else None
+        rdma_core = None
+        if self.live:
+            from ibtool.sources.versions import rdma_core as installed
+
+            found = installed()
+            major = found[0].split(".")[0] if found else ""
+            rdma_core = int(major) if major.isdigit() else None
+        wanted: list[str] = []
+        for gpu in topo.gpus:
+            _, nics = topo.closest(gpu)
+            wanted.append(gpu.function.bdf)
+            if nics:
+                wanted += [nics[0].function.bdf, *between(gpu.function, nics[0].function)]
+        configs = {bdf: pci.config(bdf) for bdf in dict.fromkeys(wanted)}
+        iommu = pci.iommu_groups()
+        if iommu is None and self.live:
+            iommu = False  # no iommu_groups directory: no IOMMU support in this kernel
+        groups = {f.iommu_group for f in (*(g.function for g in topo.gpus),
+                                          *(n.function for n in topo.nics))}  # fmt: skip
+        types = {g: pci.iommu_type(g) for g in groups if g is not None} if iommu else {}
+        return GpuDirectFacts(
+            peermem=loaded("nvidia_peermem", "nv_peer_mem"),
+            nvidia_open=None if version is None else "Open Kernel Module" in version,
+            amdgpu=loaded("amdgpu"),
+            kernel=kernel,
+            rdma_core=rdma_core,
+            iommu=iommu,
+            iommu_types=types,
+            configs=configs,
+        )
 
     def open_process(self, pid: int) -> tuple[str, str | None]:
         """/proc/PID/status and /proc/PID/limits of `pid` under the root, or the error that

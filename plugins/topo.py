@@ -14,7 +14,7 @@ def configure(parser) -> None:
 
 
 def run(inv: Invocation) -> int:
-    from ibtool.api.topo import view
+    from ibtool.api.topo import judge_gpudirect, view
 
     topo = inv.host.topology(gid_indexes=inv.args.nccl)
     if inv.args.nccl:
@@ -25,10 +25,11 @@ def run(inv: Invocation) -> int:
             for line in view.nccl_text(env):
                 inv.print(line)
         return 0
+    findings = judge_gpudirect(topo, inv.host.gpudirect(topo))
     if inv.json:
-        inv.emit_json(view.data(topo))
+        inv.emit_json(view.data(topo, findings))
     else:
-        for line in view.text(topo, inv.details):
+        for line in view.text(topo, inv.details, findings):
             inv.print(line)
     return 0
 

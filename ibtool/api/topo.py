@@ -7,13 +7,16 @@ from __future__ import annotations
 from ibtool.model.topo import (
     DEFAULT_ROUTE_PROBE,
     DISTANCES,
+    GdrFinding,
     Gpu,
+    GpuDirectFacts,
     NcclEnvironment,
     Nic,
     NicPort,
     PciFunction,
     Topology,
     distance,
+    judge_gpudirect,
     nccl_environment,
 )
 from ibtool.views import topo as view
@@ -27,7 +30,10 @@ __all__ = [
     "NicPort",
     "PciFunction",
     "Topology",
+    "GdrFinding",
+    "GpuDirectFacts",
     "distance",
+    "judge_gpudirect",
     "nccl_environment",
     "view",
 ]

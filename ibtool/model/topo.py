@@ -244,3 +244,218 @@ def nccl_environment(topo: Topology, socket_ifname: str | None, socket_said: str
     elif socket_said:
         notes.append(f"NCCL_SOCKET_IFNAME is not set: {socket_said}")
     return NcclEnvironment(tuple(variables), tuple(notes))
+
+
+# -- GPUDirect RDMA readiness --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PciConfig:
+    """What a function's configuration space says (lspci -vvv's lines): `readable`, the bytes
+    read (64: only the header, as the kernel gives a reader without CAP_SYS_ADMIN; 256: no
+    extended space); the PCI Express port type (4 root port, 5 upstream, 6 downstream switch
+    port; 0 endpoint); the ACS capability and control registers (None: no ACS); ATS enabled
+    (None: no ATS)."""
+
+    readable: int
+    port_type: int | None = None
+    acs_cap: int | None = None
+    acs_ctrl: int | None = None
+    ats: bool | None = None
+
+
+# ACS Control bits (PCIe Base Specification, ACS Extended Capability; pci_regs.h PCI_ACS_*),
+# as lspci names them.
+ACS_BITS = ("SrcValid", "TransBlk", "ReqRedir", "CmpltRedir", "UpstreamFwd", "EgressCtrl",
+            "DirectTrans")  # fmt: skip
+# The ones that send a peer-to-peer request or completion up to the root complex instead of
+# across the switch: P2P Request Redirect, P2P Completion Redirect, P2P Egress Control.
+ACS_REDIRECTS = 1 << 2 | 1 << 3 | 1 << 5
+DMABUF_KERNEL = (5, 12)  # ib_umem_dmabuf: drivers/infiniband/core/umem_dmabuf.c, Linux 5.12
+DMABUF_RDMA_CORE = 34  # ibv_reg_dmabuf_mr(3), rdma-core 34
+
+
+def acs_text(ctrl: int) -> str:
+    """lspci's ACSCtl line: 'SrcValid+ TransBlk- ReqRedir+ ...'."""
+    return " ".join(f"{name}{'+' if ctrl >> i & 1 else '-'}" for i, name in enumerate(ACS_BITS))
+
+
+@dataclass(frozen=True)
+class GpuDirectFacts:
+    """What GPUDirect RDMA depends on beyond the topology. None: could not be told (a capture
+    without it). `peermem`: nvidia-peermem (or MLNX_OFED's nv_peer_mem) loaded; `nvidia_open`:
+    the NVIDIA driver is the open kernel module (its /proc/driver/nvidia/version says so),
+    which dma-buf needs; `amdgpu`: loaded; `kernel`: (major, minor); `rdma_core`: major
+    version; `iommu`: whether the kernel has IOMMU groups; `iommu_types`: group -> type;
+    `configs`: PCI address -> its configuration space, for the GPUs, the RDMA devices and the
+    bridges between them."""
+
+    peermem: bool | None
+    nvidia_open: bool | None
+    amdgpu: bool | None
+    kernel: tuple[int, int] | None
+    rdma_core: int | None
+    iommu: bool | None
+    iommu_types: dict[int, str | None]
+    configs: dict[str, PciConfig | None]
+
+
+OK, WARN, FAIL, UNKNOWN = "ok", "warn", "FAIL", "unknown"
+
+
+@dataclass(frozen=True)
+class GdrFinding:
+    """One line of the readiness: its status, what it is about, what was found, the fix."""
+
+    status: str
+    subject: str
+    said: str
+    fix: str | None = None
+
+
+def between(a: PciFunction, b: PciFunction) -> tuple[str, ...]:
+    """The bridges a peer-to-peer transfer between `a` and `b` crosses below the one they
+    share (their ingress and egress ports), nearest to `a` first; () when they share none
+    below the host bridge but their root ports (then it is the root ports')."""
+    common = set(a.bridges).intersection(b.bridges)
+    if not common:
+        return a.bridges[-1:] + b.bridges[-1:]
+    below_a = next(i for i, bdf in enumerate(a.bridges) if bdf in common)
+    below_b = next(i for i, bdf in enumerate(b.bridges) if bdf in common)
+    return a.bridges[:below_a] + tuple(reversed(b.bridges[:below_b]))
+
+
+def judge_gpudirect(topo: Topology, facts: GpuDirectFacts) -> list[GdrFinding]:
+    """Whether GPUDirect RDMA can work between each GPU and its closest RDMA device: memory
+    registration (peermem or dma-buf), the distance, ACS on the bridges between them, the
+    IOMMU, and each one's PCIe link."""
+    if not topo.gpus:
+        return []
+    found = [*_registration(topo, facts)]
+    for gpu in topo.gpus:
+        level, nics = topo.closest(gpu)
+        if level is None:
+            found.append(GdrFinding(FAIL, gpu.name, "no RDMA device with a PCI function"))
+            continue
+        nic = nics[0]
+        pair = f"{gpu.name}-{nic.name}"
+        said = [*_acs(pair, gpu.function, nic.function, facts),
+                *_iommu(pair, gpu.function, nic.function, facts)]  # fmt: skip
+        if RANK[level] > RANK[GDR_DEFAULT_LEVEL]:
+            said.insert(0, GdrFinding(
+                WARN, pair,
+                f"{level}: farther than {GDR_DEFAULT_LEVEL}, so NCCL moves this GPU's data "
+                "through host memory",
+                "put the GPU and the NIC under one PCIe switch, or allow it with "
+                f"NCCL_NET_GDR_LEVEL={level} where the CPU forwards peer-to-peer well",
+            ))  # fmt: skip
+        # what holds, on one line; each thing that does not, on its own
+        fine = [f.said for f in said if f.status == OK]
+        found.append(GdrFinding(OK, pair, "; ".join([level, *fine])))
+        found.extend(f for f in said if f.status != OK)
+    for item in (*topo.gpus, *topo.nics):
+        found.extend(_link(item.name, item.function, isinstance(item, Gpu)))
+    return found
+
+
+def _registration(topo: Topology, facts: GpuDirectFacts):
+    vendors = {g.function.vendor_name for g in topo.gpus}
+    kernel_ok = None if facts.kernel is None else facts.kernel >= DMABUF_KERNEL
+    if "NVIDIA" in vendors:
+        if facts.peermem:
+            yield GdrFinding(OK, "registration", "nvidia-peermem is loaded")
+        elif kernel_ok and facts.nvidia_open and (facts.rdma_core or 0) >= DMABUF_RDMA_CORE:
+            yield GdrFinding(OK, "registration", "dma-buf: the open NVIDIA kernel module, "
+                             f"Linux {facts.kernel[0]}.{facts.kernel[1]}, rdma-core "
+                             f"{facts.rdma_core}")  # fmt: skip
+        elif facts.peermem is None:
+            yield GdrFinding(UNKNOWN, "registration", "the kernel modules are not in this "
+                             "capture: nvidia-peermem loaded or not cannot be told")  # fmt: skip
+        else:
+            why = [
+                *(["the NVIDIA driver is not the open kernel module"]
+                  if facts.nvidia_open is False else []),
+                *([f"Linux {facts.kernel[0]}.{facts.kernel[1]} is older than 5.12"]
+                  if kernel_ok is False else []),
+                *([f"rdma-core {facts.rdma_core} is older than 34"]
+                  if facts.rdma_core is not None and facts.rdma_core < DMABUF_RDMA_CORE else []),
+            ]  # fmt: skip
+            said = "nvidia-peermem is not loaded"
+            said += f" and dma-buf cannot be used ({'; '.join(why)})" if why else ""
+            yield GdrFinding(FAIL, "registration", said, "modprobe nvidia-peermem (and add "
+                             "it to /etc/modules-load.d)")  # fmt: skip
+    if "AMD" in vendors:
+        if facts.amdgpu and kernel_ok:
+            yield GdrFinding(OK, "registration", "dma-buf: amdgpu on Linux "
+                             f"{facts.kernel[0]}.{facts.kernel[1]}")  # fmt: skip
+        elif facts.amdgpu is None or kernel_ok is None:
+            yield GdrFinding(UNKNOWN, "registration", "amdgpu and the kernel cannot be told")
+        else:
+            said = "amdgpu is not loaded or the kernel is older than 5.12: no dma-buf"
+            yield GdrFinding(FAIL, "registration", said, "load amdgpu (ROCm's driver)")
+
+
+def _acs(pair: str, a: PciFunction, b: PciFunction, facts: GpuDirectFacts):
+    unreadable, redirecting = [], []
+    for bdf in between(a, b):
+        config = facts.configs.get(bdf)
+        if config is None or config.readable <= 256:
+            unreadable.append((bdf, config))
+        elif config.acs_ctrl is not None and config.acs_ctrl & ACS_REDIRECTS:
+            redirecting.append((bdf, config.acs_ctrl))
+    for bdf, ctrl in redirecting:
+        yield GdrFinding(
+            FAIL, pair,
+            f"ACS on bridge {bdf} sends peer-to-peer traffic up to the root complex "
+            f"(ACSCtl: {acs_text(ctrl)})",
+            f"setpci -s {bdf} ECAP_ACS+0x6.w=0000 (until reboot), or turn ACS off in the "
+            "firmware setup",
+        )  # fmt: skip
+    if unreadable:
+        bdfs = ", ".join(bdf for bdf, _ in unreadable)
+        if any(c is not None and c.readable == 64 for _, c in unreadable):
+            why, fix = "only the header is readable without CAP_SYS_ADMIN", "run it as root"
+        elif any(c is not None for _, c in unreadable):
+            why, fix = "no extended configuration space (a VM without it?)", None
+        else:
+            why, fix = "their configuration space is not there", None
+        yield GdrFinding(UNKNOWN, pair, f"ACS of {bdfs}: {why}", fix)
+    elif not redirecting and between(a, b):
+        yield GdrFinding(OK, pair, "no ACS redirect between them")
+
+
+def _iommu(pair: str, a: PciFunction, b: PciFunction, facts: GpuDirectFacts):
+    if facts.iommu is None:
+        return
+    if not facts.iommu:
+        yield GdrFinding(OK, pair, "no IOMMU")
+        return
+    types = {facts.iommu_types.get(f.iommu_group) if f.iommu_group is not None else None
+             for f in (a, b)}  # fmt: skip
+    if types <= {"identity"}:
+        yield GdrFinding(OK, pair, "IOMMU passthrough")
+    elif None in types:
+        yield GdrFinding(UNKNOWN, pair, "the IOMMU's mode cannot be told (Linux before 5.11 "
+                         "has no group type)")  # fmt: skip
+    else:
+        ats = facts.configs.get(b.bdf)
+        said = f"the IOMMU translates DMA ({', '.join(sorted(t for t in types if t))})"
+        if ats is not None and ats.ats:
+            said += f"; ATS is on at {b.bdf}, so translated requests may still go direct"
+        yield GdrFinding(WARN, pair, said, "boot with iommu=pt (intel_iommu=on iommu=pt, or "
+                         "amd_iommu=on iommu=pt)")  # fmt: skip
+
+
+def _link(name: str, fn: PciFunction, gpu: bool):
+    link = fn.link
+    if link is None or not link.degraded:
+        return
+    narrower = (link.current_width or 0) < (link.max_width or 0)
+    now = f"x{link.current_width} at {link.current_speed} of x{link.max_width} at {link.max_speed}"
+    if gpu and not narrower:
+        yield GdrFinding(OK, name, f"link {now}: a GPU slows its link when idle; check it under "
+                         "load")  # fmt: skip
+        return
+    yield GdrFinding(WARN, name, f"link trained below its maximum: {now}",
+                     "reseat the card or cable, check the slot's lanes and its setting in the "
+                     "firmware")  # fmt: skip

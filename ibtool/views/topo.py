@@ -64,8 +64,9 @@ def _table(headers: list[str], rows: list[list[str | None]]) -> list[str]:
     return [_row(list(headers), widths), *(_row(r, widths) for r in rows)]
 
 
-def text(topo: Topology, details: bool) -> list[str]:
-    """The devices, the matrix and the legend; -d: each device's path to its host bridge."""
+def text(topo: Topology, details: bool, findings=()) -> list[str]:
+    """The devices, the matrix and the legend, then GPUDirect RDMA's `findings`; -d: each
+    device's path to its host bridge."""
     out: list[str] = []
     if topo.gpus:
         rows = [
@@ -99,6 +100,20 @@ def text(topo: Topology, details: bool) -> list[str]:
         out.append("")
         out.append("Legend (PCIe only: NVLink, nvidia-smi's NV#, is not in sysfs):")
         out += [f"  {d:<4} = {LEGEND[d]}" for d in DISTANCES]
+    if findings:
+        import textwrap
+
+        out += ["", "GPUDirect RDMA:"]
+        indent = " " * 10
+        for f in findings:
+            said = escaped(f"{f.subject}: {f.said}")
+            out += textwrap.wrap(said, 79, initial_indent=f"  {f.status:<8}",
+                                 subsequent_indent=indent, break_on_hyphens=False)  # fmt: skip
+            if f.fix:
+                fix = escaped(f"fix: {f.fix}")
+                out += textwrap.wrap(fix, 79, initial_indent=indent,
+                                     subsequent_indent=indent + "  ",
+                                     break_on_hyphens=False)  # fmt: skip
     return out
 
 
@@ -177,8 +192,9 @@ def function_json(fn: PciFunction) -> dict[str, Any]:
     }
 
 
-def data(topo: Topology) -> dict[str, Any]:
-    """The whole answer as JSON: GPUs, RDMA devices (with ports), the matrix, closest."""
+def data(topo: Topology, findings=()) -> dict[str, Any]:
+    """The whole answer as JSON: GPUs, RDMA devices (with ports), the matrix, closest, and
+    GPUDirect RDMA's findings."""
     members = [(g.name, g.function) for g in topo.gpus] + [(n.name, n.function) for n in topo.nics]
     gpus = []
     for g in topo.gpus:
@@ -212,6 +228,10 @@ def data(topo: Topology) -> dict[str, Any]:
         ],
         "not_pci": list(topo.elsewhere),
         "matrix": {a: {b: distance(fa, fb) for b, fb in members} for a, fa in members},
+        "gpudirect": [
+            {"status": f.status.lower(), "subject": f.subject, "said": f.said, "fix": f.fix}
+            for f in findings
+        ],
     }
 
 

@@ -113,7 +113,7 @@ def test_a_gpu_knows_its_path_numa_and_link(built):
     assert (gpu0.vendor, gpu0.device, gpu0.pci_class) == (0x10DE, 0x20B0, 0x030200)
     assert gpu0.numa == 3 and 48 in gpu0.cpus and 176 in gpu0.cpus and 64 not in gpu0.cpus
     assert gpu0.link == PciLink("0000:07:00.0", "16.0 GT/s PCIe", 16, "16.0 GT/s PCIe", 16)
-    assert gpu0.driver == "nvidia" and gpu0.iommu_group is not None
+    assert gpu0.driver == "nvidia" and gpu0.iommu_group is None  # no IOMMU there
 
 
 def test_roce_ports_give_their_gid_index_and_the_environment_says_it(built):
@@ -288,3 +288,129 @@ def test_a_degraded_gpu_link_is_shown_against_its_maximum(h200):
     (gpu / "current_link_width").write_text("8\n")
     r = run_cli(["--root", str(h200), "topo"])
     assert "32GT/s x8 (of 32GT/s x16)" in r.out.splitlines()[1]
+
+
+# -- GPUDirect RDMA readiness -------------------------------------------------------------------
+
+
+def readiness(root: Path) -> list[tuple[str, str, str]]:
+    from ibtool.model.topo import judge_gpudirect
+
+    host = Host(str(root), lambda m: None)
+    topo = host.topology()
+    return [(f.status, f.subject, f.said) for f in judge_gpudirect(topo, host.gpudirect(topo))]
+
+
+def test_the_hgx_is_ready_for_gpudirect(built):
+    found = readiness(built["hgx-h200"])
+    assert found[0] == ("ok", "registration", "nvidia-peermem is loaded")
+    assert found[1:] == [
+        ("ok", f"GPU{i}-mlx5_{i}", "PIX; no ACS redirect between them; IOMMU passthrough")
+        for i in range(8)
+    ]
+
+
+def test_the_pcie_server_says_what_stands_in_the_way(built):
+    found = readiness(built["pcie-server"])
+    assert found[0] == ("FAIL", "registration", "nvidia-peermem is not loaded")
+    gpu2 = [f for f in found if f[1] == "GPU2-mlx5_0"]
+    assert gpu2 == [
+        ("ok", "GPU2-mlx5_0", "PHB; no ACS redirect between them"),
+        ("warn", "GPU2-mlx5_0", "PHB: farther than PXB, so NCCL moves this GPU's data through "
+         "host memory"),
+        ("warn", "GPU2-mlx5_0", "the IOMMU translates DMA (DMA-FQ); ATS is on at 0000:e2:00.0, "
+         "so translated requests may still go direct"),
+    ]  # fmt: skip
+
+
+def _acs_ctrl(config: Path, value: int) -> None:
+    data = bytearray(config.read_bytes())
+    assert int.from_bytes(data[0x100:0x102], "little") == 0x000D  # the fixture's ACS is first
+    data[0x106:0x108] = value.to_bytes(2, "little")
+    config.write_bytes(bytes(data))
+
+
+def test_acs_redirect_on_the_switch_port_is_a_failure_with_its_fix(h200):
+    dsp = _gpu0(h200).parent  # the downstream port above GPU0
+    _acs_ctrl(dsp / "config", gpu_trees.ACS_LINUX)
+    found = readiness(h200)
+    assert ("FAIL", "GPU0-mlx5_0", f"ACS on bridge {dsp.name} sends peer-to-peer traffic up to "
+            "the root complex (ACSCtl: SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ "
+            "EgressCtrl- DirectTrans-)") in found  # fmt: skip
+    assert ("ok", "GPU0-mlx5_0", "PIX; IOMMU passthrough") in found
+    r = run_cli(["--root", str(h200), "topo"])
+    assert f"          fix: setpci -s {dsp.name} ECAP_ACS+0x6.w=0000 (until reboot), or" in (
+        r.out.splitlines()
+    )
+    assert run_cli(["--root", str(h200), "-j", "topo"]).json["gpudirect"][2] == {
+        "status": "fail", "subject": "GPU0-mlx5_0",
+        "said": found[2][2], "fix": f"setpci -s {dsp.name} ECAP_ACS+0x6.w=0000 (until reboot), "
+        "or turn ACS off in the firmware setup",
+    }  # fmt: skip
+
+
+def test_only_the_header_readable_is_unknown_and_says_to_run_as_root(h200):
+    dsp = _gpu0(h200).parent
+    config = dsp / "config"
+    config.write_bytes(config.read_bytes()[:64])  # what a reader without CAP_SYS_ADMIN gets
+    found = readiness(h200)
+    assert ("unknown", "GPU0-mlx5_0", f"ACS of {dsp.name}: only the header is readable "
+            "without CAP_SYS_ADMIN") in found  # fmt: skip
+
+
+def test_peermem_unloaded_and_the_iommu_translating(h200):
+    import shutil
+
+    shutil.rmtree(h200 / "sys/module/nvidia_peermem")
+    gpu_trees.iommu_types(h200, "DMA")
+    found = readiness(h200)
+    assert found[0] == ("FAIL", "registration", "nvidia-peermem is not loaded")
+    assert ("warn", "GPU3-mlx5_3", "the IOMMU translates DMA (DMA)") in found
+    (h200 / "sys/kernel/iommu_groups/1/type").unlink()  # GPU0's root port's; not GPU0's
+    for group in (h200 / "sys/kernel/iommu_groups").iterdir():
+        (group / "type").unlink(missing_ok=True)
+    found = readiness(h200)
+    assert ("unknown", "GPU0-mlx5_0", "the IOMMU's mode cannot be told (Linux before 5.11 has "
+            "no group type)") in found  # fmt: skip
+
+
+def test_dma_buf_stands_in_for_peermem_with_the_open_module():
+    from ibtool.model.topo import GpuDirectFacts, judge_gpudirect
+
+    topo = Topology((Gpu(0, PciFunction("0000:01:00.0", 0x10DE, 0x2330, 0x030200)),), ())
+    facts = GpuDirectFacts(False, True, None, (6, 8), 50, False, {}, {})
+    assert judge_gpudirect(topo, facts)[0].said == (
+        "dma-buf: the open NVIDIA kernel module, Linux 6.8, rdma-core 50"
+    )
+    old = GpuDirectFacts(False, True, None, (5, 10), 33, False, {}, {})
+    assert judge_gpudirect(topo, old)[0].said == (
+        "nvidia-peermem is not loaded and dma-buf cannot be used (Linux 5.10 is older than "
+        "5.12; rdma-core 33 is older than 34)"
+    )
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        bytes(4096),
+        b"\xff" * 4096,
+        # a capability list and an extended list that point at themselves
+        bytes(6) + b"\x10\x00" + bytes(0x34 - 8) + b"\x40" + bytes(11) + b"\x01\x40"
+        + bytes(0x100 - 0x42) + (0x000D | 1 << 16 | 0x100 << 20).to_bytes(4, "little")
+        + bytes(4096 - 0x104),
+        bytes(300),
+    ],
+)  # fmt: skip
+def test_a_hostile_config_space_ends(data):
+    from ibtool.sources.sysfs.pci import parse_config
+
+    config = parse_config(data)
+    assert config.readable == len(data)
+
+
+def test_a_config_file_too_large_is_not_read(h200):
+    dsp = _gpu0(h200).parent
+    (dsp / "config").write_bytes(bytes(8192))
+    host = Host(str(h200), (warnings := []).append)
+    host.gpudirect(host.topology())
+    assert any(w.endswith(f"{dsp.name}/config: larger than 4096 bytes: not read") for w in warnings)

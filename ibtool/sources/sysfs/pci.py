@@ -15,7 +15,7 @@ import os
 import re
 
 from ibtool.model.system import Numa, PciLink
-from ibtool.model.topo import PciFunction
+from ibtool.model.topo import PciConfig, PciFunction
 from ibtool.sources.sysfs.rooted import RootedFiles
 
 _BDF_RE = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
@@ -185,6 +185,39 @@ class PciFiles:
             iommu_group=_group(self._link_name(os.path.join(real, "iommu_group"))),
         )
 
+    def config(self, bdf: str) -> PciConfig | None:
+        """The configuration space of function `bdf` (/sys/bus/pci/devices/BDF/config), read
+        bounded and parsed; None when it cannot be read (warned)."""
+        path = self.files.path("sys/bus/pci/devices", bdf, "config")
+        real = self.files.inside(path)
+        if real is None:
+            return None
+        try:
+            data = self.files.fs.read(real, CONFIG_SIZE + 1)
+        except OSError as e:
+            self.files.bad(path, f"cannot read: {e.strerror or e}")
+            return None
+        if len(data) > CONFIG_SIZE:
+            self.files.bad(path, f"larger than {CONFIG_SIZE} bytes: not read")
+            return None
+        return parse_config(data)
+
+    def iommu_type(self, group: int) -> str | None:
+        """An IOMMU group's domain type (/sys/kernel/iommu_groups/N/type, Linux 5.11):
+        "identity" (passthrough), "DMA", "DMA-FQ" (translating), "blocked", "unmanaged";
+        None before 5.11 or without it."""
+        path = self.files.path("sys/kernel/iommu_groups", str(group), "type")
+        text = self.files.read(path, required=False)
+        return text if text and text.isascii() and text.isprintable() else None
+
+    def iommu_groups(self) -> bool | None:
+        """Whether the kernel has IOMMU groups (an IOMMU is on); None without the directory
+        (a tree that did not capture it)."""
+        path = self.files.path("sys/kernel/iommu_groups")
+        if not self.files.isdir(path):
+            return None
+        return bool(self.files.listdir(path, required=False))
+
     def _link_name(self, path: str) -> str | None:
         """The last component of a link's target (a driver's or an IOMMU group's name);
         None without the link."""
@@ -211,3 +244,47 @@ class PciFiles:
 
 def _group(name: str | None) -> int | None:
     return int(name) if name is not None and name.isascii() and name.isdigit() else None
+
+
+# -- configuration space (what lspci -vvv decodes of it) -------------------------------------------
+
+# A PCI function's `config` file: the configuration space, little-endian. pci-sysfs.c
+# pci_read_config gives a reader without CAP_SYS_ADMIN only the first 64 bytes (the header); a
+# conventional function has 256, a PCI Express one 4096 (the extended space, from 0x100).
+CONFIG_SIZE = 4096
+HEADER_ONLY = 64
+_CAP_PCIE, _EXT_ACS, _EXT_ATS = 0x10, 0x000D, 0x000F  # include/uapi/linux/pci_regs.h
+
+
+def parse_config(data: bytes) -> PciConfig:
+    """The PCI Express port type, ACS capability and control, and ATS enable, from a config
+    space read: PCI_EXP_FLAGS_TYPE of the PCI Express Capability (linked from 0x34), then
+    the extended capabilities from 0x100 (PCI_EXT_CAP_ID_ACS: PCI_ACS_CAP at +4, PCI_ACS_CTRL
+    at +6; PCI_EXT_CAP_ID_ATS: PCI_ATS_CTRL at +6, bit 15 enable). A list that loops, or
+    leaves the space, ends where it does."""
+    if len(data) <= HEADER_ONLY:
+        return PciConfig(readable=len(data))
+    port_type = None
+    status = int.from_bytes(data[6:8], "little")
+    offset, seen = data[0x34] & 0xFC if status & 0x10 else 0, set()
+    while 0x40 <= offset <= len(data) - 4 and offset not in seen:
+        seen.add(offset)
+        if data[offset] == _CAP_PCIE:
+            port_type = int.from_bytes(data[offset + 2 : offset + 4], "little") >> 4 & 0xF
+            break
+        offset = data[offset + 1] & 0xFC
+    acs_cap = acs_ctrl = ats = None
+    offset, seen = (0x100 if len(data) > 0x100 else 0), set()
+    while 0x100 <= offset <= len(data) - 8 and offset not in seen:
+        seen.add(offset)
+        header = int.from_bytes(data[offset : offset + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            break
+        cap_id = header & 0xFFFF
+        if cap_id == _EXT_ACS:
+            acs_cap = int.from_bytes(data[offset + 4 : offset + 6], "little")
+            acs_ctrl = int.from_bytes(data[offset + 6 : offset + 8], "little")
+        elif cap_id == _EXT_ATS:
+            ats = bool(int.from_bytes(data[offset + 6 : offset + 8], "little") & 0x8000)
+        offset = header >> 20 & 0xFFC
+    return PciConfig(len(data), port_type, acs_cap, acs_ctrl, ats)
