@@ -91,6 +91,7 @@ class Host:
         run: Callable[[list], Any] | None = None,
         saved_fabric: tuple | None = None,
         fs: Any = None,
+        gpudirect: dict | None = None,
     ):
         """`sysfs`: the source to read instead of root's (tests give the live host a tree);
         `netlink`, `verbs`: what opens an RDMA netlink client and the verbs source (default:
@@ -103,7 +104,8 @@ class Host:
         not installed); each defaults to the running kernel's, and none under --root.
         `saved_fabric`: a snapshot's fabric scan (the fabric, its counters, its SMs), which
         the fabric methods answer from instead of MADs. `fs`: where the files under the root
-        are read from (ibtool.sources.sysfs.fs; default: the disk)."""
+        are read from (ibtool.sources.sysfs.fs; default: the disk). `gpudirect`: a
+        snapshot's record of the GPUDirect modules and rdma-core (snapshot.save's)."""
         self.warn = warn or (lambda message: None)
         self.root = root
         self.details = details
@@ -126,6 +128,7 @@ class Host:
         self._iproute = iproute
         self._run = run
         self._saved_fabric = saved_fabric
+        self._gpudirect_recorded = gpudirect
         self._files: RootedFiles | None = None
         self._verbs: Any = None
         self._verbs_error: IbtoolError | None = None
@@ -507,9 +510,13 @@ class Host:
 
         pci = PciFiles(self._rooted())
         captured = self.stack_captured()
+        recorded = self._gpudirect_recorded  # a snapshot's: its tree holds no /sys/module
 
-        def loaded(*modules: str) -> bool | None:
-            return any(self.module_loaded(m)[0] for m in modules) if captured else None
+        def loaded(*names: str) -> bool | None:
+            if recorded is not None:
+                modules = recorded["modules"]
+                return None if modules is None else any(modules.get(n, False) for n in names)
+            return any(self.module_loaded(n)[0] for n in names) if captured else None
 
         files = self._rooted()
         version = files.read(files.path("proc/driver/nvidia/version"), required=False)
@@ -518,7 +525,10 @@ class Host:
             m = re.match(r"(\d+)\.(\d+)", self.kernel_release())
             kernel = (int(m.group(1)), int(m.group(2))) if m else None
         rdma_core = None
-        if self.live:
+        if recorded is not None and recorded["rdma_core"]:
+            major = recorded["rdma_core"].split(".")[0]
+            rdma_core = int(major) if major.isascii() and major.isdigit() else None
+        elif self.live:
             from ibtool.sources.versions import rdma_core as installed
 
             found = installed()

@@ -271,6 +271,8 @@ ACS_BITS = ("SrcValid", "TransBlk", "ReqRedir", "CmpltRedir", "UpstreamFwd", "Eg
 # The ones that send a peer-to-peer request or completion up to the root complex instead of
 # across the switch: P2P Request Redirect, P2P Completion Redirect, P2P Egress Control.
 ACS_REDIRECTS = 1 << 2 | 1 << 3 | 1 << 5
+# The kernel modules GPUDirect RDMA's registration depends on, as a snapshot records them.
+GPUDIRECT_MODULES = ("nvidia_peermem", "nv_peer_mem", "amdgpu")
 DMABUF_KERNEL = (5, 12)  # ib_umem_dmabuf: drivers/infiniband/core/umem_dmabuf.c, Linux 5.12
 DMABUF_RDMA_CORE = 34  # ibv_reg_dmabuf_mr(3), rdma-core 34
 

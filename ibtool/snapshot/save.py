@@ -1,12 +1,13 @@
 """Snapshots: one file holding what every read-only command needs, read back as a host.
 
 `save` captures the RDMA sysfs tree (each device's directory, its bus device's driver link
-and netdevs, /proc/net/vlan/config), every RDMA netlink answer the read-only commands ask for
-(devices, ports, statistics, optional-counter status, resources of every kind, system
-settings and features), the verbs attributes `-d` shows, the names of the processes holding
-RDMA objects, and the kernel release, ibtool version, host name and time. `SnapshotHost`
-gives a Host whose sources answer from the file: every read-only command then prints what it
-printed live at that moment.
+and netdevs, /proc/net/vlan/config), the PCI side of the GPUs and RDMA devices `topo` reads
+(tree._pci) with the GPUDirect modules and rdma-core's version (_gpudirect), every RDMA
+netlink answer the read-only commands ask for (devices, ports, statistics, optional-counter
+status, resources of every kind, system settings and features), the verbs attributes `-d`
+shows, the names of the processes holding RDMA objects, and the kernel release, ibtool
+version, host name and time. `SnapshotHost` gives a Host whose sources answer from the file:
+every read-only command then prints what it printed live at that moment.
 
 The answers are recorded where the host asks its sources (ibtool.snapshot.replay: method,
 arguments -> value or error), so a replayed command takes the same path as the live one did;
@@ -103,8 +104,26 @@ def save(
     finally:
         host.close()
     data.update(netlink=netlink, verbs=verbs, comm=comms, features=features)
+    data["gpudirect"] = _gpudirect(root)
     write(path, data)
     return data
+
+
+def _gpudirect(root: str) -> dict[str, Any]:
+    """What `ibtool topo` asks beyond the tree: whether the modules GPUDirect RDMA's memory
+    registration needs are loaded under `root` (the tree holds no /sys/module; None where
+    `root` cannot tell), and the running host's rdma-core version."""
+    from ibtool.model.topo import GPUDIRECT_MODULES
+    from ibtool.sources.sysfs.stack import StackFiles
+    from ibtool.sources.versions import rdma_core
+
+    stack = StackFiles(root)
+    captured = root == "/" or stack.captured()
+    found = rdma_core() if root == "/" else None
+    return {
+        "modules": {m: stack.module_loaded(m) for m in GPUDIRECT_MODULES} if captured else None,
+        "rdma_core": found[0] if found else None,
+    }
 
 
 def _hostname() -> str:
@@ -335,11 +354,29 @@ def _check(data: Any, path: str) -> None:
     for field in ("host", "kernel", "ibtool"):
         if not isinstance(data.get(field, ""), str):
             raise SnapshotError(f"{path} is damaged: its {field!r} is not text", HINT)
+    gpudirect = data.get("gpudirect")
+    if gpudirect is not None and not _gpudirect_record(gpudirect):
+        raise SnapshotError(f"{path} is damaged: its 'gpudirect' is malformed", HINT)
     features = data.get("features")
     if features is not None and not (
         isinstance(features, list) and all(map(_feature, features, repeat(_feature_fields())))
     ):
         raise SnapshotError(f"{path} is damaged: its 'features' are malformed", HINT)
+
+
+def _gpudirect_record(record: Any) -> bool:
+    from ibtool.model.topo import GPUDIRECT_MODULES
+
+    if not isinstance(record, dict) or set(record) != {"modules", "rdma_core"}:
+        return False
+    modules, version = record["modules"], record["rdma_core"]
+    if modules is not None and not (
+        isinstance(modules, dict)
+        and set(modules) <= set(GPUDIRECT_MODULES)
+        and all(type(v) is bool for v in modules.values())
+    ):
+        return False
+    return version is None or (isinstance(version, str) and len(version) <= 32)
 
 
 def _answer(answer: Any) -> bool:
@@ -479,6 +516,7 @@ class SnapshotHost:
             comm=lambda pid: comms.get(str(pid)),
             saved_fabric=saved_fabric,
             fs=files,
+            gpudirect=self.data.get("gpudirect"),
         )
 
     def close(self) -> None:

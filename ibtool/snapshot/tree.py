@@ -1,6 +1,6 @@
 """The RDMA sysfs tree as a snapshot holds it: what the sysfs source reads of each device (its
-directory, its bus device's driver link and netdevs, /proc/net/vlan/config) as entries, and
-those entries built back into a directory tree."""
+directory, its bus device's driver link and netdevs, /proc/net/vlan/config) and the PCI side
+of the GPUs and RDMA devices (_pci) as entries, and those entries built back into a tree."""
 
 from __future__ import annotations
 
@@ -86,7 +86,91 @@ def capture_tree(root: str = "/") -> list[dict[str, Any]]:
     if os.path.exists(vlan):
         out.append(_entry(vlan, root))
     _bonds(root, out)
+    _pci(root, out)
     return out
+
+
+# What `ibtool topo` reads of a PCI function (and of each bridge above it): its IDs, NUMA
+# node, CPUs, link and configuration space; not vpd (the board's serial) nor its resources.
+PCI_FILES = ("vendor", "device", "class", "subsystem_vendor", "subsystem_device", "numa_node",
+             "local_cpulist", "current_link_speed", "current_link_width", "max_link_speed",
+             "max_link_width")  # fmt: skip
+PCI_LINKS = ("driver", "iommu_group")
+
+
+def _pci(root: str, out: list[dict[str, Any]]) -> None:
+    """The PCI side of the GPUs and RDMA devices (`ibtool topo`): each one's function and
+    every bridge above it with PCI_FILES, its links and its configuration space (the Device
+    Serial Number left out), their /sys/bus/pci/devices links, the IOMMU groups' types, the
+    NVIDIA driver's version line."""
+    from ibtool.model.topo import PciFunction
+    from ibtool.sources.sysfs.pci import without_serial
+
+    bus = os.path.join(root, "sys", "bus", "pci", "devices")
+    try:
+        names = sorted(os.listdir(bus))
+    except OSError:
+        return
+    have = {e["path"] for e in out}
+    rdma = {os.path.realpath(os.path.join(root, p["path"])) for p in out if p.get("dir")}
+    chosen = []
+    for name in names:
+        real = os.path.realpath(os.path.join(bus, name))
+        ids = [_hex_file(os.path.join(real, f)) for f in ("vendor", "class")]
+        if real in rdma or PciFunction(name, ids[0], None, ids[1]).is_gpu:
+            chosen.append(real)
+
+    def add(entry: dict[str, Any] | None) -> None:
+        if entry is not None and entry["path"] not in have:
+            have.add(entry["path"])
+            out.append(entry)
+
+    groups = set()
+    for real in chosen:
+        d = real
+        while _PCI_NAME.fullmatch(os.path.basename(d)):
+            add({"path": os.path.relpath(d, root), "dir": True})
+            add(_entry(os.path.join(bus, os.path.basename(d)), root))
+            for name in PCI_FILES:
+                if os.path.isfile(os.path.join(d, name)):
+                    add(_entry(os.path.join(d, name), root))
+            for name in PCI_LINKS:
+                entry = _entry(os.path.join(d, name), root)
+                if entry is not None and "link" in entry:
+                    add(entry)
+                    if name == "iommu_group":
+                        groups.add(os.path.realpath(os.path.join(d, name)))
+            config = os.path.join(d, "config")
+            try:
+                with open(config, "rb") as f:
+                    data = without_serial(f.read(4097)[:4096])
+                add({"path": os.path.relpath(config, root),
+                     "bytes": base64.b64encode(data).decode()})  # fmt: skip
+            except OSError:
+                pass
+            d = os.path.dirname(d)
+    iommu = os.path.join(root, "sys", "kernel", "iommu_groups")
+    if os.path.isdir(iommu):
+        add({"path": os.path.relpath(iommu, root), "dir": True})
+    for group in sorted(groups):
+        add({"path": os.path.relpath(group, root), "dir": True})
+        kind = os.path.join(group, "type")
+        if os.path.isfile(kind):
+            add(_entry(kind, root))
+    nvidia = os.path.join(root, "proc", "driver", "nvidia", "version")
+    if os.path.isfile(nvidia):
+        add(_entry(nvidia, root))
+
+
+_PCI_NAME = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+
+
+def _hex_file(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read(16).strip(), 16)
+    except (OSError, ValueError):
+        return None
 
 
 def _bonds(root: str, out: list[dict[str, Any]]) -> None:

@@ -414,3 +414,74 @@ def test_a_config_file_too_large_is_not_read(h200):
     host = Host(str(h200), (warnings := []).append)
     host.gpudirect(host.topology())
     assert any(w.endswith(f"{dsp.name}/config: larger than 4096 bytes: not read") for w in warnings)
+
+
+# -- captures -----------------------------------------------------------------------------------
+
+
+def _save(root: Path, path: Path) -> dict:
+    from ibtool.errors import IbtoolError
+    from ibtool.snapshot import save as snapshot
+    from ibtool.sources.netlink import NldevClient
+    from tests.fixtures import captured_kernel
+    from tests.fixtures.netlink import FakeKernel
+
+    def no_verbs():
+        raise IbtoolError("pyverbs is not installed")
+
+    return snapshot.save(
+        str(path), lambda m: None, "test", root=str(root),
+        open_netlink=lambda: NldevClient(sock=FakeKernel(captured_kernel.answer)),
+        open_verbs=no_verbs, release="6.8.0-45-generic", comm=lambda pid: None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_a_snapshot_answers_topo_as_the_tree_did(built, tree, tmp_path):
+    path = tmp_path / "node.json.gz"
+    data = _save(built[tree], path)
+    for argv in (["topo"], ["-j", "topo"], ["topo", "--nccl"], ["-d", "topo"]):
+        from_tree = run_cli(["--root", str(built[tree]), *argv])
+        replayed = run_cli(["--snapshot", str(path), *argv])
+        assert (replayed.code, replayed.err) == (0, ""), argv
+        assert replayed.out == from_tree.out, argv
+    assert data["gpudirect"]["rdma_core"] is None  # not the running host's
+
+
+def test_a_snapshot_keeps_no_serial_number_nor_vpd(built, tmp_path):
+    import base64
+    import shutil
+    import struct
+
+    root = tmp_path / "t"
+    shutil.copytree(built["hgx-h200"], root, symlinks=True)
+    gpu = _gpu0(root)
+    (gpu / "vpd").write_bytes(b"\x82\x10\x00SN: MT2233X00001")
+    config = bytearray((gpu / "config").read_bytes())
+    # a Device Serial Number capability after the ATS one the fixture has at 0x100
+    config[0x100 + 2 : 0x100 + 4] = struct.pack("<H", 1 | 0x110 << 4)
+    config[0x110:0x11C] = struct.pack("<IQ", 0x0003 | 1 << 16, 0x0123456789ABCDEF)
+    (gpu / "config").write_bytes(bytes(config))
+    data = _save(root, tmp_path / "s.json")
+    entries = {e["path"]: e for e in data["sysfs"]}
+    rel = str(gpu.relative_to(root))
+    assert rel + "/vpd" not in entries
+    kept = base64.b64decode(entries[rel + "/config"]["bytes"])
+    assert kept[0x114:0x11C] == bytes(8) and kept[:0x110] == bytes(config[:0x110])
+
+
+def test_a_damaged_gpudirect_record_is_exit_7(built, tmp_path):
+    import gzip
+    import json
+
+    path = tmp_path / "s.json.gz"
+    _save(built["hgx-h200"], path)
+    data = json.loads(gzip.decompress(path.read_bytes()))
+    for bad in ({"modules": {"nvidia_peermem": "yes"}, "rdma_core": None},
+                {"modules": None}, [], {"modules": {"x" * 10: True}, "rdma_core": None},
+                {"modules": None, "rdma_core": "9" * 100}):  # fmt: skip
+        data["gpudirect"] = bad
+        path.write_bytes(gzip.compress(json.dumps(data).encode()))
+        r = run_cli(["--snapshot", str(path), "topo"])
+        assert r.code == 7, bad
+        assert r.err.startswith("ibtool: error: ") and "'gpudirect' is malformed" in r.err

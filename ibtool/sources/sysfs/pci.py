@@ -288,3 +288,22 @@ def parse_config(data: bytes) -> PciConfig:
             ats = bool(int.from_bytes(data[offset + 6 : offset + 8], "little") & 0x8000)
         offset = header >> 20 & 0xFFC
     return PciConfig(len(data), port_type, acs_cap, acs_ctrl, ats)
+
+
+_EXT_DSN = 0x0003  # Device Serial Number: the card's serial, which a capture leaves out
+
+
+def without_serial(data: bytes) -> bytes:
+    """A config space as a snapshot keeps it: the Device Serial Number capability's 8 bytes
+    zeroed (a board's identity, nothing the checks read); the rest as read."""
+    out = bytearray(data)
+    offset, seen = (0x100 if len(out) > 0x100 else 0), set()
+    while 0x100 <= offset <= len(out) - 12 and offset not in seen:
+        seen.add(offset)
+        header = int.from_bytes(out[offset : offset + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            break
+        if header & 0xFFFF == _EXT_DSN:
+            out[offset + 4 : offset + 12] = bytes(8)
+        offset = header >> 20 & 0xFFC
+    return bytes(out)
