@@ -528,6 +528,7 @@ def test_ctrl_c_or_sigterm_at_any_moment_of_a_replay_leaves_nothing(tmp_path, vf
     rng = random.Random(143)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
+
     # The window the signals fall in is measured on this machine first, as it is loaded now:
     # from the bare interpreter's start (a signal before it lands in CPython's own start-up,
     # which ibtool has no part in) to the end of a whole replay.
