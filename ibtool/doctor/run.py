@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ibtool.doctor.checks import Context, run_checks
 from ibtool.doctor.facts import collect
+from ibtool.doctor.gpu import gpudirect
 from ibtool.errors import IbtoolError, NotFoundError
 from ibtool.model.deferred import dataclass
 from ibtool.model.doctor import Facts, Finding, Verdict, is_infiniband
@@ -233,7 +234,11 @@ def diagnose(host, selector: str | None, opts: Options, warn) -> Report:
     ctx = Context(opts.peer, peer_ip, route, no_facts, opts.tclass, opts.compat, siblings,
                   no_facts_fix=no_facts_fix, process=process, link=link,
                   link_why=link_why, fabric=fabric)  # fmt: skip
-    report = Report(local, peer, run_checks(local, peer, ctx), opts.peer, process, fabric)
+    findings = run_checks(local, peer, ctx)
+    gpu = gpudirect(host, device)  # a host with GPUs: this end's side of GPUDirect RDMA
+    if gpu is not None:
+        findings.append(gpu)
+    report = Report(local, peer, findings, opts.peer, process, fabric)
     if opts.peer and opts.probe:
         report.findings.extend(_probe(local, peer, opts))
     return report

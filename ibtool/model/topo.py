@@ -327,19 +327,28 @@ def between(a: PciFunction, b: PciFunction) -> tuple[str, ...]:
     return a.bridges[:below_a] + tuple(reversed(b.bridges[:below_b]))
 
 
-def judge_gpudirect(topo: Topology, facts: GpuDirectFacts) -> list[GdrFinding]:
+def judge_gpudirect(
+    topo: Topology, facts: GpuDirectFacts, only: str | None = None
+) -> list[GdrFinding]:
     """Whether GPUDirect RDMA can work between each GPU and its closest RDMA device: memory
     registration (peermem or dma-buf), the distance, ACS on the bridges between them, the
-    IOMMU, and each one's PCIe link."""
+    IOMMU, and each one's PCIe link. `only`: the GPUs that RDMA device is closest to, with
+    it (doctor's port), and the links of those two."""
     if not topo.gpus:
         return []
     found = [*_registration(topo, facts)]
+    linked = []
     for gpu in topo.gpus:
         level, nics = topo.closest(gpu)
+        if only is not None:
+            nics = tuple(n for n in nics if n.name == only)
+            if not nics:
+                continue
         if level is None:
             found.append(GdrFinding(FAIL, gpu.name, "no RDMA device with a PCI function"))
             continue
         nic = nics[0]
+        linked += [gpu, nic]
         pair = f"{gpu.name}-{nic.name}"
         said = [*_acs(pair, gpu.function, nic.function, facts),
                 *_iommu(pair, gpu.function, nic.function, facts)]  # fmt: skip
@@ -355,7 +364,7 @@ def judge_gpudirect(topo: Topology, facts: GpuDirectFacts) -> list[GdrFinding]:
         fine = [f.said for f in said if f.status == OK]
         found.append(GdrFinding(OK, pair, "; ".join([level, *fine])))
         found.extend(f for f in said if f.status != OK)
-    for item in (*topo.gpus, *topo.nics):
+    for item in (*topo.gpus, *topo.nics) if only is None else dict.fromkeys(linked):
         found.extend(_link(item.name, item.function, isinstance(item, Gpu)))
     return found
 

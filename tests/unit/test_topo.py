@@ -485,3 +485,34 @@ def test_a_damaged_gpudirect_record_is_exit_7(built, tmp_path):
         r = run_cli(["--snapshot", str(path), "topo"])
         assert r.code == 7, bad
         assert r.err.startswith("ibtool: error: ") and "'gpudirect' is malformed" in r.err
+
+
+# -- doctor's line ------------------------------------------------------------------------------
+
+
+def _doctor(root: Path, dev: str) -> dict:
+    r = run_cli(["--root", str(root), "-j", "doctor", "--no-probe", "--dev", dev])
+    return next((f for f in r.json["checks"] if f["check"] == "gpudirect"), None)
+
+
+def test_doctor_judges_the_gpus_its_port_serves(built, h200):
+    assert _doctor(built["hgx-h200"], "mlx5_3") == {
+        "check": "gpudirect", "status": "PASS", "evidence": "GPU3 PIX: ready, nvidia-peermem is "
+        "loaded", "fix": None,
+    }  # fmt: skip
+    storage = _doctor(built["dgx-a100"], "mlx5_4")
+    assert (storage["status"], storage["evidence"][:40]) == (
+        "SKIP",
+        "mlx5_4 is no GPU's closest RDMA device (",
+    )
+    _acs_ctrl(_gpu0(h200).parent / "config", gpu_trees.ACS_RR | gpu_trees.ACS_CR)
+    broken = _doctor(h200, "mlx5_0")
+    assert broken["status"] == "FAIL" and broken["fix"].startswith("setpci -s 0000:17:01.0 ")
+    assert _doctor(h200, "mlx5_1")["status"] == "PASS"  # GPU1's switch is not GPU0's
+
+
+def test_doctor_on_a_host_without_gpus_has_no_gpudirect_line(tmp_path):
+    from tests.fixtures import sysfs_trees
+
+    root = sysfs_trees.build("mlx5_roce", tmp_path / "t")
+    assert _doctor(root, "mlx5_0") is None
