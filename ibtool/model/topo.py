@@ -313,6 +313,14 @@ class GdrFinding:
     subject: str
     said: str
     fix: str | None = None
+    # what it is about, for a program: registration, no_rdma, distance, acs, iommu, link
+    kind: str = ""
+
+
+def _tagged(kind: str, findings) -> list[GdrFinding]:
+    import dataclasses
+
+    return [dataclasses.replace(f, kind=kind) for f in findings]
 
 
 def between(a: PciFunction, b: PciFunction) -> tuple[str, ...]:
@@ -328,44 +336,47 @@ def between(a: PciFunction, b: PciFunction) -> tuple[str, ...]:
 
 
 def judge_gpudirect(
-    topo: Topology, facts: GpuDirectFacts, only: str | None = None
+    topo: Topology, facts: GpuDirectFacts, only: str | None = None, level: str = GDR_DEFAULT_LEVEL
 ) -> list[GdrFinding]:
     """Whether GPUDirect RDMA can work between each GPU and its closest RDMA device: memory
     registration (peermem or dma-buf), the distance, ACS on the bridges between them, the
     IOMMU, and each one's PCIe link. `only`: the GPUs that RDMA device is closest to, with
-    it (doctor's port), and the links of those two."""
+    it (doctor's port), and the links of those two. `level`: the farthest distance that is
+    not a warning (NCCL's default GDR level)."""
     if not topo.gpus:
         return []
-    found = [*_registration(topo, facts)]
+    found = _tagged("registration", _registration(topo, facts))
     linked = []
     for gpu in topo.gpus:
-        level, nics = topo.closest(gpu)
+        distance_to, nics = topo.closest(gpu)
         if only is not None:
             nics = tuple(n for n in nics if n.name == only)
             if not nics:
                 continue
-        if level is None:
-            found.append(GdrFinding(FAIL, gpu.name, "no RDMA device with a PCI function"))
+        if distance_to is None:
+            said = "no RDMA device with a PCI function"
+            found.append(GdrFinding(FAIL, gpu.name, said, kind="no_rdma"))
             continue
         nic = nics[0]
         linked += [gpu, nic]
         pair = f"{gpu.name}-{nic.name}"
-        said = [*_acs(pair, gpu.function, nic.function, facts),
-                *_iommu(pair, gpu.function, nic.function, facts)]  # fmt: skip
-        if RANK[level] > RANK[GDR_DEFAULT_LEVEL]:
+        said = [*_tagged("acs", _acs(pair, gpu.function, nic.function, facts)),
+                *_tagged("iommu", _iommu(pair, gpu.function, nic.function, facts))]  # fmt: skip
+        if RANK[distance_to] > RANK[level]:
             said.insert(0, GdrFinding(
                 WARN, pair,
-                f"{level}: farther than {GDR_DEFAULT_LEVEL}, so NCCL moves this GPU's data "
+                f"{distance_to}: farther than {level}, so NCCL moves this GPU's data "
                 "through host memory",
                 "put the GPU and the NIC under one PCIe switch, or allow it with "
-                f"NCCL_NET_GDR_LEVEL={level} where the CPU forwards peer-to-peer well",
+                f"NCCL_NET_GDR_LEVEL={distance_to} where the CPU forwards peer-to-peer well",
+                kind="distance",
             ))  # fmt: skip
         # what holds, on one line; each thing that does not, on its own
         fine = [f.said for f in said if f.status == OK]
-        found.append(GdrFinding(OK, pair, "; ".join([level, *fine])))
+        found.append(GdrFinding(OK, pair, "; ".join([distance_to, *fine]), kind="path"))
         found.extend(f for f in said if f.status != OK)
     for item in (*topo.gpus, *topo.nics) if only is None else dict.fromkeys(linked):
-        found.extend(_link(item.name, item.function, isinstance(item, Gpu)))
+        found.extend(_tagged("link", _link(item.name, item.function, isinstance(item, Gpu))))
     return found
 
 

@@ -378,7 +378,7 @@ def test_an_unknown_check_name_is_unknown(node):
     assert r.code == 3
     assert r.out == (
         "IBTOOL UNKNOWN - no health check named 'nosuch' "
-        "(hint: checks: counters, datapath, fabric, peers, port, system)\n"
+        "(hint: checks: counters, datapath, fabric, gpudirect, peers, port, system)\n"
     )
 
 

@@ -239,7 +239,7 @@ def test_json_list_of_the_checks(tmp_path):
     r = health(tree(tmp_path), None, "-j", "--list")
     assert r.code == 0
     names = [c["name"] for c in r.json]
-    assert names == ["counters", "datapath", "fabric", "peers", "port", "system"]
+    assert names == ["counters", "datapath", "fabric", "gpudirect", "peers", "port", "system"]
     assert all(c["description"] for c in r.json)
 
 

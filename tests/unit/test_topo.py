@@ -516,3 +516,68 @@ def test_doctor_on_a_host_without_gpus_has_no_gpudirect_line(tmp_path):
 
     root = sysfs_trees.build("mlx5_roce", tmp_path / "t")
     assert _doctor(root, "mlx5_0") is None
+
+
+# -- the health check ---------------------------------------------------------------------------
+
+
+def _health(root: Path, tmp_path: Path, table: str | None) -> tuple[int, list[str]]:
+    argv = ["--root", str(root), "health", "--no-state"]
+    if table is not None:
+        config = tmp_path / "health.toml"
+        config.write_text(table)
+        argv += ["--config", str(config)]
+    r = run_cli(argv)
+    return r.code, [line for line in r.out.splitlines() if "] gpudirect " in line]
+
+
+def test_the_health_check_is_opt_in(built, tmp_path):
+    assert _health(built["hgx-h200"], tmp_path, None) == (0, [])
+    code, lines = _health(built["hgx-h200"], tmp_path, "[checks.gpudirect]\ngpus = 8\n")
+    assert code == 0 and len(lines) == 9
+    assert lines[0] == "[OK] gpudirect nvidia-peermem is loaded"
+
+
+def test_the_health_check_names_a_missing_gpu_and_acs(h200, tmp_path):
+    import shutil
+
+    _acs_ctrl(_gpu0(h200).parent / "config", gpu_trees.ACS_RR)
+    gpu7 = Path(os.path.realpath(h200 / "sys/bus/pci/devices/0000:df:00.0"))
+    shutil.rmtree(gpu7)  # fell off the bus
+    (h200 / "sys/bus/pci/devices/0000:df:00.0").unlink()
+    code, lines = _health(h200, tmp_path, "[checks.gpudirect]\ngpus = 8\n")
+    assert code == 2
+    assert lines[:2] == [
+        "[CRITICAL] gpudirect 7 GPUs of 8: a GPU is missing from the PCI bus",
+        "[CRITICAL] gpudirect GPU0-mlx5_0: ACS on bridge 0000:17:01.0 sends peer-to-peer traffic "
+        "up to the root complex (ACSCtl: SrcValid- TransBlk- ReqRedir+ CmpltRedir- UpstreamFwd- "
+        "EgressCtrl- DirectTrans-) (fix: setpci -s 0000:17:01.0 ECAP_ACS+0x6.w=0000 (until "
+        "reboot), or turn ACS off in the firmware setup)",
+    ]
+    from ibtool_plugins.topo import check_gpudirect
+
+    from ibtool.health.config import HealthConfig
+    from ibtool.health.run import CheckContext
+
+    config = HealthConfig(checks={"gpudirect": {"gpus": 8}})
+    results = list(check_gpudirect(CheckContext(Host(str(h200)), config, {"gpus": 8})))
+    assert [r.kind for r in results if r.status.name != "OK"] == ["gpu_missing", "gdr_acs"]
+
+
+@pytest.mark.parametrize(
+    "table, said",
+    [
+        ("distance = 'FAR'", "distance must be one of PIX, PXB, PHB, NODE, SYS"),
+        ("gpus = 0", "gpus must be a number from 1 to 64"),
+        ("gpu = 8", "names no option 'gpu' (gpus, distance)"),
+    ],
+)
+def test_a_bad_gpudirect_table_is_unknown_naming_it(built, tmp_path, table, said):
+    code, lines = _health(built["hgx-h200"], tmp_path, f"[checks.gpudirect]\n{table}\n")
+    assert (code, lines) == (3, [f"[UNKNOWN] gpudirect GPUDirect RDMA not checked: "
+                                 f"[checks.gpudirect] {said}"])  # fmt: skip
+
+
+def test_the_distance_option_moves_the_warning(built, tmp_path):
+    _, lines = _health(built["pcie-server"], tmp_path, "[checks.gpudirect]\ndistance = 'NODE'\n")
+    assert not any("farther than" in line for line in lines)
