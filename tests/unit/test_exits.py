@@ -162,3 +162,25 @@ def test_a_signal_ends_counters_watch_with_its_code(tree, sig, code, said):
             proc.kill()
             proc.wait()
     assert (proc.returncode, err) == (code, said)
+
+
+def test_ctrl_c_inside_a_string_exec_still_exits_130_under_python_m(tmp_path):
+    """A Ctrl-C that lands while a string is exec()'d (dataclasses write their methods so)
+    leaves CPython's unhandled-KeyboardInterrupt mark set though main() handled it; `python -m
+    ibtool` must still exit 130, not die by SIGINT (-2)."""
+    plugin = tmp_path / "ibtool_test_string_exec.py"
+    plugin.write_text(
+        "from ibtool import hookimpl\n"
+        "def run(inv):\n"
+        "    exec('raise KeyboardInterrupt')  # the Ctrl-C, landing inside a string exec\n"
+        "@hookimpl\n"
+        "def ibtool_register_commands(cli):\n"
+        "    cli.add('interrupted-in-exec', run, help='a test command')\n"
+    )
+    env = {**os.environ, "IBTOOL_PLUGINS": "ibtool_test_string_exec",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "ibtool", "interrupted-in-exec"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (130, "ibtool: interrupted\n")
