@@ -472,16 +472,13 @@ class Host:
 
         pci = PciFiles(self._rooted())
         gpus = gpus_in_bus_order(pci.describe(f) for f in pci.bus_functions() if pci.is_gpu(f))
-        nics, elsewhere = [], []
+        nics, others = [], []
         try:
             names = self.device_names()
         except NoDevicesError:
             names = []
         for name in names:
             fn = pci.function(name)
-            if fn is None:
-                elsewhere.append(name)
-                continue
             ports = []
             for number in self._sysfs.port_numbers(name):
                 p = self._sysfs.port(name, number, TOPO_PORT_FIELDS)
@@ -495,8 +492,11 @@ class Host:
                         self.roce_gid_index(name, number) if roce and gid_indexes else None,
                     )
                 )
-            nics.append(Nic(name, pci.describe(fn), tuple(ports)))
-        return Topology(gpus, sorted_nics(nics), tuple(elsewhere))
+            if fn is None:
+                others.append(Nic(name, None, tuple(ports)))
+            else:
+                nics.append(Nic(name, pci.describe(fn), tuple(ports)))
+        return Topology(gpus, sorted_nics(nics), tuple(others))
 
     def gpudirect(self, topo: Topology) -> GpuDirectFacts:
         """What GPUDirect RDMA depends on beyond `topo`: nvidia-peermem (or nv_peer_mem) and

@@ -127,10 +127,10 @@ class NicPort:
 
 @dataclass(frozen=True)
 class Nic:
-    """An RDMA device and its PCI function."""
+    """An RDMA device and its PCI function (None: it has none, see Topology.others)."""
 
     name: str
-    function: PciFunction
+    function: PciFunction | None
     ports: tuple[NicPort, ...] = ()
 
 
@@ -149,12 +149,16 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Topology:
-    """The host's GPUs and the RDMA devices with a PCI function; `elsewhere` names the RDMA
-    devices without one (rxe, siw: a netdev's, not a slot's)."""
+    """The host's GPUs and the RDMA devices with a PCI function; `others`: the RDMA devices
+    without one (rxe, siw: a netdev's, not a slot's), their function None."""
 
     gpus: tuple[Gpu, ...]
     nics: tuple[Nic, ...]
-    elsewhere: tuple[str, ...] = ()
+    others: tuple[Nic, ...] = ()
+
+    @property
+    def elsewhere(self) -> tuple[str, ...]:
+        return tuple(n.name for n in self.others)
 
     def closest(self, gpu: Gpu) -> tuple[str, tuple[Nic, ...]]:
         """The nearest distance from `gpu` to an RDMA device and every device at it; (None,
@@ -214,6 +218,7 @@ def nccl_environment(topo: Topology, socket_ifname: str | None, socket_said: str
         chosen.extend(nic for nic in nics if nic not in chosen)
     if not topo.gpus:
         notes.append("no GPU: every active RDMA port is named")
+        chosen = [*topo.nics, *topo.others]
     if not chosen:
         chosen = list(topo.nics)
     chosen = list(sorted_nics(chosen))

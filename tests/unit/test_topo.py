@@ -581,3 +581,14 @@ def test_a_bad_gpudirect_table_is_unknown_naming_it(built, tmp_path, table, said
 def test_the_distance_option_moves_the_warning(built, tmp_path):
     _, lines = _health(built["pcie-server"], tmp_path, "[checks.gpudirect]\ndistance = 'NODE'\n")
     assert not any("farther than" in line for line in lines)
+
+
+def test_without_gpus_every_active_port_is_named_pci_or_not():
+    rxe = Nic("rxe0", None, (NicPort(1, "Ethernet", "ACTIVE", "veth0", 1),))
+    hca = _nic("mlx5_0", fn("0000:01:00.0", RP))
+    env = nccl_environment(Topology((), (hca,), (rxe,)), "eth0", None)
+    assert dict(env.variables) == {
+        "NCCL_IB_HCA": "=mlx5_0:1,rxe0:1", "NCCL_IB_GID_INDEX": "1", "NCCL_SOCKET_IFNAME": "=eth0",
+    }  # fmt: skip
+    with_gpu = Topology((Gpu(0, fn("0000:02:00.0", RP)),), (hca,), (rxe,))
+    assert dict(nccl_environment(with_gpu, None, None).variables) == {"NCCL_IB_HCA": "=mlx5_0:1"}
