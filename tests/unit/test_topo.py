@@ -29,7 +29,7 @@ from ibtool.model.topo import (
 from tests.fixtures import gpu_trees
 from tests.unit.conftest import run_cli
 
-TREES = ("dgx-a100", "hgx-h200", "pcie-server")
+TREES = ("dgx-a100", "hgx-h200", "pcie-server", "two-socket")
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +70,7 @@ def matrix_of(topo: Topology, nic_names: dict[str, str] | None = None) -> dict:
         ("dgx-a100", gpu_trees.A100_EXPECTED, None),
         ("hgx-h200", gpu_trees.H200_EXPECTED, {f"NIC{i}": f"mlx5_{i}" for i in range(8)}),
         ("pcie-server", gpu_trees.PCIE_SERVER_EXPECTED, None),
+        ("two-socket", gpu_trees.TWO_SOCKET_EXPECTED, None),
     ],
 )
 def test_the_matrix_is_the_one_its_owner_posted(built, tree, expected, names):
@@ -592,3 +593,13 @@ def test_without_gpus_every_active_port_is_named_pci_or_not():
     }  # fmt: skip
     with_gpu = Topology((Gpu(0, fn("0000:02:00.0", RP)),), (hca,), (rxe,))
     assert dict(nccl_environment(with_gpu, None, None).variables) == {"NCCL_IB_HCA": "=mlx5_0:1"}
+
+
+def test_the_two_socket_server_says_its_first_socket_has_no_nic(built):
+    topo, _ = topology_of(built["two-socket"])
+    env = nccl_environment(topo, None, None)
+    assert dict(env.variables) == {"NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1"}
+    assert [n[:55] for n in env.notes] == [
+        "GPU0 (0000:18:00.0) has no RDMA device closer than SYS:",
+        "GPU1 (0000:3b:00.0) has no RDMA device closer than SYS:",
+    ]
