@@ -256,6 +256,20 @@ HEADER_ONLY = 64
 _CAP_PCIE, _EXT_ACS, _EXT_ATS = 0x10, 0x000D, 0x000F  # include/uapi/linux/pci_regs.h
 
 
+def _extended(data: bytes):
+    """(offset, capability ID) of each extended capability from 0x100 (PCIe Base
+    Specification 7.6.3: ID in bits 15:0, the next one's offset in bits 31:20); a list that
+    loops, leaves the space or reads all ones (a function gone) ends there."""
+    offset, seen = (0x100 if len(data) > 0x100 else 0), set()
+    while 0x100 <= offset <= len(data) - 8 and offset not in seen:
+        seen.add(offset)
+        header = int.from_bytes(data[offset : offset + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            return
+        yield offset, header & 0xFFFF
+        offset = header >> 20 & 0xFFC
+
+
 def parse_config(data: bytes) -> PciConfig:
     """The PCI Express port type, ACS capability and control, and ATS enable, from a config
     space read: PCI_EXP_FLAGS_TYPE of the PCI Express Capability (linked from 0x34), then
@@ -274,19 +288,12 @@ def parse_config(data: bytes) -> PciConfig:
             break
         offset = data[offset + 1] & 0xFC
     acs_cap = acs_ctrl = ats = None
-    offset, seen = (0x100 if len(data) > 0x100 else 0), set()
-    while 0x100 <= offset <= len(data) - 8 and offset not in seen:
-        seen.add(offset)
-        header = int.from_bytes(data[offset : offset + 4], "little")
-        if header in (0, 0xFFFFFFFF):
-            break
-        cap_id = header & 0xFFFF
+    for offset, cap_id in _extended(data):
         if cap_id == _EXT_ACS:
             acs_cap = int.from_bytes(data[offset + 4 : offset + 6], "little")
             acs_ctrl = int.from_bytes(data[offset + 6 : offset + 8], "little")
         elif cap_id == _EXT_ATS:
             ats = bool(int.from_bytes(data[offset + 6 : offset + 8], "little") & 0x8000)
-        offset = header >> 20 & 0xFFC
     return PciConfig(len(data), port_type, acs_cap, acs_ctrl, ats)
 
 
@@ -297,13 +304,7 @@ def without_serial(data: bytes) -> bytes:
     """A config space as a snapshot keeps it: the Device Serial Number capability's 8 bytes
     zeroed (a board's identity, nothing the checks read); the rest as read."""
     out = bytearray(data)
-    offset, seen = (0x100 if len(out) > 0x100 else 0), set()
-    while 0x100 <= offset <= len(out) - 12 and offset not in seen:
-        seen.add(offset)
-        header = int.from_bytes(out[offset : offset + 4], "little")
-        if header in (0, 0xFFFFFFFF):
-            break
-        if header & 0xFFFF == _EXT_DSN:
+    for offset, cap_id in _extended(data):
+        if cap_id == _EXT_DSN and offset + 12 <= len(out):
             out[offset + 4 : offset + 12] = bytes(8)
-        offset = header >> 20 & 0xFFC
     return bytes(out)
