@@ -370,8 +370,8 @@ def judge_gpudirect(
         if RANK[distance_to] > RANK[level]:
             said.insert(0, GdrFinding(
                 WARN, pair,
-                f"{distance_to}: farther than {level}, so NCCL moves this GPU's data "
-                "through host memory",
+                f"{distance_to}: farther than {level}, so NCCL sends the data through "
+                "host memory",
                 "put the GPU and the NIC under one PCIe switch, or allow it with "
                 f"NCCL_NET_GDR_LEVEL={distance_to} where the CPU forwards peer-to-peer well",
                 kind="distance",

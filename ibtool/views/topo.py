@@ -105,8 +105,8 @@ def text(topo: Topology, details: bool, findings=()) -> list[str]:
 
         out += ["", "GPUDirect RDMA:"]
         indent = " " * 10
-        for f in findings:
-            said = escaped(f"{f.subject}: {f.said}")
+        for subjects, f in _merged(findings):
+            said = escaped(f"{subjects}: {f.said}")
             out += textwrap.wrap(said, 79, initial_indent=f"  {f.status:<8}",
                                  subsequent_indent=indent, break_on_hyphens=False)  # fmt: skip
             if f.fix:
@@ -115,6 +115,18 @@ def text(topo: Topology, details: bool, findings=()) -> list[str]:
                                      subsequent_indent=indent + "  ",
                                      break_on_hyphens=False)  # fmt: skip
     return out
+
+
+def _merged(findings):
+    """(subjects, finding): a finding that is not OK said once for every pair it holds for
+    (the IOMMU translating is the host's, not one pair's), where the first of them was; the
+    OK lines one each."""
+    firsts: dict = {}
+    for f in findings:
+        key = (f.status, f.said, f.fix) if f.status != "ok" else (id(f),)
+        firsts.setdefault(key, []).append(f)
+    return [(", ".join(dict.fromkeys(f.subject for f in group)), group[0])
+            for group in firsts.values()]  # fmt: skip
 
 
 def matrix(members: list[tuple[str, PciFunction]], gpus) -> list[str]:

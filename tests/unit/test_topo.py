@@ -317,8 +317,8 @@ def test_the_pcie_server_says_what_stands_in_the_way(built):
     gpu2 = [f for f in found if f[1] == "GPU2-mlx5_0"]
     assert gpu2 == [
         ("ok", "GPU2-mlx5_0", "PHB; no ACS redirect between them"),
-        ("warn", "GPU2-mlx5_0", "PHB: farther than PXB, so NCCL moves this GPU's data through "
-         "host memory"),
+        ("warn", "GPU2-mlx5_0", "PHB: farther than PXB, so NCCL sends the data through host "
+         "memory"),
         ("warn", "GPU2-mlx5_0", "the IOMMU translates DMA (DMA-FQ); ATS is on at 0000:e2:00.0, "
          "so translated requests may still go direct"),
     ]  # fmt: skip
