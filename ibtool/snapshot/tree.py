@@ -58,6 +58,7 @@ def capture_tree(root: str = "/") -> list[dict[str, Any]]:
     except OSError:
         names = []
     out.append({"path": os.path.relpath(class_dir, root), "dir": True})
+    functions: set[str] = set()  # the RDMA devices' bus devices, for _pci
     for name in names:
         link = os.path.join(class_dir, name)
         entry = _entry(link, root)
@@ -69,6 +70,7 @@ def capture_tree(root: str = "/") -> list[dict[str, Any]]:
         bus = os.path.join(device, "device")
         if os.path.isdir(bus):  # a hardware device: its driver link and netdevs
             real = os.path.realpath(bus)
+            functions.add(real)
             out.append({"path": os.path.relpath(real, root), "dir": True})
             driver = _entry(os.path.join(real, "driver"), root)
             if driver is not None and "link" in driver:
@@ -86,7 +88,7 @@ def capture_tree(root: str = "/") -> list[dict[str, Any]]:
     if os.path.exists(vlan):
         out.append(_entry(vlan, root))
     _bonds(root, out)
-    _pci(root, out)
+    _pci(root, out, functions)
     return out
 
 
@@ -98,11 +100,11 @@ PCI_FILES = ("vendor", "device", "class", "subsystem_vendor", "subsystem_device"
 PCI_LINKS = ("driver", "iommu_group")
 
 
-def _pci(root: str, out: list[dict[str, Any]]) -> None:
+def _pci(root: str, out: list[dict[str, Any]], rdma: set[str]) -> None:
     """The PCI side of the GPUs and RDMA devices (`ibtool topo`): each one's function and
     every bridge above it with PCI_FILES, its links and its configuration space (the Device
     Serial Number left out), their /sys/bus/pci/devices links, the IOMMU groups' types, the
-    NVIDIA driver's version line."""
+    NVIDIA driver's version line. `rdma`: the RDMA devices' PCI functions, resolved."""
     from ibtool.model.topo import PciFunction
     from ibtool.sources.sysfs.pci import without_serial
 
@@ -112,7 +114,6 @@ def _pci(root: str, out: list[dict[str, Any]]) -> None:
     except OSError:
         return
     have = {e["path"] for e in out}
-    rdma = {os.path.realpath(os.path.join(root, p["path"])) for p in out if p.get("dir")}
     chosen = []
     for name in names:
         real = os.path.realpath(os.path.join(bus, name))
