@@ -10,7 +10,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from ibtool.sources.sysfs.pci import parse_config
+
+pytestmark = pytest.mark.integration
 
 
 def ibtool(*argv: str) -> subprocess.CompletedProcess:
