@@ -69,6 +69,7 @@ class PciFunction:
     link: PciLink | None = None
     driver: str | None = None
     iommu_group: int | None = None
+    physfn: str | None = None  # an SR-IOV virtual function's physical function (its address)
 
     @property
     def is_gpu(self) -> bool:
@@ -162,10 +163,14 @@ class Topology:
 
     def closest(self, gpu: Gpu) -> tuple[str, tuple[Nic, ...]]:
         """The nearest distance from `gpu` to an RDMA device and every device at it; (None,
-        ()) without one."""
-        if not self.nics:
+        ()) without one. An SR-IOV virtual function whose physical function is an RDMA
+        device here is left out: a job on the host uses the PF (a VF is a guest's or a
+        pod's, where its PF is not seen)."""
+        pfs = {nic.function.bdf for nic in self.nics}
+        nics = [nic for nic in self.nics if nic.function.physfn not in pfs]
+        if not nics:
             return None, ()
-        by = [(RANK[distance(gpu.function, nic.function)], nic) for nic in self.nics]
+        by = [(RANK[distance(gpu.function, nic.function)], nic) for nic in nics]
         best = min(rank for rank, _ in by)
         return DISTANCES[best], tuple(nic for rank, nic in by if rank == best)
 

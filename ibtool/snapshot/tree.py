@@ -97,7 +97,7 @@ def capture_tree(root: str = "/") -> list[dict[str, Any]]:
 PCI_FILES = ("vendor", "device", "class", "subsystem_vendor", "subsystem_device", "numa_node",
              "local_cpulist", "current_link_speed", "current_link_width", "max_link_speed",
              "max_link_width")  # fmt: skip
-PCI_LINKS = ("driver", "iommu_group")
+PCI_LINKS = ("driver", "iommu_group", "physfn")
 
 
 def _pci(root: str, out: list[dict[str, Any]], rdma: set[str]) -> None:

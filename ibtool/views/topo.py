@@ -201,6 +201,7 @@ def function_json(fn: PciFunction) -> dict[str, Any]:
         "host_bridge": fn.host_bridge,
         "driver": fn.driver,
         "iommu_group": fn.iommu_group,
+        "physfn": fn.physfn,
     }
 
 

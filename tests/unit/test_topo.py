@@ -603,3 +603,29 @@ def test_the_two_socket_server_says_its_first_socket_has_no_nic(built):
         "GPU0 (0000:18:00.0) has no RDMA device closer than SYS:",
         "GPU1 (0000:3b:00.0) has no RDMA device closer than SYS:",
     ]
+
+
+def test_a_virtual_function_is_no_job_s_nic_beside_its_pf(h200):
+    import shutil
+
+    pf = _gpu0(h200).parent.parent / "0000:17:00.0" / "0000:18:00.0"  # mlx5_0's function
+    assert (pf / "infiniband" / "mlx5_0").is_dir()
+    vf_fn = gpu_trees.Fn(gpu_trees.MELLANOX, 0x101E, 0x020700, 0, "0-47,96-143",
+                         driver="mlx5_core", ats=False)  # fmt: skip
+    vf = gpu_trees.function(
+        h200, str((pf.parent / "0000:18:00.2").relative_to(h200 / "sys/devices")), vf_fn
+    )  # noqa: E501
+    os.symlink("../0000:18:00.0", vf / "physfn")
+    gpu_trees.ib_nic(h200, "mlx5_8", vf, 0x946DAE0300FF0018, "400 Gb/sec (4X NDR)")
+    topo, warnings = topology_of(h200)
+    assert warnings == []
+    assert [n.name for n in topo.nics][-1] == "mlx5_8"  # in the matrix, as nvidia-smi has it
+    level, nics = topo.closest(topo.gpus[0])
+    assert (level, [n.name for n in nics]) == ("PIX", ["mlx5_0"])
+    env = nccl_environment(topo, None, None)
+    assert "mlx5_8" not in dict(env.variables)["NCCL_IB_HCA"]
+    # in a pod, the VF without its PF: the VF is the GPU's
+    shutil.rmtree(pf / "infiniband")
+    (h200 / "sys/class/infiniband/mlx5_0").unlink()
+    topo, _ = topology_of(h200)
+    assert [n.name for n in topo.closest(topo.gpus[0])[1]] == ["mlx5_8"]

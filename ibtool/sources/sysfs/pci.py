@@ -163,7 +163,7 @@ class PciFiles:
     def describe(self, real: str) -> PciFunction:
         """The function whose directory is `real` (resolved within the root): its IDs, the
         bridges above it to the root port, its host bridge, NUMA node and CPUs, link,
-        driver and IOMMU group."""
+        driver, IOMMU group and, for an SR-IOV virtual function, its physical function."""
         bridges: list[str] = []
         d = os.path.dirname(real)
         while _BDF_RE.fullmatch(os.path.basename(d)) and len(bridges) < _MAX_DEPTH:
@@ -183,6 +183,7 @@ class PciFiles:
             link=self._link(real),
             driver=self._link_name(os.path.join(real, "driver")),
             iommu_group=_group(self._link_name(os.path.join(real, "iommu_group"))),
+            physfn=self._link_name(os.path.join(real, "physfn")),
         )
 
     def config(self, bdf: str) -> PciConfig | None:
