@@ -161,13 +161,18 @@ class Topology:
     def elsewhere(self) -> tuple[str, ...]:
         return tuple(n.name for n in self.others)
 
+    def for_jobs(self) -> list[Nic]:
+        """The RDMA devices with a PCI function but the SR-IOV virtual functions whose
+        physical function is one of them."""
+        pfs = {nic.function.bdf for nic in self.nics}
+        return [nic for nic in self.nics if nic.function.physfn not in pfs]
+
     def closest(self, gpu: Gpu) -> tuple[str, tuple[Nic, ...]]:
         """The nearest distance from `gpu` to an RDMA device and every device at it; (None,
         ()) without one. An SR-IOV virtual function whose physical function is an RDMA
         device here is left out: a job on the host uses the PF (a VF is a guest's or a
         pod's, where its PF is not seen)."""
-        pfs = {nic.function.bdf for nic in self.nics}
-        nics = [nic for nic in self.nics if nic.function.physfn not in pfs]
+        nics = self.for_jobs()
         if not nics:
             return None, ()
         by = [(RANK[distance(gpu.function, nic.function)], nic) for nic in nics]
@@ -204,10 +209,12 @@ def nccl_environment(topo: Topology, socket_ifname: str | None, socket_said: str
     """NCCL_IB_HCA: the active ports of every RDMA device that is the closest to a GPU (each
     GPU's nearest devices, but not where the nearest is SYS: a device reached only across the
     CPUs' interconnect is not chosen for that GPU); without GPUs, or when no GPU has one
-    closer than SYS, every active port. "=" makes NCCL match names exactly (mlx5_1 would
-    otherwise take mlx5_10 too). NCCL_IB_GID_INDEX: on RoCE, the --best rule's index, when
-    every chosen port has the same one. NCCL_SOCKET_IFNAME: `socket_ifname`, the interface of
-    the default route (None: `socket_said` says why)."""
+    closer than SYS, every active port (never a virtual function beside its physical one).
+    "=" makes NCCL match names exactly (mlx5_1 would otherwise take mlx5_10 too).
+    NCCL_IB_GID_INDEX: on RoCE, the --best rule's index, when every chosen port has the same
+    one. NCCL_SOCKET_IFNAME: `socket_ifname`, the interface of the default route (None:
+    `socket_said` says why). The RDMA devices without a PCI function are named only on a host
+    without GPUs (an rxe port is no GPU's path)."""
     notes: list[str] = []
     chosen: list[Nic] = []
     for gpu in topo.gpus:
@@ -223,9 +230,9 @@ def nccl_environment(topo: Topology, socket_ifname: str | None, socket_said: str
         chosen.extend(nic for nic in nics if nic not in chosen)
     if not topo.gpus:
         notes.append("no GPU: every active RDMA port is named")
-        chosen = [*topo.nics, *topo.others]
+        chosen = [*topo.for_jobs(), *topo.others]
     if not chosen:
-        chosen = list(topo.nics)
+        chosen = topo.for_jobs()
     chosen = list(sorted_nics(chosen))
     ports = [(nic, p) for nic in chosen for p in nic.ports if p.active]
     for nic in chosen:

@@ -629,3 +629,15 @@ def test_a_virtual_function_is_no_job_s_nic_beside_its_pf(h200):
     (h200 / "sys/class/infiniband/mlx5_0").unlink()
     topo, _ = topology_of(h200)
     assert [n.name for n in topo.closest(topo.gpus[0])[1]] == ["mlx5_8"]
+
+
+def test_without_gpus_the_virtual_functions_stay_out(tmp_path):
+    from tests.fixtures import sysfs_trees
+
+    root = tmp_path / "vfs"
+    root.mkdir()
+    sysfs_trees.sriov_vfs(root, count=3)  # mlx5_0 the PF, mlx5_1..3 its VFs
+    topo, _ = topology_of(root)
+    assert [n.name for n in topo.nics] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+    assert [n.name for n in topo.for_jobs()] == ["mlx5_0"]
+    assert dict(nccl_environment(topo, None, None).variables)["NCCL_IB_HCA"] == "=mlx5_0:1"
