@@ -521,6 +521,20 @@ def vf500(tmp_path_factory, sriov_500_vfs) -> str:
 TRIES = 8
 
 
+def _without_importlibs_own(err: bytes) -> bytes:
+    """stderr without what CPython itself prints when a Ctrl-C lands in its import lock's
+    clean-up (importlib._bootstrap _get_module_lock's weakref callback: "Exception ignored
+    in: ... KeyboardInterrupt"), which no program can catch; the process still exits 130."""
+    import re
+
+    return re.sub(
+        rb"Exception ignored in: <function _get_module_lock\.<locals>\.cb at 0x[0-9a-f]+>\n"
+        rb"Traceback \(most recent call last\):\n(?:  .*\n)*KeyboardInterrupt: ?\n",
+        b"",
+        err,
+    )
+
+
 def test_ctrl_c_or_sigterm_at_any_moment_of_a_replay_leaves_nothing(tmp_path, vf500):
     import signal
     import time
@@ -558,6 +572,6 @@ def test_ctrl_c_or_sigterm_at_any_moment_of_a_replay_leaves_nothing(tmp_path, vf
         _, err = child.communicate(timeout=120)
         seen.append(child.returncode)
         assert child.returncode in (0, 128 + sig, -sig), (sig, child.returncode, err)
-        assert b"Traceback" not in err
+        assert b"Traceback" not in _without_importlibs_own(err), err
         assert os.listdir(scratch) == [], (attempt, sig, child.returncode)
     assert any(code in (130, 143) for code in seen), seen  # some signals landed mid-replay
