@@ -165,11 +165,17 @@ class Host:
     def kernel_release(self) -> str:
         return self._release if self._release is not None else os.uname().release
 
+    def kernel_version(self) -> tuple[int, int] | None:
+        """(major, minor) of the kernel release; None when it does not start with a version
+        (a custom build)."""
+        m = re.match(r"(\d+)\.(\d+)", self.kernel_release())
+        return None if m is None else (int(m.group(1)), int(m.group(2)))
+
     def kernel_before(self, major: int, minor: int) -> bool:
         """Whether the running kernel is older than major.minor; False when its release string
         does not start with a version (a custom build): the kernel's answer decides then."""
-        m = re.match(r"(\d+)\.(\d+)", self.kernel_release())
-        return m is not None and (int(m.group(1)), int(m.group(2))) < (major, minor)
+        version = self.kernel_version()
+        return version is not None and version < (major, minor)
 
     # -- selection ---------------------------------------------------------------------------
 
@@ -518,22 +524,20 @@ class Host:
                 return None if modules is None else any(modules.get(n, False) for n in names)
             return any(self.module_loaded(n)[0] for n in names) if captured else None
 
-        files = self._rooted()
+        files = pci.files
         version = files.read(files.path("proc/driver/nvidia/version"), required=False)
-        kernel = None
-        if self.live or self._release is not None:
-            m = re.match(r"(\d+)\.(\d+)", self.kernel_release())
-            kernel = (int(m.group(1)), int(m.group(2))) if m else None
-        rdma_core = None
-        if recorded is not None and recorded["rdma_core"]:
-            major = recorded["rdma_core"].split(".")[0]
-            rdma_core = int(major) if major.isascii() and major.isdigit() else None
+        # a tree knows no kernel; the running one or a snapshot's recorded release does
+        kernel = self.kernel_version() if self.live or self._release is not None else None
+        core = None
+        if recorded is not None:
+            core = recorded["rdma_core"]
         elif self.live:
             from ibtool.sources.versions import rdma_core as installed
 
             found = installed()
-            major = found[0].split(".")[0] if found else ""
-            rdma_core = int(major) if major.isdigit() else None
+            core = found[0] if found else None
+        major = (core or "").split(".")[0]
+        rdma_core = int(major) if major.isascii() and major.isdigit() else None
         wanted: list[str] = []
         for gpu in topo.gpus:
             _, nics = topo.closest(gpu)

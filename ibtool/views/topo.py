@@ -17,6 +17,7 @@ from ibtool.model.topo import (
     Topology,
     distance,
 )
+from ibtool.views import render
 
 
 def link_text(link: PciLink | None) -> str | None:
@@ -54,14 +55,23 @@ def _ports(nic: Nic) -> str:
     return ", ".join(f"{nic.name}:{p.port}" for p in active)
 
 
-def _row(cells: list[str | None], widths: list[int]) -> str:
-    return "  ".join((c or "-").ljust(w) for c, w in zip(cells, widths)).rstrip()
+def _shown(get):
+    """A column's getter showing "-" for what is not known, in the tables below."""
+    return lambda item: "-" if (value := get(item)) is None else value
 
 
-def _table(headers: list[str], rows: list[list[str | None]]) -> list[str]:
-    rows = [[None if c is None else escaped(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i] or "-") for r in rows)) for i, h in enumerate(headers)]
-    return [_row(list(headers), widths), *(_row(r, widths) for r in rows)]
+_DEVICE_FIELDS = [
+    render.Field("pci", _shown(lambda i: i.function.bdf), header="PCI"),
+    render.Field("id", _shown(lambda i: i.function.ids), header="ID"),
+    render.Field("numa", _shown(lambda i: _numa(i.function)), header="NUMA"),
+    render.Field("cpus", _shown(lambda i: cpu_list(i.function.cpus)), header="CPUS"),
+    render.Field("link", _shown(lambda i: link_text(i.function.link)), header="LINK"),
+]
+
+
+def _table(name: str, last: render.Field, items) -> list[str]:
+    fields = [render.Field("name", lambda i: i.name, header=name), *_DEVICE_FIELDS, last]
+    return render.table(items, fields, False)
 
 
 def text(topo: Topology, details: bool, findings=()) -> list[str]:
@@ -69,22 +79,13 @@ def text(topo: Topology, details: bool, findings=()) -> list[str]:
     device's path to its host bridge."""
     out: list[str] = []
     if topo.gpus:
-        rows = [
-            [g.name, g.function.bdf, g.function.ids, _numa(g.function),
-             cpu_list(g.function.cpus), link_text(g.function.link), _closest_text(topo, g)]
-            for g in topo.gpus
-        ]  # fmt: skip
-        out += _table(["GPU", "PCI", "ID", "NUMA", "CPUS", "LINK", "CLOSEST RDMA"], rows)
+        closest = render.Field("closest", lambda g: _closest_text(topo, g), header="CLOSEST RDMA")
+        out += _table("GPU", closest, topo.gpus)
     else:
         out.append("no GPU (NVIDIA or AMD, by PCI class) on this host")
     out.append("")
     if topo.nics:
-        rows = [
-            [n.name, n.function.bdf, n.function.ids, _numa(n.function), cpu_list(n.function.cpus),
-             link_text(n.function.link), _port_states(n)]
-            for n in topo.nics
-        ]  # fmt: skip
-        out += _table(["RDMA", "PCI", "ID", "NUMA", "CPUS", "LINK", "PORTS"], rows)
+        out += _table("RDMA", render.Field("ports", _port_states, header="PORTS"), topo.nics)
     else:
         out.append("no RDMA device with a PCI function")
     if topo.elsewhere:

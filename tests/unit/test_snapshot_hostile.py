@@ -37,7 +37,7 @@ DEVICE = "sys/devices/virtual/infiniband/rxe0"
 SECRET = "canary-5f0d1c-do-not-show"
 DOCUMENTED = {ExitCode.OK, ExitCode.FAILED, ExitCode.NO_DEVICES, ExitCode.NOT_FOUND}
 DOCUMENTED |= {ExitCode.DATA_ERROR}
-COMMANDS = (["dev", "-d"], ["port"], ["-j", "gids"], ["counters"])
+COMMANDS = (["dev", "-d"], ["port"], ["-j", "gids"], ["counters"], ["-d", "topo"])
 
 
 def _base() -> dict:
@@ -371,7 +371,8 @@ def test_a_port_s_objects_are_the_device_dump_s_objects_of_that_port(cli):
 
 
 EVERY_READ = (["dev", "-d"], ["port", "-d"], ["-j", "gids"], ["counters"], ["res"],
-              ["system"], ["health"], ["doctor", "--no-probe"])  # fmt: skip
+              ["system"], ["health"], ["doctor", "--no-probe"], ["topo"],
+              ["-j", "topo", "--nccl"])  # fmt: skip
 
 
 def test_a_replay_asks_the_disk_nothing_of_its_tree_and_writes_nothing(cli, place, monkeypatch):
