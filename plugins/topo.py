@@ -100,11 +100,11 @@ def check_gpudirect(ctx):
     """Opt-in, with a [checks.gpudirect] table: the GPUs are all there, and GPUDirect RDMA can
     work between each and its closest RDMA device (ibtool topo's judgement: registration,
     distance, ACS, IOMMU, links)."""
+    if "gpudirect" not in ctx.config.checks:
+        return  # opt-in: a health run without the table imports nothing of topo's
     from ibtool.api import HealthResult, Status
     from ibtool.api.topo import judge_gpudirect
 
-    if "gpudirect" not in ctx.config.checks:
-        return
     try:
         options = _gpudirect_options(ctx.options)
     except ValueError as e:
